@@ -1,0 +1,24 @@
+# Two commands do everything on a fresh machine with Python 3.11+ and make: `make demo`, `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint clean
+
+$(BIN)/fedresearch: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	@touch $@
+
+demo: $(BIN)/fedresearch
+	$(BIN)/python examples/demo.py
+
+test: $(BIN)/fedresearch
+	$(BIN)/pytest
+
+lint: $(BIN)/fedresearch
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) data .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,82 @@
+"""Identifiers: DOI recognition and the canonical key under which duplicates merge."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+_DOI_BODY = r"10\.\d{4,9}/\S+"
+_DOI_FORMS = re.compile(rf"^(?:doi:\s*|https?://(?:dx\.)?doi\.org/|(?:dx\.)?doi\.org/)?({_DOI_BODY})$", re.IGNORECASE)
+_TRACKING_PARAMS = {
+    "fbclid",
+    "gclid",
+    "dclid",
+    "gbraid",
+    "wbraid",
+    "msclkid",
+    "yclid",
+    "mc_cid",
+    "mc_eid",
+    "igshid",
+    "_ga",
+    "_gl",
+    "_hsenc",
+    "_hsmi",
+    "mkt_tok",
+    "vero_id",
+    "oly_anon_id",
+    "oly_enc_id",
+    "rb_clickid",
+    "s_cid",
+    "ref_src",
+    "twclid",
+    "ttclid",
+    "srsltid",
+}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def doi_of(identifier: str) -> str | None:
+    """The bare DOI (`10.x/...`, lowercase) if `identifier` is a DOI in any common form."""
+    match = _DOI_FORMS.match(identifier.strip())
+    if not match:
+        return None
+    return match.group(1).rstrip(".,;").lower()
+
+
+def doi_url(doi: str) -> str:
+    bare = doi_of(doi) or doi.strip()
+    return f"https://doi.org/{bare}"
+
+
+def is_url(identifier: str) -> bool:
+    parts = urlsplit(identifier.strip())
+    return parts.scheme.lower() in {"http", "https"} and bool(parts.netloc)
+
+
+def canonical_url(url: str) -> str:
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    if host.startswith("www."):
+        host = host[4:]
+    netloc = host
+    if parts.port is not None and parts.port != _DEFAULT_PORTS.get(scheme):
+        netloc = f"{host}:{parts.port}"
+    path = parts.path.rstrip("/")
+    query = [
+        (name, value)
+        for name, value in parse_qsl(parts.query, keep_blank_values=True)
+        if not name.lower().startswith("utm_") and name.lower() not in _TRACKING_PARAMS
+    ]
+    return urlunsplit((scheme, netloc, path, urlencode(sorted(query)), ""))
+
+
+def canonical_key(href: str, kind: str | None = None) -> str:
+    """One key per source: every DOI form collapses, URLs lose their noise, ids keep their kind."""
+    doi = doi_of(href)
+    if doi:
+        return f"doi:{doi}"
+    if is_url(href):
+        return canonical_url(href)
+    return f"id:{kind}:{href.strip()}" if kind else f"id:{href.strip()}"

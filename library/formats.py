@@ -1,0 +1,250 @@
+"""Readers for the files a researcher keeps: each turns one file into library documents."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bibtexparser
+from bibtexparser import middlewares
+
+from core.identifiers import doi_of
+
+KINDS = ("biblio", "highlight", "file")
+
+
+class UnsupportedFile(ValueError):
+    """The file cannot be read as any known format; the message says why."""
+
+
+@dataclass
+class Section:
+    text: str
+    heading: str = ""
+    page: int | None = None
+
+
+@dataclass
+class Document:
+    kind: str
+    source: str
+    title: str
+    sections: list[Section]
+    authors: list[str] = field(default_factory=list)
+    year: int | None = None
+    doi: str | None = None
+    url: str | None = None
+    tags: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def content_hash(self) -> str:
+        payload = json.dumps(
+            [
+                self.kind,
+                self.title,
+                self.authors,
+                self.year,
+                self.doi,
+                self.url,
+                self.tags,
+                self.extra,
+                [(s.heading, s.page, s.text) for s in self.sections],
+            ],
+            ensure_ascii=False,
+            sort_keys=True,
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _year(value: object) -> int | None:
+    match = re.search(r"\b(1[5-9]\d\d|20\d\d|21\d\d)\b", str(value or ""))
+    return int(match.group(1)) if match else None
+
+
+def _authors(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [name.strip() for name in re.split(r"\s+and\s+|;", value) if name.strip()]
+    if isinstance(value, list):
+        names = []
+        for author in value:
+            if isinstance(author, dict):
+                name = author.get("name") or " ".join(
+                    part for part in (author.get("given"), author.get("family")) if part
+                )
+            else:
+                name = str(author)
+            if name and name.strip():
+                names.append(name.strip())
+        return names
+    return []
+
+
+def _tags(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [tag.strip() for tag in re.split(r"[,;]", value) if tag.strip()]
+    if isinstance(value, list):
+        return [str(tag).strip() for tag in value if str(tag).strip()]
+    return []
+
+
+def _doi(value: object) -> str | None:
+    return doi_of(str(value)) if value else None
+
+
+def biblio_record(record: dict[str, Any], source: str) -> Document:
+    """A bibliographic record (JSON Lines or BibTeX fields) as one `biblio` document."""
+    title = " ".join(str(record.get("title") or "").split())
+    abstract = " ".join(str(record.get("abstract") or record.get("summary") or "").split())
+    if not title:
+        raise UnsupportedFile(f"{source}: a record without a title")
+    notes = " ".join(str(record.get("note") or "").split())
+    body = "\n\n".join(part for part in (abstract, notes) if part) or title
+    return Document(
+        kind="biblio",
+        source=source,
+        title=title,
+        sections=[Section(text=body)],
+        authors=_authors(record.get("authors") or record.get("author")),
+        year=_year(record.get("year") or record.get("date")),
+        doi=_doi(record.get("doi")),
+        url=str(record["url"]).strip() if record.get("url") else None,
+        tags=_tags(record.get("tags") or record.get("keywords")),
+        extra={
+            key: record[key]
+            for key in ("venue", "journal", "booktitle", "publisher")
+            if isinstance(record.get(key), str) and record[key].strip()
+        },
+    )
+
+
+def read_jsonl(path: Path) -> list[Document]:
+    documents = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise UnsupportedFile(f"{path}:{number}: not JSON ({error.msg})") from error
+        if not isinstance(record, dict):
+            raise UnsupportedFile(f"{path}:{number}: a JSON {type(record).__name__}, not an object")
+        key = _doi(record.get("doi")) or record.get("id") or f"line{number}"
+        documents.append(biblio_record(record, f"{path}#{key}"))
+    return documents
+
+
+def read_bibtex(path: Path) -> list[Document]:
+    library = bibtexparser.parse_string(
+        path.read_text(encoding="utf-8"),
+        append_middleware=[middlewares.LatexDecodingMiddleware(), middlewares.SeparateCoAuthors()],
+    )
+    if library.failed_blocks and not library.entries:
+        raise UnsupportedFile(f"{path}: no readable BibTeX entry")
+    documents = []
+    for entry in library.entries:
+        record: dict[str, Any] = {name.lower(): field.value for name, field in entry.fields_dict.items()}
+        record["title"] = re.sub(r"[{}]", "", str(record.get("title") or ""))
+        documents.append(biblio_record(record, f"{path}#{entry.key}"))
+    return documents
+
+
+_FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.DOTALL)
+_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+
+
+def _front_matter(text: str) -> tuple[dict[str, str], str]:
+    match = _FRONT_MATTER.match(text)
+    if not match:
+        return {}, text
+    fields = {}
+    for line in match.group(1).splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip():
+            fields[name.strip().lower()] = value.strip().strip("\"'")
+    return fields, text[match.end() :]
+
+
+def _markdown_sections(text: str) -> tuple[str, list[Section]]:
+    title, heading, lines, sections = "", "", [], []
+
+    def flush() -> None:
+        body = "\n".join(lines).strip()
+        if body:
+            sections.append(Section(text=body, heading=heading))
+        lines.clear()
+
+    for line in text.splitlines():
+        match = _HEADING.match(line)
+        if match:
+            flush()
+            heading = match.group(2)
+            if len(match.group(1)) == 1 and not title:
+                title = heading
+            continue
+        lines.append(line)
+    flush()
+    return title, sections
+
+
+def read_markdown(path: Path, kind: str) -> list[Document]:
+    fields, body = _front_matter(path.read_text(encoding="utf-8"))
+    first_heading, sections = _markdown_sections(body)
+    if not sections:
+        raise UnsupportedFile(f"{path}: no text")
+    kind = fields.get("type", kind).lower()
+    if kind not in KINDS:
+        raise UnsupportedFile(f"{path}: type {kind!r} is not one of {', '.join(KINDS)}")
+    extra = {}
+    if paper := _doi(fields.get("paper")):
+        extra["paper_doi"] = paper
+    if fields.get("page", "").isdigit():
+        for section in sections:
+            section.page = int(fields["page"])
+    return [
+        Document(
+            kind=kind,
+            source=str(path),
+            title=fields.get("title") or first_heading or path.stem.replace("_", " "),
+            sections=sections,
+            authors=_authors(fields.get("authors")),
+            year=_year(fields.get("year")),
+            doi=_doi(fields.get("doi")),
+            url=fields.get("url") or None,
+            tags=_tags(fields.get("tags")),
+            extra=extra,
+        )
+    ]
+
+
+def read_text(path: Path, kind: str) -> list[Document]:
+    text = path.read_text(encoding="utf-8").strip()
+    if not text:
+        raise UnsupportedFile(f"{path}: no text")
+    sections = [Section(text=part.strip()) for part in re.split(r"\n\s*\n", text) if part.strip()]
+    return [Document(kind=kind, source=str(path), title=path.stem.replace("_", " "), sections=sections)]
+
+
+READERS = {
+    ".md": read_markdown,
+    ".markdown": read_markdown,
+    ".txt": read_text,
+    ".bib": lambda path, kind: read_bibtex(path),
+    ".jsonl": lambda path, kind: read_jsonl(path),
+    ".ndjson": lambda path, kind: read_jsonl(path),
+}
+
+
+def read_file(path: Path, kind: str = "highlight") -> list[Document]:
+    """Documents in `path`; notes default to `highlight`, records are always `biblio`."""
+    reader = READERS.get(path.suffix.lower())
+    if reader is None:
+        raise UnsupportedFile(f"{path}: unsupported file type {path.suffix or '(none)'}")
+    try:
+        return reader(path, kind)
+    except UnicodeDecodeError as error:
+        raise UnsupportedFile(f"{path}: not UTF-8 text") from error

@@ -1,0 +1,1 @@
+"""Evidence selection, citation numbering and the jinja2 templates that render reports."""

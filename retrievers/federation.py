@@ -1,0 +1,87 @@
+"""Run the chosen adapters concurrently, each under its own deadline; none can sink the others."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from core.events import Emit, ProgressEvent
+from core.models import RetrieverOutcome, RetrieverStatus, SearchResult
+from retrievers.base import Deps, Retriever, RetrieverFailed, RetrieverSkipped, SearchOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Federated:
+    outcomes: list[RetrieverOutcome] = field(default_factory=list)
+    results: list[SearchResult] = field(default_factory=list)
+
+
+async def _run_one(
+    retriever: Retriever, options: SearchOptions, deps: Deps, deadline_s: float, emit: Emit
+) -> tuple[RetrieverOutcome, list[SearchResult]]:
+    name = retriever.name
+    await emit(ProgressEvent("retriever_started", f"🔎 {name}: searching", {"retriever": name}))
+    started = time.perf_counter()
+
+    def elapsed() -> float:
+        return round((time.perf_counter() - started) * 1000, 1)
+
+    try:
+        async with asyncio.timeout(deadline_s):
+            hits = await retriever.search(options, deps)
+    except RetrieverSkipped as reason:
+        outcome = RetrieverOutcome(name=name, status=RetrieverStatus.skipped, error=str(reason))
+        await emit(ProgressEvent("retriever_skipped", f"⏭️ {name} skipped: {reason}", outcome.model_dump()))
+        return outcome, []
+    except TimeoutError:
+        error = f"no answer within {deadline_s:g} s (RETRIEVER_TIMEOUT_S)"
+    except RetrieverFailed as failure:
+        error = str(failure)
+    except Exception as failure:  # an adapter bug must not sink the task either
+        log.exception("retriever %s crashed", name)
+        error = f"internal error in the {name} adapter ({type(failure).__name__})"
+    else:
+        results = hits.results[: options.max_results]
+        outcome = RetrieverOutcome(
+            name=name,
+            status=RetrieverStatus.done,
+            count=len(results),
+            elapsed_ms=elapsed(),
+            warnings=hits.warnings,
+        )
+        for warning in hits.warnings:
+            await emit(ProgressEvent("warning", f"⚠️ {name}: {warning}", {"retriever": name}))
+        await emit(
+            ProgressEvent(
+                "retriever_done",
+                f"✅ {name}: {len(results)} results in {outcome.elapsed_ms:.0f} ms",
+                outcome.model_dump(exclude={"warnings"}),
+            )
+        )
+        return outcome, results
+    outcome = RetrieverOutcome(name=name, status=RetrieverStatus.failed, elapsed_ms=elapsed(), error=error)
+    await emit(ProgressEvent("retriever_failed", f"❌ {name} failed: {error}", outcome.model_dump()))
+    return outcome, []
+
+
+async def federate(
+    names: list[str],
+    registry: dict[str, Retriever],
+    options: SearchOptions,
+    deps: Deps,
+    emit: Emit,
+    deadline_s: float,
+) -> Federated:
+    """Outcomes and results in the order the retrievers were named."""
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(_run_one(registry[name], options, deps, deadline_s, emit)) for name in names]
+    federated = Federated()
+    for task in tasks:
+        outcome, results = task.result()
+        federated.outcomes.append(outcome)
+        federated.results.extend(results)
+    return federated

@@ -1,0 +1,278 @@
+"""The aiohttp app: WebSocket research (/ws), the literature API, saved reports, health.
+
+Only transport lives here: frames in, `ResearchRequest` to the pipeline, events out as frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from pydantic import ValidationError
+
+from core.auth import ApiKeys, Principal, bearer_token, check_bind
+from core.errors import RequestError
+from core.events import ProgressEvent
+from core.models import LiteratureQuery, ResearchRequest
+from core.settings import Settings
+from library.store import Library
+from report.store import REPORT_NAME
+from research import run_research
+from retrievers.base import Deps, Retriever
+from retrievers.registry import build_registry, close_registry
+from retrievers.selection import plan_request
+
+log = logging.getLogger("fedresearch")
+
+SETTINGS = web.AppKey("settings", Settings)
+KEYS = web.AppKey("keys", ApiKeys)
+REGISTRY = web.AppKey("registry", dict)
+DEPS = web.AppKey("deps", Deps)
+
+_REPORT_CHUNK = 2000
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _json_error(kind: type[web.HTTPException], message: str, **headers: str) -> web.HTTPException:
+    return kind(text=json.dumps({"error": message}), content_type="application/json", headers=headers or None)
+
+
+def _principal(request: web.Request) -> Principal:
+    """Who the caller is; with keys configured, a missing or wrong key is refused here."""
+    keys = request.app[KEYS]
+    if not keys.enabled:
+        return Principal(None, admin=True)
+    token = bearer_token(request.headers.get("Authorization"), request.query.get("token"))
+    principal = keys.authenticate(token)
+    if principal is None:
+        reason = "a valid API key is required" if token else "an API key is required"
+        message = f"{reason}: send Authorization: Bearer KEY or ?token=KEY"
+        raise _json_error(web.HTTPUnauthorized, message, **{"WWW-Authenticate": "Bearer"})
+    return principal
+
+
+def _validation_message(error: ValidationError) -> str:
+    parts = []
+    for issue in error.errors():
+        where = ".".join(str(part) for part in issue["loc"]) or "request"
+        parts.append(f"{where}: {'missing' if issue['type'] == 'missing' else issue['msg']}")
+    return "invalid request: " + "; ".join(parts)
+
+
+# -- WebSocket ---------------------------------------------------------------------------------
+
+
+class ResearchSocket:
+    """One client connection: at most one task at a time, cancelled when the socket closes."""
+
+    def __init__(self, ws: web.WebSocketResponse, app: web.Application, principal: Principal) -> None:
+        self.ws = ws
+        self.app = app
+        self.principal = principal
+        self.task: asyncio.Task[None] | None = None
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        if self.ws.closed:
+            return
+        with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
+            await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
+
+    async def log_event(self, event: ProgressEvent) -> None:
+        await self.send({"type": "logs", "content": event.step, "output": event.output, "metadata": event.metadata})
+
+    async def error(self, message: str) -> None:
+        # GPT-Researcher's page shows only logs frames, so every error is said both ways.
+        await self.send({"type": "error", "content": "error", "output": message})
+        await self.send({"type": "logs", "content": "error", "output": message, "metadata": None})
+
+    async def on_text(self, data: str) -> None:
+        text = data.strip()
+        if text == "ping":
+            if not self.ws.closed:
+                await self.ws.send_str("pong")
+            return
+        if text.startswith("start"):
+            payload = text[len("start") :].strip()
+        elif text.startswith("{"):
+            payload = text
+        elif text.startswith("chat"):
+            await self.error("chat is not supported by this server: send start {json} with a task")
+            return
+        else:
+            await self.error("Unknown command received by server: send ping, or start {json} with a task")
+            return
+        await self.start(payload)
+
+    async def start(self, payload: str) -> None:
+        try:
+            body = json.loads(payload)
+        except json.JSONDecodeError as error:
+            await self.error(f"invalid JSON after start: {error.msg} at position {error.pos}")
+            return
+        if not isinstance(body, dict):
+            await self.error(f"start expects a JSON object, got {type(body).__name__}")
+            return
+        try:
+            request = ResearchRequest.model_validate(body)
+        except ValidationError as error:
+            await self.error(_validation_message(error))
+            return
+        if self.task is not None and not self.task.done():
+            await self.send(
+                {"type": "logs", "content": "warning", "output": "Task already running. Please wait.", "metadata": None}
+            )
+            return
+        bound = None if self.principal.admin else self.principal.user_id
+        try:
+            plan = plan_request(request, self.app[SETTINGS], self.app[REGISTRY], bound_user=bound)
+        except RequestError as error:
+            await self.error(str(error))
+            return
+        self.task = asyncio.create_task(self.run(request, plan))
+
+    async def run(self, request: ResearchRequest, plan: Any) -> None:
+        settings = self.app[SETTINGS]
+        try:
+            async with asyncio.timeout(settings.task_timeout_s):
+                outcome = await run_research(request, plan, self.app[REGISTRY], self.app[DEPS], self.log_event)
+        except TimeoutError:
+            await self.error(f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)")
+            return
+        except Exception:
+            log.exception("research task failed")
+            await self.error("internal error while running the task; the server log has the details")
+            return
+        markdown = outcome.markdown
+        for start in range(0, len(markdown), _REPORT_CHUNK):
+            await self.send({"type": "report", "output": markdown[start : start + _REPORT_CHUNK]})
+        files = {kind: f"reports/{name}" for kind, name in outcome.files.items()}
+        await self.log_event(
+            ProgressEvent(
+                "report_written", f"📄 Report saved with {len(outcome.references)} references", {"files": files}
+            )
+        )
+        await self.send({"type": "path", "output": files})
+
+    async def close(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+
+async def websocket(request: web.Request) -> web.WebSocketResponse:
+    principal = _principal(request)
+    ws = web.WebSocketResponse(heartbeat=30, max_msg_size=1 << 20)
+    await ws.prepare(request)
+    socket = ResearchSocket(ws, request.app, principal)
+    try:
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.TEXT:
+                await socket.on_text(message.data)
+            elif message.type == aiohttp.WSMsgType.BINARY:
+                await socket.error("binary frames are not supported: send text frames")
+    finally:
+        await socket.close()
+    return ws
+
+
+# -- HTTP --------------------------------------------------------------------------------------
+
+
+async def literature_api(request: web.Request) -> web.Response:
+    """The internal literature API, answered by the embedded library (DESIGN.md)."""
+    principal = _principal(request)
+    try:
+        body = LiteratureQuery.model_validate_json(await request.read())
+    except ValidationError as error:
+        raise _json_error(web.HTTPBadRequest, _validation_message(error)) from None
+    if not principal.admin and principal.user_id != body.user_id:
+        raise _json_error(web.HTTPForbidden, f"this API key acts as user {principal.user_id!r} only")
+    library = request.app[DEPS].library
+    assert library is not None
+    items = await asyncio.to_thread(library.search_items, body.user_id, body.type, body.query, body.top_k)
+    return web.json_response(items)
+
+
+async def report_file(request: web.Request) -> web.FileResponse:
+    _principal(request)
+    name = request.match_info["name"]
+    path = request.app[SETTINGS].reports_dir / name
+    if not REPORT_NAME.match(name) or not path.is_file():
+        raise web.HTTPNotFound(text="no such report")
+    content_type = "text/markdown" if name.endswith(".md") else "application/json"
+    return web.FileResponse(path, headers={"Content-Type": f"{content_type}; charset=utf-8"})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "retrievers": sorted(request.app[REGISTRY])})
+
+
+async def index(request: web.Request) -> web.Response:
+    names = ", ".join(sorted(request.app[REGISTRY]))
+    return web.Response(
+        text=(
+            "fedresearch: federated research over your library and the web.\n"
+            "WebSocket research: /ws (GPT-Researcher protocol)\n"
+            "Literature API: POST /internal/biblios/vector_search/\n"
+            f"Retrievers: {names}\n"
+        )
+    )
+
+
+# -- app ---------------------------------------------------------------------------------------
+
+
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    registry: dict[str, Retriever] = build_registry()
+    library = await asyncio.to_thread(Library, settings.library_dir)
+    connector = aiohttp.TCPConnector(limit=200, limit_per_host=50)
+    timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
+        app[REGISTRY] = registry
+        app[DEPS] = Deps(session=session, settings=settings, library=library)
+        try:
+            yield
+        finally:
+            await close_registry(registry)
+
+
+def create_app(settings: Settings | None = None) -> web.Application:
+    settings = settings or Settings()
+    app = web.Application(client_max_size=1 << 20)
+    app[SETTINGS] = settings
+    app[KEYS] = ApiKeys.from_settings(settings)
+    app.cleanup_ctx.append(_resources)
+    app.router.add_get("/", index)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/ws", websocket)
+    app.router.add_post("/internal/biblios/vector_search/", literature_api)
+    app.router.add_get("/reports/{name}", report_file)
+    return app
+
+
+def serve(settings: Settings | None = None, host: str | None = None, port: int | None = None) -> None:
+    settings = settings or Settings()
+    host = host or settings.host
+    port = port or settings.port
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    keys = ApiKeys.from_settings(settings)
+    refusal = check_bind(host, keys)
+    if refusal:
+        raise SystemExit(refusal)
+    if not keys.enabled:
+        log.warning("no API keys configured (FEDRESEARCH_API_KEYS): listening on %s only", host)
+    web.run_app(create_app(settings), host=host, port=port, print=lambda text: log.info(text.strip()))
+
+
+if __name__ == "__main__":
+    serve()

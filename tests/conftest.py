@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import websockets
+from aiohttp import web
+
+from core.settings import Settings
+from server import create_app
+from tests.fakes import FakeGoogle, FakeLiteratureApi, FakeTavily, FakeUpstream, start_all
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "library"
+
+
+@pytest.fixture
+async def fakes() -> AsyncIterator[dict[str, FakeUpstream]]:
+    started = await start_all()
+    yield started
+    for fake in started.values():
+        await fake.stop()
+
+
+def make_settings(tmp_path: Path, fakes: dict[str, FakeUpstream] | None = None, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "data_dir": tmp_path / "data",
+        "tavily_api_key": None,
+        "google_api_key": None,
+        "google_cx_key": None,
+        "internal_api_base_url": None,
+        "default_user": None,
+        "api_keys": None,
+    }
+    if fakes:
+        values.update(
+            tavily_api_key=FakeTavily.api_key,
+            tavily_api_base_url=fakes["tavily"].url,
+            google_api_key=FakeGoogle.api_key,
+            google_cx_key=FakeGoogle.cx,
+            google_api_base_url=fakes["google"].url,
+            internal_api_key=FakeLiteratureApi.api_key,
+        )
+    values.update(overrides)
+    return Settings(_env_file=None, **values)
+
+
+@dataclass
+class RunningServer:
+    url: str
+    app: web.Application
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://") + "/ws"
+
+
+@pytest.fixture
+async def start_server() -> AsyncIterator[Callable[[Settings], Any]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(settings: Settings) -> RunningServer:
+        app = create_app(settings)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return RunningServer(f"http://127.0.0.1:{port}", app)
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def run_task(ws: Any, task: dict[str, Any], prefix: str = "start ") -> list[dict[str, Any]]:
+    """Send one task and collect frames up to its `path` frame or first `error` frame."""
+    await ws.send(prefix + json.dumps(task))
+    frames = []
+    while True:
+        frame = json.loads(await ws.recv())
+        frames.append(frame)
+        if frame.get("type") in ("path", "error"):
+            if frame.get("type") == "error":
+                frames.append(json.loads(await ws.recv()))  # its logs twin
+            return frames
+
+
+def report_of(frames: list[dict[str, Any]]) -> str:
+    return "".join(frame["output"] for frame in frames if frame.get("type") == "report")
+
+
+def logs(frames: list[dict[str, Any]], step: str) -> list[dict[str, Any]]:
+    return [frame for frame in frames if frame.get("type") == "logs" and frame.get("content") == step]
+
+
+__all__ = ["EXAMPLES", "logs", "make_settings", "report_of", "run_task", "websockets"]

@@ -1,0 +1,231 @@
+"""Fake upstreams: real HTTP servers on 127.0.0.1 that answer as Tavily, Google Custom Search and
+the internal literature API do, including their errors, delays and malformed answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Behaviour:
+    """What the fake does next: `mode` is ok, an HTTP status as text ("401", "429" ...), or malformed."""
+
+    mode: str = "ok"
+    delay_s: float = 0.0
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+
+class FakeUpstream:
+    def __init__(self) -> None:
+        self.behaviour = Behaviour()
+        self.requests: list[dict[str, Any]] = []
+        self.cancelled = 0
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    def app(self) -> web.Application:
+        raise NotImplementedError
+
+    async def start(self) -> FakeUpstream:
+        # handler_cancellation lets the fake see a client give up on its request
+        self.runner = web.AppRunner(self.app(), handler_cancellation=True)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def _wait(self) -> None:
+        try:
+            await asyncio.sleep(self.behaviour.delay_s)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+class FakeTavily(FakeUpstream):
+    """POST /search with `Authorization: Bearer KEY`, answers as api.tavily.com does."""
+
+    api_key = "tvly-test-key"
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/search", self.search)
+        return app
+
+    async def search(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append({"body": body, "headers": dict(request.headers)})
+        await self._wait()
+        mode = self.behaviour.mode
+        if request.headers.get("Authorization") != f"Bearer {self.api_key}" or mode == "401":
+            return web.json_response({"detail": {"error": "Unauthorized: missing or invalid API key."}}, status=401)
+        if mode == "429":
+            return web.json_response(
+                {"detail": {"error": "Your request has been blocked due to excessive requests."}}, status=429
+            )
+        if mode == "432":
+            return web.json_response(
+                {"detail": {"error": "This request exceeds your plan's set usage limit. Please upgrade your plan."}},
+                status=432,
+            )
+        if mode == "500":
+            return web.Response(status=500, text="Internal Server Error")
+        if mode == "malformed":
+            return web.Response(status=200, text='{"results": [', content_type="application/json")
+        results = self.behaviour.items or [
+            {
+                "url": f"https://example.org/tavily/{i}",
+                "title": f"Tavily result {i} on {body['query']}",
+                "content": f"Tavily passage {i} says rank fusion combines lexical and dense retrieval well.",
+                "score": round(0.9 - i * 0.1, 2),
+                "raw_content": None,
+            }
+            for i in range(1, 4)
+        ]
+        return web.json_response(
+            {
+                "query": body["query"],
+                "follow_up_questions": None,
+                "answer": None,
+                "images": [],
+                "results": results[: body.get("max_results", 5)],
+                "response_time": 0.42,
+                "request_id": "fake-1",
+            }
+        )
+
+
+class FakeGoogle(FakeUpstream):
+    """GET /customsearch/v1?key&cx&q&num&start, answers as www.googleapis.com does."""
+
+    api_key = "AIza-test-key"
+    cx = "test-cx"
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/customsearch/v1", self.search)
+        return app
+
+    @staticmethod
+    def _error(code: int, message: str, status: str, reason: str) -> web.Response:
+        return web.json_response(
+            {
+                "error": {
+                    "code": code,
+                    "message": message,
+                    "errors": [{"message": message, "domain": "global", "reason": reason}],
+                    "status": status,
+                }
+            },
+            status=code,
+        )
+
+    async def search(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append({"query": dict(request.query)})
+        await self._wait()
+        mode = self.behaviour.mode
+        if request.query.get("key") != self.api_key or mode == "400":
+            return self._error(400, "API key not valid. Please pass a valid API key.", "INVALID_ARGUMENT", "badRequest")
+        if mode == "429":
+            return self._error(
+                429,
+                "Quota exceeded for quota metric 'Queries' and limit 'Queries per day' of service "
+                "'customsearch.googleapis.com' for consumer 'project_number:1234'.",
+                "RESOURCE_EXHAUSTED",
+                "rateLimitExceeded",
+            )
+        if mode == "403":
+            return self._error(
+                403,
+                "This project does not have the access to Custom Search JSON API.",
+                "PERMISSION_DENIED",
+                "forbidden",
+            )
+        if mode == "500":
+            return web.Response(status=500, text="<html>Server Error</html>", content_type="text/html")
+        if mode == "malformed":
+            return web.Response(status=200, text="{'items': nope", content_type="application/json")
+        if mode == "empty":
+            return web.json_response({"kind": "customsearch#search", "searchInformation": {"totalResults": "0"}})
+        items = self.behaviour.items or [
+            {
+                "kind": "customsearch#result",
+                "title": f"Google result {i}",
+                "htmlTitle": f"Google result {i}",
+                "link": f"https://www.example.com/google/{i}/?utm_source=x",
+                "displayLink": "www.example.com",
+                "snippet": f"Google snippet {i}: hybrid search with reciprocal rank fusion.",
+                "formattedUrl": "...",
+            }
+            for i in range(1, 4)
+        ]
+        return web.json_response(
+            {
+                "kind": "customsearch#search",
+                "queries": {"request": [{"searchTerms": request.query.get("q")}]},
+                "searchInformation": {"totalResults": str(len(items))},
+                "items": items,
+            }
+        )
+
+
+class FakeLiteratureApi(FakeUpstream):
+    """POST /internal/biblios/vector_search/ as a user's literature API answers it."""
+
+    api_key = "internal-test-key"
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/internal/biblios/vector_search/", self.search)
+        return app
+
+    async def search(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append({"body": body, "headers": dict(request.headers)})
+        await self._wait()
+        mode = self.behaviour.mode
+        if mode == "500":
+            return web.Response(status=500, text="upstream exploded")
+        if mode == "malformed":
+            return web.Response(status=200, text="[{", content_type="application/json")
+        if mode == "wrapped":
+            return web.json_response({"data": self.behaviour.items})
+        items = self.behaviour.items or [
+            {
+                "content": f"Internal passage on {body['query']}: our lab notes on rank fusion.",
+                "score": 0.8,
+                "metadata": {
+                    "biblio_id": "b-1",
+                    "structured_data": {
+                        "title": "Lab paper",
+                        "year": 2021,
+                        "authors": [{"name": "Ada Lovelace"}],
+                        "doi": "10.1000/lab.1",
+                    },
+                },
+            },
+        ]
+        return web.json_response(items)
+
+
+async def start_all() -> dict[str, FakeUpstream]:
+    return {
+        "tavily": await FakeTavily().start(),
+        "google": await FakeGoogle().start(),
+        "internal": await FakeLiteratureApi().start(),
+    }
+
+
+def dumps(frame: dict[str, Any]) -> str:
+    return json.dumps(frame)

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import pytest
+
+from core.identifiers import canonical_key
+from core.models import SearchResult
+from retrievers.fusion import fuse
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("doi:10.1145/1571941.1572114", "https://doi.org/10.1145/1571941.1572114"),
+        ("https://dx.doi.org/10.1145/1571941.1572114", "http://doi.org/10.1145/1571941.1572114"),
+        ("HTTPS://WWW.Example.com:443/a/b/?utm_source=x&b=2&a=1#frag", "https://example.com/a/b?a=1&b=2"),
+        ("http://example.com:80/?fbclid=1&gclid=2", "http://example.com"),
+    ],
+)
+def test_canonical_keys_merge(a, b):
+    assert canonical_key(a) == canonical_key(b)
+
+
+def test_ids_and_ports_stay_distinct():
+    assert canonical_key("https://example.com:8443/a") != canonical_key("https://example.com/a")
+    assert canonical_key("42", "biblio") != canonical_key("42", "highlight")
+    assert canonical_key("https://example.com/a?page=2") != canonical_key("https://example.com/a?page=3")
+
+
+def result(href, retriever, rank, body="body", title=""):
+    return SearchResult(href=href, body=body, title=title, retriever=retriever, rank=rank)
+
+
+def test_rrf_rewards_agreement_and_merges_fields():
+    fused = fuse(
+        [
+            result("https://solo.example/", "tavily", 1, title="Solo"),
+            result("https://both.example/", "tavily", 2, body="short"),
+            result("https://www.both.example", "google", 2, body="a much longer body", title="Both"),
+        ]
+    )
+    assert fused[0].key == "https://both.example"
+    assert fused[0].retrievers == ["tavily", "google"]
+    assert fused[0].body == "a much longer body" and fused[0].title == "Both"
+    assert fused[0].score == pytest.approx(2 / 62)
+    assert fused[1].score == pytest.approx(1 / 61)
+
+
+def test_weights_change_the_order():
+    results = [result("https://a.example", "tavily", 1), result("https://b.example", "google", 1)]
+    assert fuse(results, {"google": 2.0})[0].href == "https://b.example"
+    assert fuse(results)[0].href == "https://a.example"

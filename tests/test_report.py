@@ -1,0 +1,114 @@
+"""Report invariants: every [n] resolves, every reference is cited, one paper is one reference."""
+
+from __future__ import annotations
+
+import re
+
+import websockets
+
+from core.models import ReportType, SearchResult
+from report.writer import write_report
+from retrievers.fusion import fuse
+from tests.conftest import make_settings, report_of, run_task
+
+CITATION = re.compile(r"\[(\d+)\]")
+
+
+def references_of(markdown: str) -> dict[int, str]:
+    _, _, tail = markdown.partition("## References")
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^\[(\d+)\] (.+)$", tail, re.MULTILINE)}
+
+
+def check_invariants(markdown: str) -> dict[int, str]:
+    body, _, _ = markdown.partition("## References")
+    cited = [int(n) for n in CITATION.findall(body)]
+    references = references_of(markdown)
+    assert set(cited) == set(references), (cited, references)
+    first_seen = list(dict.fromkeys(cited))
+    assert first_seen == sorted(first_seen) == list(range(1, len(references) + 1))
+    return references
+
+
+def sample_results() -> list[SearchResult]:
+    return [
+        SearchResult(
+            href="https://a.example/x",
+            title="A [draft]",
+            retriever="tavily",
+            rank=1,
+            body="Rank fusion combines rankings from lexical and dense retrieval systems well [12]. "
+            "## Injected heading should not become a heading in the report at all.",
+        ),
+        SearchResult(
+            href="biblio:7",
+            title="",
+            retriever="internal_biblio",
+            rank=1,
+            body="Dense retrieval finds passages that share meaning but not words with the query.",
+        ),
+        SearchResult(
+            href="https://b.example",
+            title="B",
+            retriever="google",
+            rank=1,
+            body="Unrelated text about cooking pasta with tomatoes and basil for dinner.",
+        ),
+    ]
+
+
+def test_every_report_type_keeps_the_invariants():
+    sources = fuse(sample_results())
+    for report_type in ReportType:
+        markdown, references = write_report("How does rank fusion combine retrieval?", report_type, sources, [])
+        found = check_invariants(markdown)
+        assert len(found) == len(references)
+        assert "(12)" in markdown or report_type is ReportType.outline_report
+        assert "\n## Injected" not in markdown
+        assert "[draft]" not in markdown.partition("## References")[2]
+
+
+def test_id_sources_are_listed_by_id_not_an_invented_url():
+    markdown, _ = write_report("dense retrieval meaning", ReportType.research_report, fuse(sample_results()), [])
+    references = check_invariants(markdown)
+    assert any(line.endswith("— biblio:7") for line in references.values())
+
+
+def test_no_results_gives_a_report_without_references():
+    markdown, references = write_report("anything", ReportType.research_report, [], [])
+    assert references == [] and "No source answered" in markdown and "## References" not in markdown
+
+
+async def test_one_doi_from_three_retrievers_is_one_reference(tmp_path, fakes, start_server):
+    doi = "10.1145/1571941.1572114"
+    body = "Reciprocal rank fusion sums one over sixty plus rank across the input rankings."
+    fakes["tavily"].behaviour.items = [{"url": f"https://doi.org/{doi}", "title": "RRF", "content": body, "score": 0.9}]
+    fakes["google"].behaviour.items = [
+        {"link": f"https://dx.doi.org/{doi}", "title": "RRF paper", "snippet": body + " More."}
+    ]
+    fakes["internal"].behaviour.items = [
+        {
+            "id": f"doi:{doi}",
+            "content": body,
+            "score": 0.7,
+            "metadata": {"structured_data": {"title": "Reciprocal rank fusion outperforms Condorcet"}},
+        }
+    ]
+    settings = make_settings(tmp_path, fakes, internal_api_base_url=fakes["internal"].url)
+    server = await start_server(settings)
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(
+            ws,
+            {
+                "task": "what is reciprocal rank fusion",
+                "headers": {"retrievers": "tavily,google,internal_biblio", "user_id": "u"},
+            },
+        )
+    markdown = report_of(frames)
+    references = check_invariants(markdown)
+    assert len(references) == 1
+    assert next(iter(references.values())).endswith(f"https://doi.org/{doi}")
+    import json
+    from pathlib import Path
+
+    record = json.loads((settings.reports_dir / Path(frames[-1]["output"]["json"]).name).read_text())
+    assert sorted(record["sources"][0]["retrievers"]) == ["google", "internal_biblio", "tavily"]

@@ -1,0 +1,159 @@
+"""End to end over /ws with the websockets client, against fake upstreams on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import websockets
+
+from tests.conftest import logs, make_settings, report_of, run_task
+
+TASK = {"task": "How does rank fusion combine lexical and dense retrieval?", "report_type": "research_report"}
+
+
+async def test_three_upstreams_run_in_parallel(tmp_path, fakes, start_server):
+    fakes["tavily"].behaviour.delay_s = 0.2
+    fakes["google"].behaviour.delay_s = 0.3
+    fakes["internal"].behaviour.delay_s = 0.4
+    settings = make_settings(tmp_path, fakes, internal_api_base_url=fakes["internal"].url)
+    server = await start_server(settings)
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(
+            ws, {**TASK, "headers": {"retrievers": "internal_biblio,tavily,google", "user_id": "alice"}}
+        )
+    done = {frame["metadata"]["name"]: frame["metadata"] for frame in logs(frames, "retriever_done")}
+    assert set(done) == {"internal_biblio", "tavily", "google"}
+    retrieval_ms = logs(frames, "merging")[0]["metadata"]["retrieval_ms"]
+    # sequential would take the 900 ms sum; parallel takes about the slowest (400 ms)
+    assert 400 <= retrieval_ms < 750, retrieval_ms
+    report = report_of(frames)
+    assert "## References" in report
+    assert "https://doi.org/10.1000/lab.1" in report  # the internal API's DOI became the link
+    assert fakes["internal"].requests[0]["body"] == {
+        "type": "biblio",
+        "user_id": "alice",
+        "query": TASK["task"],
+        "top_k": 10,
+    }
+    assert fakes["internal"].requests[0]["headers"]["x-api-key"] == "internal-test-key"
+    path = frames[-1]
+    assert path["type"] == "path" and path["output"]["md"].endswith(".md")
+
+
+async def test_failing_upstream_leaves_the_others(tmp_path, fakes, start_server):
+    fakes["tavily"].behaviour.mode = "500"
+    settings = make_settings(tmp_path, fakes, internal_api_base_url=fakes["internal"].url)
+    server = await start_server(settings)
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(
+            ws, {**TASK, "headers": {"retrievers": "internal_biblio,tavily,google", "user_id": "alice"}}
+        )
+    failed = logs(frames, "retriever_failed")
+    assert [frame["metadata"]["name"] for frame in failed] == ["tavily"]
+    assert "500" in failed[0]["metadata"]["error"]
+    report = report_of(frames)
+    assert "example.com/google" in report and "doi.org/10.1000/lab.1" in report
+    assert "tavily: failed" in report
+    assert frames[-1]["type"] == "path"
+
+
+async def test_unknown_retriever_then_a_valid_task_on_the_same_socket(tmp_path, fakes, start_server):
+    server = await start_server(make_settings(tmp_path, fakes, internal_api_base_url=fakes["internal"].url))
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, {**TASK, "headers": {"retrievers": "tavily,bing", "user_id": "u"}})
+        assert frames[-2]["type"] == "error"
+        message = frames[-2]["output"]
+        assert "'bing'" in message
+        for known in ("internal_biblio", "internal_highlight", "internal_file", "tavily", "google"):
+            assert known in message
+        assert frames[-1] == {"type": "logs", "content": "error", "output": message, "metadata": None}
+        frames = await run_task(ws, {**TASK, "headers": {"retrievers": "tavily", "user_id": "u"}})
+        assert frames[-1]["type"] == "path"
+        assert "example.org/tavily/1" in report_of(frames)
+
+
+async def test_missing_user_id_names_the_setting_and_the_default_user_works(tmp_path, fakes, start_server):
+    fakes["internal"].behaviour.mode = "ok"
+    base = {"internal_api_base_url": fakes["internal"].url}
+    server = await start_server(make_settings(tmp_path, fakes, **base))
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, {**TASK, "headers": {"retrievers": "internal_biblio"}})
+    message = frames[-2]["output"]
+    assert frames[-2]["type"] == "error"
+    assert "user_id" in message and "FEDRESEARCH_DEFAULT_USER" in message
+
+    server = await start_server(make_settings(tmp_path, fakes, default_user="solo", **base))
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, {**TASK, "headers": {"retrievers": "internal_biblio"}})
+    assert frames[-1]["type"] == "path"
+    assert fakes["internal"].requests[-1]["body"]["user_id"] == "solo"
+
+
+async def test_closing_the_socket_cancels_upstream_calls(tmp_path, fakes, start_server):
+    fakes["tavily"].behaviour.delay_s = 5
+    fakes["google"].behaviour.delay_s = 5
+    server = await start_server(make_settings(tmp_path, fakes))
+    baseline = len(asyncio.all_tasks())
+    async with websockets.connect(server.ws_url) as ws:
+        await ws.send("start " + json.dumps({**TASK, "headers": {"retrievers": "tavily,google"}}))
+        while len(fakes["tavily"].requests) + len(fakes["google"].requests) < 2:
+            await asyncio.sleep(0.02)
+    for _ in range(200):
+        if fakes["tavily"].cancelled and fakes["google"].cancelled:
+            break
+        await asyncio.sleep(0.02)
+    assert fakes["tavily"].cancelled == 1 and fakes["google"].cancelled == 1
+    for _ in range(100):
+        if len(asyncio.all_tasks()) <= baseline:
+            break
+        await asyncio.sleep(0.02)
+    assert len(asyncio.all_tasks()) <= baseline
+
+
+async def test_protocol_ping_bare_json_second_start_and_bad_frames(tmp_path, fakes, start_server):
+    fakes["tavily"].behaviour.delay_s = 0.5
+    server = await start_server(make_settings(tmp_path, fakes))
+    async with websockets.connect(server.ws_url) as ws:
+        await ws.send("ping")
+        assert await ws.recv() == "pong"
+        await ws.send("start {not json")
+        frame = json.loads(await ws.recv())
+        assert frame["type"] == "error" and "invalid JSON" in frame["output"]
+        assert json.loads(await ws.recv())["type"] == "logs"
+        await ws.send(json.dumps({"report_type": "research_report"}))
+        frame = json.loads(await ws.recv())
+        assert frame["type"] == "error" and "task: missing" in frame["output"]
+        await ws.recv()
+        await ws.send("hello")
+        assert "Unknown command" in json.loads(await ws.recv())["output"]
+        await ws.recv()
+
+        await ws.send(json.dumps({**TASK, "headers": {"retrievers": "tavily"}}))  # bare JSON
+        await ws.send("start " + json.dumps({**TASK, "headers": {"retrievers": "tavily"}}))
+        frames = []
+        while not frames or frames[-1].get("type") != "path":
+            frames.append(json.loads(await ws.recv()))
+        warnings = logs(frames, "warning")
+        assert warnings and warnings[0]["output"] == "Task already running. Please wait."
+        assert len(fakes["tavily"].requests) == 1
+
+
+async def test_saved_report_files_are_served(tmp_path, fakes, start_server):
+    server = await start_server(make_settings(tmp_path, fakes))
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, {**TASK, "headers": {"retrievers": "tavily,google"}})
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{server.url}/{frames[-1]['output']['md']}") as response:
+            assert response.status == 200
+            assert await response.text() == report_of(frames)
+        async with session.get(f"{server.url}/{frames[-1]['output']['json']}") as response:
+            record = await response.json(content_type=None)
+        async with session.get(f"{server.url}/reports/..%2Fsecrets.md") as response:
+            assert response.status == 404
+    assert record["question"] == TASK["task"]
+    assert {r["name"] for r in record["retrievers"]} == {"tavily", "google"}
+    assert all("elapsed_ms" in r for r in record["retrievers"])
+    assert all(source["retrievers"] for source in record["sources"])
