@@ -130,6 +130,7 @@ class Claim:
     text: str
     source: FusedResult
     score: float
+    position: int = 0
 
 
 def _too_similar(a: set[str], b: set[str]) -> bool:
@@ -156,7 +157,7 @@ def select_claims(question: str, sources: list[FusedResult], max_claims: int = 1
         relevance /= math.sqrt(max(len(set(words)), 1)) ** 0.5
         prior = source.score / best_fused  # fused rank: sources several retrievers agree on rise
         lead = 0.15 if position == 0 else 0.0  # a summary's first sentence usually states its point
-        scored.append(Claim(sentence, source, relevance + 0.5 * prior + lead))
+        scored.append(Claim(sentence, source, relevance + 0.5 * prior + lead, position))
     scored.sort(key=lambda claim: claim.score, reverse=True)
 
     chosen: list[Claim] = []

@@ -51,7 +51,10 @@ def _grouped(claims: list[Claim], citations: Citations) -> list[Group]:
             if _kind(claim.source) == kind:
                 by_source.setdefault(claim.source.key, []).append(claim)
         paragraphs = [
-            Paragraph(" ".join(claim.text for claim in group), [citations.cite(group[0].source)])
+            Paragraph(
+                " ".join(claim.text for claim in sorted(group, key=lambda c: c.position)),
+                [citations.cite(group[0].source)],
+            )
             for group in by_source.values()
         ]
         if paragraphs:
