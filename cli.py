@@ -23,14 +23,20 @@ def _ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from library.ingest import ingest, walk
-    from library.store import Library
+    from library.open import open_library
 
-    settings = Settings()
-    library = Library(settings.library_dir)
+    library = open_library(Settings())
     paths = [Path(p) for p in args.paths]
     total = sum(1 for _ in walk(paths))
+    passages = 0
+
+    def embedded(count: int) -> None:
+        nonlocal passages
+        passages += count
+        bar.set_postfix(passages=passages)
+
     with tqdm(total=total, unit="file", desc="ingest", file=sys.stderr, disable=None) as bar:
-        report = ingest(library, args.user, paths, kind=args.type, on_file=lambda _: bar.update())
+        report = ingest(library, args.user, paths, kind=args.type, on_file=lambda _: bar.update(), on_progress=embedded)
     print(
         f"{report.files} files: {report.added} documents added, {report.replaced} replaced, "
         f"{report.unchanged} unchanged, {len(report.skipped)} skipped"
@@ -43,7 +49,7 @@ def _ingest(args: argparse.Namespace) -> int:
 def _library(args: argparse.Namespace) -> int:
     from library.store import Library
 
-    library = Library(Settings().library_dir)
+    library = Library(Settings().library_dir)  # listing and deleting need no embedding model
     if args.action == "list":
         documents = library.list_documents(args.user)
         for doc in documents:

@@ -21,7 +21,7 @@ from core.errors import RequestError
 from core.events import ProgressEvent
 from core.models import LiteratureQuery, ResearchRequest
 from core.settings import Settings
-from library.store import Library
+from library.open import open_library
 from report.store import REPORT_NAME
 from research import run_research
 from retrievers.base import Deps, Retriever
@@ -234,7 +234,7 @@ async def index(request: web.Request) -> web.Response:
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     registry: dict[str, Retriever] = build_registry()
-    library = await asyncio.to_thread(Library, settings.library_dir)
+    library = await asyncio.to_thread(open_library, settings)
     connector = aiohttp.TCPConnector(limit=200, limit_per_host=50)
     timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:

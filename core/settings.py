@@ -33,6 +33,7 @@ class Settings(BaseSettings):
         description="name=weight pairs for fusion, e.g. 'internal_biblio=1.5,google=0.8'",
     )
     max_search_results: int = Field(10, ge=1, le=50, validation_alias="MAX_SEARCH_RESULTS")
+    embeddings: bool = Field(True, validation_alias="FEDRESEARCH_EMBEDDINGS")
 
     internal_api_base_url: str | None = Field(None, validation_alias="INTERNAL_API_BASE_URL")
     internal_api_key: SecretStr | None = Field(None, validation_alias="INTERNAL_API_KEY")

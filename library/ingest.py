@@ -36,6 +36,7 @@ def ingest(
     paths: Iterable[Path],
     kind: str = "highlight",
     on_file: Callable[[Path], None] | None = None,
+    on_progress: Callable[[int], None] | None = None,
 ) -> IngestReport:
     report = IngestReport()
     for path in walk(paths):
@@ -44,7 +45,7 @@ def ingest(
             if not path.is_file():
                 raise UnsupportedFile(f"{path}: no such file")
             documents = read_file(path, kind)
-            outcome = library.add_documents(user_id, documents)
+            outcome = library.add_documents(user_id, documents, on_progress)
         except UnsupportedFile as error:
             report.skipped.append(str(error))
         else:

