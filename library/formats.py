@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import bibtexparser
+import pypdfium2 as pdfium
+import rispy
 from bibtexparser import middlewares
 
 from core.identifiers import doi_of
@@ -229,18 +231,152 @@ def read_text(path: Path, kind: str) -> list[Document]:
     return [Document(kind=kind, source=str(path), title=path.stem.replace("_", " "), sections=sections)]
 
 
+def read_ris(path: Path) -> list[Document]:
+    try:
+        entries = rispy.loads(path.read_text(encoding="utf-8"))
+    except Exception as error:  # rispy raises bare IOError/ValueError subclasses for bad files
+        raise UnsupportedFile(f"{path}: not a RIS file ({error})") from error
+    if not entries:
+        raise UnsupportedFile(f"{path}: no RIS record")
+    documents = []
+    for number, entry in enumerate(entries, start=1):
+        record = {
+            "title": entry.get("title") or entry.get("primary_title") or entry.get("secondary_title"),
+            "authors": entry.get("authors") or entry.get("first_authors") or [],
+            "year": entry.get("year") or entry.get("publication_year") or entry.get("date"),
+            "doi": entry.get("doi"),
+            "url": (entry.get("urls") or [None])[0] or entry.get("url"),
+            "abstract": entry.get("abstract") or entry.get("notes_abstract"),
+            "tags": entry.get("keywords") or [],
+            "journal": entry.get("journal_name") or entry.get("secondary_title"),
+        }
+        key = _doi(record["doi"]) or entry.get("id") or f"record{number}"
+        documents.append(biblio_record(record, f"{path}#{key}"))
+    return documents
+
+
+def _csl_record(item: dict[str, Any]) -> dict[str, Any]:
+    issued = item.get("issued") or {}
+    parts = issued.get("date-parts") if isinstance(issued, dict) else None
+    year = parts[0][0] if parts and parts[0] else (issued.get("raw") if isinstance(issued, dict) else None)
+    keywords = item.get("keyword")
+    return {
+        "title": item.get("title"),
+        "authors": item.get("author") or [],
+        "year": year,
+        "doi": item.get("DOI") or item.get("doi"),
+        "url": item.get("URL") or item.get("url"),
+        "abstract": item.get("abstract"),
+        "tags": keywords if isinstance(keywords, list) else re.split(r"[,;]", keywords or ""),
+        "venue": item.get("container-title"),
+    }
+
+
+def _highlight_documents(path: Path, payload: Any) -> list[Document]:
+    """Highlights and notes, each linked to its paper (DOI or title) and page."""
+    paper = payload.get("paper", {}) if isinstance(payload, dict) else {}
+    entries = payload.get("highlights", []) if isinstance(payload, dict) else payload
+    documents = []
+    for number, entry in enumerate(entries, start=1):
+        if not isinstance(entry, dict):
+            raise UnsupportedFile(f"{path}: highlight {number} is not an object")
+        quote = " ".join(str(entry.get("text") or entry.get("highlight") or "").split())
+        note = " ".join(str(entry.get("note") or entry.get("comment") or "").split())
+        if not quote and not note:
+            raise UnsupportedFile(f"{path}: highlight {number} has neither text nor note")
+        paper_title = entry.get("paper_title") or paper.get("title") or path.stem
+        paper_doi = _doi(entry.get("paper_doi") or entry.get("doi") or paper.get("doi"))
+        page = entry.get("page")
+        body = quote + (f"\n\nNote: {note}" if quote and note else note)
+        documents.append(
+            Document(
+                kind="highlight",
+                source=f"{path}#{entry.get('id') or number}",
+                title=f"Highlight in {paper_title}" + (f", p. {page}" if page else ""),
+                sections=[Section(text=body, page=int(page) if str(page or "").isdigit() else None)],
+                tags=_tags(entry.get("tags")),
+                extra={"paper_doi": paper_doi, "paper_title": paper_title}
+                if paper_doi
+                else {"paper_title": paper_title},
+            )
+        )
+    return documents
+
+
+def read_json(path: Path) -> list[Document]:
+    """CSL-JSON records, or highlights (`{"paper": {...}, "highlights": [...]}` or a list of them)."""
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise UnsupportedFile(f"{path}: not JSON ({error.msg})") from error
+    items = payload if isinstance(payload, list) else [payload]
+    is_highlights = (isinstance(payload, dict) and "highlights" in payload) or all(
+        isinstance(i, dict) and ("text" in i or "highlight" in i) and "title" not in i for i in items
+    )
+    if is_highlights and items:
+        return _highlight_documents(path, payload)
+    documents = []
+    for number, item in enumerate(items, start=1):
+        if not isinstance(item, dict):
+            raise UnsupportedFile(f"{path}: item {number} is not an object")
+        record = _csl_record(item)
+        key = _doi(record["doi"]) or item.get("id") or f"item{number}"
+        documents.append(biblio_record(record, f"{path}#{key}"))
+    if not documents:
+        raise UnsupportedFile(f"{path}: no record")
+    return documents
+
+
+def read_pdf(path: Path, kind: str) -> list[Document]:
+    """One section per page, page numbers kept (pypdfium2: permissive licence, fast and exact)."""
+    try:
+        pdf = pdfium.PdfDocument(str(path))
+    except pdfium.PdfiumError as error:
+        reason = "encrypted (password protected)" if "password" in str(error).lower() else f"unreadable ({error})"
+        raise UnsupportedFile(f"{path}: PDF {reason}") from error
+    try:
+        sections = []
+        for number in range(len(pdf)):
+            page = pdf[number]
+            textpage = page.get_textpage()
+            text = textpage.get_text_range().replace("\r\n", "\n").replace("\r", "\n").strip()
+            textpage.close()
+            page.close()
+            if text:
+                sections.append(Section(text=text, page=number + 1))
+        metadata = pdf.get_metadata_dict()
+    finally:
+        pdf.close()
+    if not sections:
+        raise UnsupportedFile(f"{path}: PDF has no extractable text (scanned or image-only; OCR it first)")
+    title = (metadata.get("Title") or "").strip() or path.stem.replace("_", " ")
+    return [
+        Document(
+            kind="file" if kind == "highlight" else kind,
+            source=str(path),
+            title=title,
+            sections=sections,
+            authors=_authors(metadata.get("Author") or ""),
+            year=_year(metadata.get("CreationDate")),
+        )
+    ]
+
+
 READERS = {
     ".md": read_markdown,
     ".markdown": read_markdown,
     ".txt": read_text,
     ".bib": lambda path, kind: read_bibtex(path),
+    ".ris": lambda path, kind: read_ris(path),
+    ".json": lambda path, kind: read_json(path),
+    ".pdf": read_pdf,
     ".jsonl": lambda path, kind: read_jsonl(path),
     ".ndjson": lambda path, kind: read_jsonl(path),
 }
 
 
 def read_file(path: Path, kind: str = "highlight") -> list[Document]:
-    """Documents in `path`; notes default to `highlight`, records are always `biblio`."""
+    """Documents in `path`; notes default to `highlight`, PDFs to `file`, records are always `biblio`."""
     reader = READERS.get(path.suffix.lower())
     if reader is None:
         raise UnsupportedFile(f"{path}: unsupported file type {path.suffix or '(none)'}")
