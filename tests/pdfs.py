@@ -36,8 +36,7 @@ def write_pdf(path: Path, pages: list[str], title: str | None = None) -> Path:
     out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
     for offset in offsets:
         out += f"{offset:010d} 00000 n \n".encode()
-    out += (
-        f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R /Info {info_id} 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
-    )
+    trailer = f"<< /Size {len(objects) + 1} /Root 1 0 R /Info {info_id} 0 R >>"
+    out += f"trailer\n{trailer}\nstartxref\n{xref}\n%%EOF\n".encode()
     path.write_bytes(bytes(out))
     return path

@@ -122,7 +122,7 @@ def test_highlights_json_are_linked_to_paper_and_page(tmp_path, encoder):
 
 
 def test_unknown_and_malformed_files_are_clear(tmp_path):
-    with pytest.raises(UnsupportedFile, match="unsupported file type .docx"):
+    with pytest.raises(UnsupportedFile, match=r"unsupported file type \.docx"):
         read_file(tmp_path / "x.docx")
     bad = tmp_path / "bad.ris"
     bad.write_text("this is not ris")
