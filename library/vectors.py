@@ -51,7 +51,8 @@ class VectorCache:
         cached = self._users.get(user_id)
         if cached is not None and cached.generation == generation:
             return cached
-        loaded = self._load(db, user_id, generation)
+        loaded = self._catch_up(db, user_id, generation, cached) if cached is not None else None
+        loaded = loaded or self._load(db, user_id, generation)
         with self._lock:
             self._users.pop(user_id, None)
             self._users[user_id] = loaded
@@ -59,11 +60,12 @@ class VectorCache:
                 self._users.pop(next(iter(self._users)))
         return loaded
 
-    def _load(self, db: sqlite3.Connection, user_id: str, generation: int) -> UserVectors:
+    def _rows(self, db: sqlite3.Connection, user_id: str, after_id: int, generation: int) -> UserVectors:
         rows = db.execute(
             "SELECT c.id, c.document_id, c.kind, COALESCE(d.year, 0), c.vector FROM chunks c"
-            " JOIN documents d ON d.id = c.document_id WHERE c.user_id = ? AND c.vector IS NOT NULL ORDER BY c.id",
-            (user_id,),
+            " JOIN documents d ON d.id = c.document_id"
+            " WHERE c.user_id = ? AND c.id > ? AND c.vector IS NOT NULL ORDER BY c.id",
+            (user_id, after_id),
         ).fetchall()
         matrix = np.frombuffer(b"".join(r[4] for r in rows), dtype=np.float32).reshape(len(rows), self.dims)
         return UserVectors(
@@ -73,4 +75,27 @@ class VectorCache:
             kinds=np.array([r[2] for r in rows], dtype=object),
             years=np.fromiter((r[3] for r in rows), dtype=np.int64, count=len(rows)),
             matrix=matrix,
+        )
+
+    def _load(self, db: sqlite3.Connection, user_id: str, generation: int) -> UserVectors:
+        return self._rows(db, user_id, 0, generation)
+
+    def _catch_up(
+        self, db: sqlite3.Connection, user_id: str, generation: int, cached: UserVectors
+    ) -> UserVectors | None:
+        """Append rows added since `cached`; None when rows also went away (then reload whole)."""
+        last = int(cached.chunk_ids[-1]) if len(cached.chunk_ids) else 0
+        kept = db.execute(
+            "SELECT COUNT(*) FROM chunks WHERE user_id = ? AND id <= ? AND vector IS NOT NULL", (user_id, last)
+        ).fetchone()[0]
+        if kept != len(cached.chunk_ids):
+            return None
+        new = self._rows(db, user_id, last, generation)
+        return UserVectors(
+            generation=generation,
+            chunk_ids=np.concatenate([cached.chunk_ids, new.chunk_ids]),
+            document_ids=np.concatenate([cached.document_ids, new.document_ids]),
+            kinds=np.concatenate([cached.kinds, new.kinds]),
+            years=np.concatenate([cached.years, new.years]),
+            matrix=np.concatenate([cached.matrix, new.matrix]),
         )
