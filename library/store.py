@@ -11,6 +11,7 @@ import json
 import shutil
 import sqlite3
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ CREATE TABLE IF NOT EXISTS user_state (
 
 INDEX_VERSION = "3"  # bump when the tantivy schema changes: the index is rebuilt from SQLite
 RRF_K = 60
+_QUERY_CACHE = 1024
 Mode = Literal["hybrid", "bm25", "dense"]
 
 
@@ -148,6 +150,8 @@ class Library:
         self._schema = _index_schema()
         self._english = _analyzers()["en_stem"]
         self._vectors = VectorCache(encoder.dims) if encoder is not None else None
+        self._query_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._query_lock = threading.Lock()
         self._db().executescript(_SCHEMA)
         self._index = self._open_index()
 
@@ -218,7 +222,7 @@ class Library:
         known = self._hashes(user_id, [d.source for d in documents])
         fresh = [d for d in documents if known.get(d.source) != d.content_hash]
         chunked = [(d, chunk_sections(d.sections)) for d in fresh]
-        texts = [_embedding_text(d, c) for d, chunks in chunked for c in chunks]
+        texts = [_embedding_text(d.title, c.heading, c.text) for d, chunks in chunked for c in chunks]
         vectors = iter(self._embed(texts, on_progress))
         added = replaced = 0
         with self._write_lock:
@@ -236,7 +240,31 @@ class Library:
                 if chunked:
                     self._bump(db, user_id)
             self._index_pending()
+        self._embed_missing(user_id, on_progress)
         return IngestOutcome(added=added, replaced=replaced, unchanged=len(documents) - len(fresh))
+
+    def _embed_missing(self, user_id: str, on_progress: Callable[[int], None] | None) -> None:
+        """Passages stored without a vector (before the model was installed) get one on the next ingest."""
+        if self.encoder is None:
+            return
+        rows = (
+            self._db()
+            .execute(
+                "SELECT c.id, c.heading, c.text, d.title FROM chunks c JOIN documents d ON d.id = c.document_id"
+                " WHERE c.user_id = ? AND c.vector IS NULL",
+                (user_id,),
+            )
+            .fetchall()
+        )
+        if not rows:
+            return
+        texts = [_embedding_text(r["title"], r["heading"], r["text"]) for r in rows]
+        vectors = self._embed(texts, on_progress)
+        with self._write_lock, self._transaction() as db:
+            db.executemany(
+                "UPDATE chunks SET vector = ? WHERE id = ?", [(v, r["id"]) for v, r in zip(vectors, rows, strict=True)]
+            )
+            self._bump(db, user_id)
 
     def _hashes(self, user_id: str, sources: list[str]) -> dict[str, str]:
         hashes: dict[str, str] = {}
@@ -345,6 +373,22 @@ class Library:
         return bool(deleted)
 
     # -- reading ------------------------------------------------------------------------------
+
+    def _query_vector(self, query: str) -> np.ndarray:
+        """Encoded once per distinct query: repeats (retries, the same question twice) cost nothing."""
+        assert self.encoder is not None
+        key = " ".join(query.split())
+        with self._query_lock:
+            cached = self._query_vectors.get(key)
+            if cached is not None:
+                self._query_vectors.move_to_end(key)
+                return cached
+        vector = self.encoder.encode([key])[0]
+        with self._query_lock:
+            self._query_vectors[key] = vector
+            while len(self._query_vectors) > _QUERY_CACHE:
+                self._query_vectors.popitem(last=False)
+        return vector
 
     def list_documents(self, user_id: str) -> list[DocumentInfo]:
         rows = self._db().execute(
@@ -461,16 +505,14 @@ class Library:
                 hit.bm25, hit.ranks["bm25"] = score, rank
                 hit.rrf += 1.0 / (RRF_K + rank)
         query_vector = None
-        rows = None
-        if self.encoder is not None and self._vectors is not None:
-            query_vector = self.encoder.encode([query])[0]
+        if mode in ("hybrid", "dense") and self.encoder is not None and self._vectors is not None:
+            query_vector = self._query_vector(query)
             rows = self._vectors.get(self._db(), user_id)
-            if mode in ("hybrid", "dense"):
-                allowed = self._allowed(user_id, rows, kind, filters)
-                for rank, (chunk_id, cosine) in enumerate(rows.search(query_vector, allowed, limit), start=1):
-                    hit = hits.setdefault(chunk_id, Hit(chunk_id))
-                    hit.cosine, hit.ranks["dense"] = cosine, rank
-                    hit.rrf += 1.0 / (RRF_K + rank)
+            allowed = self._allowed(user_id, rows, kind, filters)
+            for rank, (chunk_id, cosine) in enumerate(rows.search(query_vector, allowed, limit), start=1):
+                hit = hits.setdefault(chunk_id, Hit(chunk_id))
+                hit.cosine, hit.ranks["dense"] = cosine, rank
+                hit.rrf += 1.0 / (RRF_K + rank)
         elif mode == "dense":
             raise RuntimeError("dense search needs the embedding model; see the README's install notes")
         best = sorted(hits.values(), key=lambda h: h.rrf, reverse=True)[:top_k]
@@ -510,9 +552,9 @@ class Library:
         return [item_of(row, relevance(hit)) for row, hit in self.search(user_id, query, kind, top_k, mode, filters)]
 
 
-def _embedding_text(document: Document, chunk: Chunk) -> str:
-    heading = chunk.heading if chunk.heading and chunk.heading != document.title else ""
-    return "\n".join(part for part in (document.title, heading, chunk.text) if part)
+def _embedding_text(title: str, heading: str, text: str) -> str:
+    heading = heading if heading != title else ""
+    return "\n".join(part for part in (title, heading, text) if part)
 
 
 # BM25 is unbounded; this saturating map is only used when no vector exists for the passage.

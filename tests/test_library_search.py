@@ -89,8 +89,13 @@ def test_a_second_process_sees_writes_and_deletes(tmp_path, encoder):
         assert reader.search_items("alice", None, "quokka marsupial", 5, mode) == []
 
 
-def test_a_library_built_without_vectors_still_answers(tmp_path, encoder):
+def test_a_library_built_without_vectors_gets_them_on_the_next_ingest(tmp_path, encoder):
     plain = Library(tmp_path / "lib")
     ingest(plain, "alice", [EXAMPLES])
     upgraded = Library(tmp_path / "lib", encoder=encoder)
     assert upgraded.search_items("alice", "biblio", "reciprocal rank fusion", 3)[0]["metadata"]["biblio_id"]
+    assert upgraded.search_items("alice", "biblio", "reciprocal rank fusion", 3, mode="dense") == []
+    report = ingest(upgraded, "alice", [EXAMPLES])
+    assert report.added == 0 and report.unchanged > 0
+    query = "merging the ordered outputs of several search systems into one list"
+    assert any("Fusion" in t for t in titles(upgraded.search_items("alice", "biblio", query, 3, mode="dense")))

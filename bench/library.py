@@ -1,0 +1,165 @@
+"""The embedded library at scale: ingest rate, disk, peak RSS, and search latency per mode.
+
+    python -m bench.library [--sizes 10000,100000] [--queries 200]
+
+Passages are generated from the word distribution of the collections in ../shared/datasets
+(~120 words each). The ingest rate is measured with real embeddings on a sample; the bulk of the
+passage vectors are random unit vectors, because embedding 100k passages on 2 cores takes over an
+hour and the search cost does not depend on the values. Query encoding is always real and is timed
+both alone and inside every dense and hybrid figure. Each size runs in a fresh process so its peak
+RSS is its own. The measured user holds min(size, 100k) passages; larger sizes spread the rest
+over other users, as a shared server would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from bench.quality import DEFAULT_DATASETS
+from library.embeddings import Encoder, load_encoder
+from library.formats import Document, Section
+from library.store import Library
+
+PER_USER = 100_000
+
+
+class SyntheticPassages:
+    """Real query vectors, random unit passage vectors (see the module docstring)."""
+
+    def __init__(self, real: Encoder) -> None:
+        self.real = real
+        self.dims = real.dims
+        self.rng = np.random.default_rng(7)
+
+    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        if len(texts) == 1:
+            return self.real.encode(texts)
+        vectors = self.rng.standard_normal((len(texts), self.dims)).astype(np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def word_distribution(datasets: Path) -> tuple[list[str], np.ndarray, list[str]]:
+    counts: Counter[str] = Counter()
+    queries = []
+    for collection in sorted(p for p in datasets.iterdir() if (p / "corpus.jsonl").exists()):
+        for line in (collection / "corpus.jsonl").open():
+            counts.update(json.loads(line)["text"].lower().split())
+        queries += [json.loads(line)["text"] for line in (collection / "queries.jsonl").open()]
+    words = list(counts)
+    frequencies = np.array([counts[w] for w in words], dtype=np.float64)
+    return words, frequencies / frequencies.sum(), queries
+
+
+def passages(words: list[str], p: np.ndarray, count: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(words), size=(count, 120), p=p)
+    return [" ".join(words[i] for i in row) + "." for row in picks]
+
+
+def percentiles(samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return f"p50 {statistics.median(ordered):6.2f} ms  p99 {p99:6.2f} ms"
+
+
+def run_size(size: int, query_count: int, datasets: Path) -> dict:
+    encoder = load_encoder()
+    assert encoder is not None, "the embedding model is not installed (make installs it)"
+    words, p, queries = word_distribution(datasets)
+    directory = Path(tempfile.mkdtemp(prefix=f"bench-library-{size}-"))
+
+    sample = passages(words, p, 512, seed=1)
+    real = Library(directory / "sample", encoder=encoder)
+    started = time.perf_counter()
+    real.add_documents("sample", [Document("biblio", f"s{i}", "", [Section(t)]) for i, t in enumerate(sample)])
+    real_rate = len(sample) / (time.perf_counter() - started)
+
+    library = Library(directory / "library", encoder=SyntheticPassages(encoder))  # type: ignore[arg-type]
+    started = time.perf_counter()
+    users = max(1, -(-size // PER_USER))
+    for user in range(users):
+        count = min(PER_USER, size - user * PER_USER)
+        for start in range(0, count, 20_000):
+            texts = passages(words, p, min(20_000, count - start), seed=user * 1000 + start)
+            batch = [Document("biblio", f"u{user}-{start + i}", "", [Section(t)]) for i, t in enumerate(texts)]
+            library.add_documents(f"user{user}", batch)
+    build_s = time.perf_counter() - started
+    disk_mb = sum(f.stat().st_size for f in (directory / "library").rglob("*") if f.is_file()) / 1e6
+
+    started = time.perf_counter()
+    library.search("user0", "warm up", top_k=10)  # loads the user's matrix once
+    load_ms = (time.perf_counter() - started) * 1000
+    asked = [queries[i % len(queries)] for i in range(query_count)]
+    timings: dict[str, list[float]] = {"encode": [], "bm25": [], "dense": [], "hybrid": []}
+    for query in asked:
+        for name, call in (
+            ("encode", lambda q=query: encoder.encode([q])),
+            ("bm25", lambda q=query: library.search("user0", q, "biblio", 10, "bm25")),
+            ("dense", lambda q=query: library.search("user0", q, "biblio", 10, "dense")),
+            ("hybrid", lambda q=query: library.search("user0", q, "biblio", 10, "hybrid")),
+        ):
+            library._query_vectors.clear()  # time real encoding, not the repeated-query cache
+            started = time.perf_counter()
+            call()
+            timings[name].append((time.perf_counter() - started) * 1000)
+    return {
+        "size": size,
+        "user_rows": min(size, PER_USER),
+        "ingest_passages_per_s_real_embeddings": round(real_rate, 1),
+        "build_s_synthetic_vectors": round(build_s, 1),
+        "disk_mb": round(disk_mb, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "first_query_matrix_load_ms": round(load_ms, 1),
+        "latency": {name: percentiles(values) for name, values in timings.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
+    parser.add_argument("--single", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.single:
+        print(json.dumps(run_size(args.single, args.queries, args.datasets)))
+        return
+    for size in (int(s) for s in args.sizes.split(",")):
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.library",
+                "--single",
+                str(size),
+                "--queries",
+                str(args.queries),
+                "--datasets",
+                str(args.datasets),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"\n{size:,} passages (measured user holds {result['user_rows']:,})")
+        for key, value in result.items():
+            if key != "latency":
+                print(f"  {key:<40} {value}")
+        for name, line in result["latency"].items():
+            print(f"  {name:<8} {line}")
+
+
+if __name__ == "__main__":
+    main()
