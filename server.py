@@ -21,6 +21,9 @@ from core.errors import RequestError
 from core.events import ProgressEvent
 from core.models import LiteratureQuery, ResearchRequest
 from core.settings import Settings
+from knowledge.api import RetrievalRequest
+from knowledge.bases import knowledge_base_keys, load_knowledge_bases, may_read
+from knowledge.retrieval import retrieve as retrieve_from_knowledge_base
 from library.open import open_library
 from report.store import REPORT_NAME
 from research import run_research
@@ -34,6 +37,7 @@ SETTINGS = web.AppKey("settings", Settings)
 KEYS = web.AppKey("keys", ApiKeys)
 REGISTRY = web.AppKey("registry", dict)
 DEPS = web.AppKey("deps", Deps)
+KNOWLEDGE_BASES = web.AppKey("knowledge_bases", dict)
 
 _REPORT_CHUNK = 2000
 
@@ -52,6 +56,8 @@ def _principal(request: web.Request) -> Principal:
         return Principal(None, admin=True)
     token = bearer_token(request.headers.get("Authorization"), request.query.get("token"))
     principal = keys.authenticate(token)
+    if principal is not None and principal.knowledge_bases is not None:
+        raise _json_error(web.HTTPForbidden, "this API key is for POST /retrieval on its knowledge base only")
     if principal is None:
         reason = "a valid API key is required" if token else "an API key is required"
         message = f"{reason}: send Authorization: Bearer KEY or ?token=KEY"
@@ -202,6 +208,54 @@ async def literature_api(request: web.Request) -> web.Response:
     return web.json_response(items)
 
 
+def _dify_error(kind: type[web.HTTPException], code: int, message: str) -> web.HTTPException:
+    return kind(text=json.dumps({"error_code": code, "error_msg": message}), content_type="application/json")
+
+
+def _dify_principal(request: web.Request) -> Principal | None:
+    """The caller of /retrieval, or None when no key was sent (403s use Dify's error codes)."""
+    header = request.headers.get("Authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme != "Bearer" or not token.strip():
+        raise _dify_error(
+            web.HTTPForbidden, 1001, "Invalid Authorization header format. Expected 'Bearer <api-key>' format."
+        )
+    keys = request.app[KEYS]
+    if not keys.enabled:
+        return Principal(None, admin=True)  # a loopback-only server without keys accepts any
+    principal = keys.authenticate(token.strip())
+    if principal is None:
+        raise _dify_error(web.HTTPForbidden, 1002, "Authorization failed")
+    return principal
+
+
+async def dify_retrieval(request: web.Request) -> web.Response:
+    """Dify's External Knowledge API (DESIGN.md): records from one knowledge base's federation."""
+    principal = _dify_principal(request)
+    raw = await request.read()
+    try:
+        body = RetrievalRequest.model_validate_json(raw) if raw.strip() else None
+    except ValidationError as error:
+        raise _dify_error(web.HTTPBadRequest, 400, _validation_message(error)) from None
+    if body is None or body.is_probe:
+        return web.json_response({"records": []})
+    if principal is None:
+        if request.app[KEYS].enabled:
+            raise _dify_error(
+                web.HTTPForbidden, 1001, "Invalid Authorization header format. Expected 'Bearer <api-key>' format."
+            )
+        principal = Principal(None, admin=True)
+    base = request.app[KNOWLEDGE_BASES].get(body.knowledge_id)
+    if base is None:
+        raise _dify_error(web.HTTPNotFound, 2001, "The knowledge does not exist")
+    if not may_read(principal, base):
+        raise _dify_error(web.HTTPForbidden, 1002, "Authorization failed")
+    records = await retrieve_from_knowledge_base(base, body, request.app[REGISTRY], request.app[DEPS])
+    return web.json_response({"records": [record.as_json() for record in records]})
+
+
 async def report_file(request: web.Request) -> web.FileResponse:
     _principal(request)
     name = request.match_info["name"]
@@ -223,6 +277,7 @@ async def index(request: web.Request) -> web.Response:
             "fedresearch: federated research over your library and the web.\n"
             "WebSocket research: /ws (GPT-Researcher protocol)\n"
             "Literature API: POST /internal/biblios/vector_search/\n"
+            "Dify External Knowledge API: POST /retrieval\n"
             f"Retrievers: {names}\n"
         )
     )
@@ -233,7 +288,10 @@ async def index(request: web.Request) -> web.Response:
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    registry: dict[str, Retriever] = build_registry()
+    registry: dict[str, Retriever] = build_registry(settings)
+    bases = load_knowledge_bases(settings.knowledge_bases, set(registry))
+    app[KNOWLEDGE_BASES] = bases
+    app[KEYS] = app[KEYS].with_keys(knowledge_base_keys(bases))
     library = await asyncio.to_thread(open_library, settings)
     connector = aiohttp.TCPConnector(limit=200, limit_per_host=50)
     timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
@@ -257,6 +315,9 @@ def create_app(settings: Settings | None = None) -> web.Application:
     app.router.add_get("/ws", websocket)
     app.router.add_post("/internal/biblios/vector_search/", literature_api)
     app.router.add_get("/reports/{name}", report_file)
+    # Dify appends /retrieval to the endpoint a user typed, so a trailing slash there gives //retrieval
+    app.router.add_post("/retrieval", dify_retrieval)
+    app.router.add_post("//retrieval", dify_retrieval)
     return app
 
 

@@ -14,16 +14,25 @@ LOOPBACK_HOSTS = {"127.0.0.1", "::1", "localhost"}
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a request acts as: a bound user, or an admin who may name any user."""
+    """Who a request acts as: a bound user, or an admin who may name any user.
+
+    `knowledge_bases` set: a key defined by knowledge bases, valid for those on /retrieval only.
+    """
 
     user_id: str | None
     admin: bool = False
+    knowledge_bases: frozenset[str] | None = None
 
 
 class ApiKeys:
     def __init__(self, pairs: dict[str, Principal]) -> None:
         # keep digests, not keys: comparisons run over fixed-length values in constant time
         self._digests = [(hashlib.sha256(key.encode()).digest(), who) for key, who in pairs.items()]
+
+    def with_keys(self, pairs: dict[str, Principal]) -> ApiKeys:
+        merged = ApiKeys({})
+        merged._digests = self._digests + ApiKeys(pairs)._digests
+        return merged
 
     @property
     def enabled(self) -> bool:

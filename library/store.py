@@ -374,7 +374,7 @@ class Library:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _query_vector(self, query: str) -> np.ndarray:
+    def query_vector(self, query: str) -> np.ndarray:
         """Encoded once per distinct query: repeats (retries, the same question twice) cost nothing."""
         assert self.encoder is not None
         key = " ".join(query.split())
@@ -506,7 +506,7 @@ class Library:
                 hit.rrf += 1.0 / (RRF_K + rank)
         query_vector = None
         if mode in ("hybrid", "dense") and self.encoder is not None and self._vectors is not None:
-            query_vector = self._query_vector(query)
+            query_vector = self.query_vector(query)
             rows = self._vectors.get(self._db(), user_id)
             allowed = self._allowed(user_id, rows, kind, filters)
             for rank, (chunk_id, cosine) in enumerate(rows.search(query_vector, allowed, limit), start=1):
@@ -549,7 +549,10 @@ class Library:
         filters: SearchFilters | None = None,
     ) -> list[dict[str, Any]]:
         """Search answered in the internal literature API's item shape (DESIGN.md)."""
-        return [item_of(row, relevance(hit)) for row, hit in self.search(user_id, query, kind, top_k, mode, filters)]
+        return [
+            item_of(row, relevance(hit), "cosine" if hit.cosine is not None else "bm25")
+            for row, hit in self.search(user_id, query, kind, top_k, mode, filters)
+        ]
 
 
 def _embedding_text(title: str, heading: str, text: str) -> str:
@@ -572,7 +575,7 @@ def relevance(hit: Hit) -> float:
     return bm25 / (bm25 + _BM25_HALF)
 
 
-def item_of(row: sqlite3.Row, score: float) -> dict[str, Any]:
+def item_of(row: sqlite3.Row, score: float, score_kind: str = "cosine") -> dict[str, Any]:
     kind = row["kind"]
     authors = json.loads(row["authors"])
     extra = json.loads(row["extra"])
@@ -602,6 +605,7 @@ def item_of(row: sqlite3.Row, score: float) -> dict[str, Any]:
         "section": row["heading"] or None,
         "page": row["page"],
         "tags": json.loads(row["tags"]),
+        "score_kind": score_kind,
         **extra,
     }
     item: dict[str, Any] = {"id": identifier, "content": row["text"], "score": round(score, 6), "metadata": metadata}

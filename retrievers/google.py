@@ -127,5 +127,5 @@ class GoogleRetriever:
         return None
 
 
-def retrievers() -> list[GoogleRetriever]:
+def retrievers(settings: Settings) -> list[GoogleRetriever]:
     return [GoogleRetriever()]

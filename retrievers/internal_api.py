@@ -96,7 +96,7 @@ def parse_item(item: Any, retriever: str, kind: str, rank: int) -> SearchResult 
 
     href = doi_url(doi) if doi and doi_of(doi) else identifier or doi
     extra: dict[str, Any] = {"type": kind}
-    for key in (*_METADATA_ID_KEYS, "page", "section", "tags", "url"):
+    for key in (*_METADATA_ID_KEYS, "page", "section", "tags", "url", "score_kind", "paper_doi"):
         if key in metadata and metadata[key] not in (None, "", []):
             extra[key] = metadata[key]
     if doi:
@@ -182,7 +182,7 @@ class InternalApiRetriever:
         return None
 
 
-def retrievers() -> list[InternalApiRetriever]:
+def retrievers(settings: Settings) -> list[InternalApiRetriever]:
     return [
         InternalApiRetriever("internal_biblio", None),
         InternalApiRetriever("internal_highlight", "highlight"),

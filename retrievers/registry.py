@@ -6,12 +6,13 @@ import importlib
 import pkgutil
 
 import retrievers as package
+from core.settings import Settings
 from retrievers.base import Retriever
 
 _NOT_ADAPTERS = {"base", "registry", "selection", "federation", "fusion"}
 
 
-def build_registry() -> dict[str, Retriever]:
+def build_registry(settings: Settings) -> dict[str, Retriever]:
     registry: dict[str, Retriever] = {}
     for module_info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         if module_info.name in _NOT_ADAPTERS:
@@ -20,7 +21,7 @@ def build_registry() -> dict[str, Retriever]:
         factory = getattr(module, "retrievers", None)
         if factory is None:
             continue
-        for retriever in factory():
+        for retriever in factory(settings):
             if retriever.name in registry:
                 raise RuntimeError(f"two adapters are named {retriever.name!r}")
             registry[retriever.name] = retriever

@@ -136,5 +136,5 @@ class TavilyRetriever:
             await client.close()
 
 
-def retrievers() -> list[TavilyRetriever]:
+def retrievers(settings: Settings) -> list[TavilyRetriever]:
     return [TavilyRetriever()]

@@ -6,11 +6,12 @@ import pytest
 
 from core.errors import RequestError
 from core.models import ResearchRequest
+from core.settings import Settings
 from retrievers.registry import build_registry
 from retrievers.selection import plan_request
 from tests.conftest import make_settings
 
-REGISTRY = build_registry()
+REGISTRY = build_registry(Settings(_env_file=None))
 
 
 def plan(tmp_path, headers, report_source=None, **settings):

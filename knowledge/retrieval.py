@@ -1,0 +1,103 @@
+"""Answer a knowledge base query: federate its retrievers, fuse, score on one scale, filter, cut.
+
+Scores mean the same thing in every answer: the cosine similarity between the query and the
+record's text under the library's embedding model (all-MiniLM-L6-v2), whichever retriever found
+the record, times the weight of the best retriever that found it relative to the knowledge base's
+largest weight (so with equal weights, the score is the cosine). Passages from the embedded
+library already carry that cosine; web and remote records are embedded here (snippets are short).
+Without the embedding model, the cosine is replaced by the best 0..1 score a retriever gave the
+record, or else by its RRF score as a fraction of the best attainable one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from core.events import discard
+from core.models import FusedResult
+from knowledge.api import RetrievalRequest
+from knowledge.bases import KnowledgeBase
+from retrievers.base import Deps, Retriever, SearchOptions
+from retrievers.federation import federate
+from retrievers.fusion import RRF_K, fuse
+
+
+@dataclass(frozen=True)
+class Record:
+    content: str
+    score: float
+    title: str
+    metadata: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"content": self.content, "score": round(self.score, 6), "title": self.title, "metadata": self.metadata}
+
+
+def _metadata(source: FusedResult) -> dict[str, Any]:
+    metadata = {key: value for key, value in source.metadata.items() if value is not None}
+    metadata.update(href=source.href, retrievers=list(source.retrievers), retriever=list(source.retrievers))
+    return metadata
+
+
+def _fallback_score(source: FusedResult, weights: dict[str, float], names: list[str]) -> float:
+    if source.source_scores:
+        return max(source.source_scores.values())
+    best = sum(weights.get(name, 1.0) for name in names) / (RRF_K + 1)
+    return min(1.0, source.score / best) if best else 0.0
+
+
+def _library_cosine(source: FusedResult) -> float | None:
+    if source.metadata.get("score_kind") != "cosine":
+        return None
+    scores = [score for name, score in source.source_scores.items() if name.startswith("internal_")]
+    return max(scores) if scores else None
+
+
+def calibrated_scores(
+    query: str, sources: list[FusedResult], deps: Deps, weights: dict[str, float], names: list[str]
+) -> list[float]:
+    encoder = deps.library.encoder if deps.library is not None else None
+    if encoder is None or deps.library is None:
+        return [_fallback_score(source, weights, names) for source in sources]
+    scores: list[float | None] = [_library_cosine(source) for source in sources]
+    missing = [i for i, score in enumerate(scores) if score is None]
+    if missing:
+        query_vector = deps.library.query_vector(query)
+        texts = [f"{sources[i].title}\n{sources[i].body}".strip() for i in missing]
+        vectors = encoder.encode(texts, batch_size=16)
+        for i, cosine in zip(missing, vectors @ query_vector, strict=True):
+            scores[i] = float(cosine)
+    return [float(np.clip(score, 0.0, 1.0)) for score in scores]  # type: ignore[arg-type]
+
+
+def weight_factor(source: FusedResult, weights: dict[str, float], names: list[str]) -> float:
+    largest = max(weights.get(name, 1.0) for name in names)
+    return max(weights.get(name, 1.0) for name in source.retrievers) / largest if largest > 0 else 1.0
+
+
+async def retrieve(
+    base: KnowledgeBase,
+    request: RetrievalRequest,
+    registry: dict[str, Retriever],
+    deps: Deps,
+) -> list[Record]:
+    top_k = request.retrieval_setting.top_k or base.top_k
+    threshold = request.retrieval_setting.score_threshold or 0.0
+    # ask for more than top_k so metadata filters and the threshold still leave enough
+    options = SearchOptions(query=request.query, max_results=min(50, max(10, top_k * 2)), user_id=base.user_id)
+    federated = await federate(base.retrievers, registry, options, deps, discard, base.timeout_s)
+    sources = fuse(federated.results, base.weights)
+    if request.metadata_condition is not None:
+        sources = [s for s in sources if request.metadata_condition.holds(_metadata(s))]
+    scores = await asyncio.to_thread(calibrated_scores, request.query, sources, deps, base.weights, base.retrievers)
+    records = [
+        Record(content=source.body, score=score, title=source.title or source.href, metadata=_metadata(source))
+        for source, cosine in zip(sources, scores, strict=True)
+        if (score := cosine * weight_factor(source, base.weights, base.retrievers)) >= threshold
+    ]
+    records.sort(key=lambda record: record.score, reverse=True)
+    return records[:top_k]
