@@ -49,6 +49,7 @@ class Settings(BaseSettings):
     api_keys: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS")
     api_keys_file: Path | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS_FILE")
     knowledge_bases: Path | None = Field(None, validation_alias="FEDRESEARCH_KNOWLEDGE_BASES")
+    dify_upstreams: Path | None = Field(None, validation_alias="DIFY_UPSTREAMS")
     webhook_url: str | None = Field(None, validation_alias="WEBHOOK_URL")
     webhook_api_key: SecretStr | None = Field(None, validation_alias="WEBHOOK_API_KEY")
 
@@ -85,6 +86,7 @@ class Settings(BaseSettings):
         "webhook_url",
         "api_keys_file",
         "knowledge_bases",
+        "dify_upstreams",
         mode="before",
     )
     @classmethod

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class About:
     website: str
-    kind: Literal["library", "web"]
+    kind: Literal["library", "web", "knowledge"]
     needs_key: bool
     needs_user: bool
     results: str = "JSON"
