@@ -87,8 +87,10 @@ async def retrieve(
 ) -> list[Record]:
     top_k = request.retrieval_setting.top_k or base.top_k
     threshold = request.retrieval_setting.score_threshold or 0.0
-    # ask for more than top_k so metadata filters and the threshold still leave enough
-    options = SearchOptions(query=request.query, max_results=min(50, max(10, top_k * 2)), user_id=base.user_id)
+    # Ask for more than top_k so the threshold still leaves enough; conditions are applied to the
+    # candidates, so with one the pool is as wide as a retriever allows.
+    wanted = 50 if request.metadata_condition is not None else min(50, max(10, top_k * 2))
+    options = SearchOptions(query=request.query, max_results=wanted, user_id=base.user_id)
     federated = await federate(base.retrievers, registry, options, deps, discard, base.timeout_s)
     sources = fuse(federated.results, base.weights)
     if request.metadata_condition is not None:

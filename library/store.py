@@ -13,6 +13,7 @@ import sqlite3
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -152,6 +153,7 @@ class Library:
         self._vectors = VectorCache(encoder.dims) if encoder is not None else None
         self._query_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self._query_lock = threading.Lock()
+        self._query_pending: dict[str, Future[np.ndarray]] = {}
         self._db().executescript(_SCHEMA)
         self._index = self._open_index()
 
@@ -383,11 +385,26 @@ class Library:
             if cached is not None:
                 self._query_vectors.move_to_end(key)
                 return cached
-        vector = self.encoder.encode([key])[0]
+            # several retrievers of one task ask at once: the first encodes, the others wait for it
+            pending = self._query_pending.get(key)
+            owner = pending is None
+            if owner:
+                pending = self._query_pending[key] = Future()
+        if not owner:
+            return pending.result()
+        try:
+            vector = self.encoder.encode([key])[0]
+        except BaseException as error:
+            pending.set_exception(error)
+            raise
+        finally:
+            with self._query_lock:
+                self._query_pending.pop(key, None)
         with self._query_lock:
             self._query_vectors[key] = vector
             while len(self._query_vectors) > _QUERY_CACHE:
                 self._query_vectors.popitem(last=False)
+        pending.set_result(vector)
         return vector
 
     def list_documents(self, user_id: str) -> list[DocumentInfo]:
