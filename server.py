@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from core.auth import ApiKeys, Principal, bearer_token, check_bind
 from core.errors import RequestError
 from core.events import ProgressEvent
+from core.metrics import Metrics
 from core.models import LiteratureQuery, ResearchRequest
 from core.settings import Settings
 from knowledge.api import RetrievalRequest
@@ -29,6 +30,7 @@ from report.store import REPORT_NAME
 from research import run_research
 from retrievers.base import Deps, Retriever
 from retrievers.registry import build_registry, close_registry
+from retrievers.resilience import Guard
 from retrievers.selection import plan_request
 
 log = logging.getLogger("fedresearch")
@@ -38,6 +40,7 @@ KEYS = web.AppKey("keys", ApiKeys)
 REGISTRY = web.AppKey("registry", dict)
 DEPS = web.AppKey("deps", Deps)
 KNOWLEDGE_BASES = web.AppKey("knowledge_bases", dict)
+METRICS = web.AppKey("metrics", Metrics)
 
 _REPORT_CHUNK = 2000
 
@@ -145,6 +148,13 @@ class ResearchSocket:
         self.task = asyncio.create_task(self.run(request, plan))
 
     async def run(self, request: ResearchRequest, plan: Any) -> None:
+        self.app[METRICS].tasks.inc()
+        try:
+            await self._run(request, plan)
+        finally:
+            self.app[METRICS].tasks.dec()
+
+    async def _run(self, request: ResearchRequest, plan: Any) -> None:
         settings = self.app[SETTINGS]
         try:
             async with asyncio.timeout(settings.task_timeout_s):
@@ -179,6 +189,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(heartbeat=30, max_msg_size=1 << 20)
     await ws.prepare(request)
     socket = ResearchSocket(ws, request.app, principal)
+    request.app[METRICS].sockets.inc()
     try:
         async for message in ws:
             if message.type == aiohttp.WSMsgType.TEXT:
@@ -187,6 +198,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
                 await socket.error("binary frames are not supported: send text frames")
     finally:
         await socket.close()
+        request.app[METRICS].sockets.dec()
     return ws
 
 
@@ -266,6 +278,10 @@ async def report_file(request: web.Request) -> web.FileResponse:
     return web.FileResponse(path, headers={"Content-Type": f"{content_type}; charset=utf-8"})
 
 
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].exposition(), content_type="text/plain", charset="utf-8")
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "retrievers": sorted(request.app[REGISTRY])})
 
@@ -297,7 +313,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
         app[REGISTRY] = registry
-        app[DEPS] = Deps(session=session, settings=settings, library=library)
+        app[DEPS] = Deps(
+            session=session, settings=settings, library=library, guard=Guard(settings), metrics=app[METRICS]
+        )
         try:
             yield
         finally:
@@ -309,9 +327,11 @@ def create_app(settings: Settings | None = None) -> web.Application:
     app = web.Application(client_max_size=1 << 20)
     app[SETTINGS] = settings
     app[KEYS] = ApiKeys.from_settings(settings)
+    app[METRICS] = Metrics()
     app.cleanup_ctx.append(_resources)
     app.router.add_get("/", index)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/ws", websocket)
     app.router.add_post("/internal/biblios/vector_search/", literature_api)
     app.router.add_get("/reports/{name}", report_file)

@@ -118,6 +118,8 @@ class RetrieverOutcome(BaseModel):
     elapsed_ms: float = 0.0
     error: str | None = None
     warnings: list[str] = Field(default_factory=list)
+    cached: bool = False
+    attempts: int = 1
 
 
 class FusedResult(BaseModel):

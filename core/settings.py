@@ -35,6 +35,20 @@ class Settings(BaseSettings):
     max_search_results: int = Field(10, ge=1, le=50, validation_alias="MAX_SEARCH_RESULTS")
     embeddings: bool = Field(True, validation_alias="FEDRESEARCH_EMBEDDINGS")
 
+    # limits
+    max_frame_bytes: int = Field(65536, ge=1024, validation_alias="MAX_FRAME_BYTES")
+    max_task_chars: int = Field(2000, ge=10, validation_alias="MAX_TASK_CHARS")
+    upstream_max_bytes: int = Field(5_000_000, ge=1024, validation_alias="UPSTREAM_MAX_BYTES")
+    max_tasks_per_key: int = Field(4, ge=1, validation_alias="MAX_TASKS_PER_KEY")
+    ingest_max_file_mb: float = Field(100.0, gt=0, validation_alias="INGEST_MAX_FILE_MB")
+
+    # upstream faults
+    retry_attempts: int = Field(2, ge=0, le=10, validation_alias="RETRY_ATTEMPTS")
+    breaker_suspend_s: float = Field(180.0, ge=0, validation_alias="BREAKER_SUSPEND_S")
+    breaker_error_threshold: int = Field(3, ge=1, validation_alias="BREAKER_ERROR_THRESHOLD")
+    breaker_error_suspend_s: float = Field(30.0, ge=0, validation_alias="BREAKER_ERROR_SUSPEND_S")
+    upstream_cache_ttl_s: float = Field(600.0, ge=0, validation_alias="UPSTREAM_CACHE_TTL_S")
+
     internal_api_base_url: str | None = Field(None, validation_alias="INTERNAL_API_BASE_URL")
     internal_api_key: SecretStr | None = Field(None, validation_alias="INTERNAL_API_KEY")
     internal_api_timeout_s: float = Field(30.0, gt=0, validation_alias="INTERNAL_API_TIMEOUT_S")

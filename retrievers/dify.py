@@ -11,19 +11,17 @@ fedresearch), configured by name in the TOML file named by DIFY_UPSTREAMS:
 from __future__ import annotations
 
 import hashlib
-import json
 import tomllib
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.identifiers import doi_of, doi_url
 from core.models import SearchResult
 from core.secrets import resolve_secret
 from core.settings import Settings
-from retrievers.base import About, Deps, Hits, RetrieverFailed, SearchOptions, first_text, unit_score
+from retrievers.base import About, Deps, Hits, RetrieverFailed, SearchOptions, fetch_json, first_text, unit_score
 
 about = About(
     website="https://docs.dify.ai/guides/knowledge-base/api-documentation/external-knowledge-api-documentation",
@@ -118,21 +116,18 @@ class DifyRetriever:
 
     async def search(self, options: SearchOptions, deps: Deps) -> Hits:
         url, body, headers = build_request(self.upstream, options)
-        try:
-            async with deps.session.post(url, json=body, headers=headers, allow_redirects=False) as response:
-                status, text = response.status, await response.text()
-        except TimeoutError as error:
-            raise RetrieverFailed(f"{self.name} gave no answer in time") from error
-        except aiohttp.ClientError as error:
-            raise RetrieverFailed(f"{self.name} unreachable: {type(error).__name__}") from error
-        try:
-            payload = json.loads(text)
-        except json.JSONDecodeError as error:
-            if status >= 400:
-                raise RetrieverFailed(f"{self.name} answered HTTP {status}") from error
-            raise RetrieverFailed(f"{self.name} answered malformed JSON ({error.msg})") from error
-        if status >= 400 or (isinstance(payload, dict) and "error_code" in payload):
-            raise RetrieverFailed(describe_error(self.name, status, payload))
+        payload = await fetch_json(
+            deps.session,
+            "POST",
+            url,
+            json=body,
+            headers=headers,
+            upstream=self.name,
+            limit=deps.settings.upstream_max_bytes,
+            describe=lambda status, answer: describe_error(self.name, status, answer),
+        )
+        if isinstance(payload, dict) and "error_code" in payload:  # some answer errors with HTTP 200
+            raise RetrieverFailed(describe_error(self.name, 200, payload))
         return parse_response(self.name, payload)
 
     async def aclose(self) -> None:

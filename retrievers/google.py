@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
-
-import aiohttp
 
 from core.models import SearchResult
 from core.settings import Settings, secret
-from retrievers.base import About, Deps, Hits, RetrieverFailed, RetrieverSkipped, SearchOptions
+from retrievers.base import About, Deps, Hits, RetrieverFailed, RetrieverSkipped, SearchOptions, fetch_json
 
 about = About(
     website="https://developers.google.com/custom-search/v1/overview",
@@ -105,22 +102,15 @@ class GoogleRetriever:
 
     async def _page(self, deps: Deps, api_key: str, cx: str, options: SearchOptions, start: int) -> Hits:
         url, params = build_request(deps.settings.google_api_base_url, api_key, cx, options, start)
-        try:
-            async with deps.session.get(url, params=params, allow_redirects=False) as response:
-                status, text = response.status, await response.text()
-        except TimeoutError as error:
-            raise RetrieverFailed("Google gave no answer in time") from error
-        except aiohttp.ClientError as error:
-            # Never the exception text: aiohttp puts the request URL, key included, in it.
-            raise RetrieverFailed(f"Google unreachable: {type(error).__name__}") from error
-        try:
-            payload = json.loads(text)
-        except json.JSONDecodeError as error:
-            if status >= 400:
-                raise RetrieverFailed(f"Google answered HTTP {status}") from error
-            raise RetrieverFailed(f"Google answered malformed JSON ({error.msg})") from error
-        if status >= 400:
-            raise RetrieverFailed(describe_error(status, payload))
+        payload = await fetch_json(
+            deps.session,
+            "GET",
+            url,
+            params=params,
+            upstream="Google",
+            limit=deps.settings.upstream_max_bytes,
+            describe=describe_error,
+        )
         return parse_response(payload, start_rank=start, retriever=self.name)
 
     async def aclose(self) -> None:

@@ -7,7 +7,6 @@ process, and its answer goes through the very same parser as a remote one.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +15,7 @@ import aiohttp
 from core.identifiers import doi_of, doi_url
 from core.models import SearchResult
 from core.settings import Settings, secret
-from retrievers.base import About, Deps, Hits, RetrieverFailed, SearchOptions, first_text, unit_score
+from retrievers.base import About, Deps, Hits, RetrieverFailed, SearchOptions, fetch_json, first_text, unit_score
 
 about = About(
     website="(your literature API, or the embedded library)",
@@ -156,26 +155,16 @@ class InternalApiRetriever:
             options.max_results,
             secret(deps.settings.internal_api_key),
         )
-        timeout = aiohttp.ClientTimeout(total=deps.settings.internal_api_timeout_s)
-        try:
-            async with deps.session.post(
-                request.url,
-                json=request.body,
-                headers=request.headers,
-                timeout=timeout,
-                allow_redirects=False,
-            ) as response:
-                text = await response.text()
-                if response.status >= 300:
-                    raise RetrieverFailed(f"literature API answered HTTP {response.status}: {text[:200].strip()}")
-        except TimeoutError as error:
-            raise RetrieverFailed(f"literature API gave no answer within {timeout.total:g} s") from error
-        except aiohttp.ClientError as error:
-            raise RetrieverFailed(f"literature API unreachable: {type(error).__name__}") from error
-        try:
-            payload = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise RetrieverFailed(f"literature API answered malformed JSON ({error.msg})") from error
+        payload = await fetch_json(
+            deps.session,
+            "POST",
+            request.url,
+            json=request.body,
+            headers=request.headers,
+            timeout=aiohttp.ClientTimeout(total=deps.settings.internal_api_timeout_s),
+            upstream="literature API",
+            limit=deps.settings.upstream_max_bytes,
+        )
         return parse_response(payload, self.name, kind)
 
     async def aclose(self) -> None:

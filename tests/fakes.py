@@ -18,6 +18,8 @@ class Behaviour:
     mode: str = "ok"
     delay_s: float = 0.0
     items: list[dict[str, Any]] = field(default_factory=list)
+    retry_after: str | None = None  # sent with 429 answers
+    fail_times: int | None = None  # fail this many times, then answer normally
 
 
 class FakeUpstream:
@@ -52,6 +54,36 @@ class FakeUpstream:
             self.cancelled += 1
             raise
 
+    def _mode(self) -> str:
+        behaviour = self.behaviour
+        if behaviour.fail_times is not None:
+            if behaviour.fail_times <= 0:
+                return "ok"
+            behaviour.fail_times -= 1
+        return behaviour.mode
+
+    def _headers(self) -> dict[str, str]:
+        return {"Retry-After": self.behaviour.retry_after} if self.behaviour.retry_after else {}
+
+    async def _transport_fault(self, request: web.Request, mode: str) -> web.StreamResponse | None:
+        """Faults below the upstream's own error format: dropped connections, huge and slow bodies."""
+        if mode == "reset":
+            assert request.transport is not None
+            request.transport.close()  # the client sees the connection drop before any answer
+            return web.Response()
+        if mode == "oversized":
+            filler = "x" * 1_000_000
+            return web.json_response({"results": [{"url": "https://big.example", "content": filler}] * 3, "items": []})
+        if mode == "drip":
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await response.prepare(request)
+            await response.write(b'{"results": [')
+            for _ in range(100):
+                await asyncio.sleep(0.1)
+                await response.write(b" ")
+            return response
+        return None
+
 
 class FakeTavily(FakeUpstream):
     """POST /search with `Authorization: Bearer KEY`, answers as api.tavily.com does."""
@@ -67,12 +99,16 @@ class FakeTavily(FakeUpstream):
         body = await request.json()
         self.requests.append({"body": body, "headers": dict(request.headers)})
         await self._wait()
-        mode = self.behaviour.mode
+        mode = self._mode()
+        if (fault := await self._transport_fault(request, mode)) is not None:
+            return fault
         if request.headers.get("Authorization") != f"Bearer {self.api_key}" or mode == "401":
             return web.json_response({"detail": {"error": "Unauthorized: missing or invalid API key."}}, status=401)
         if mode == "429":
             return web.json_response(
-                {"detail": {"error": "Your request has been blocked due to excessive requests."}}, status=429
+                {"detail": {"error": "Your request has been blocked due to excessive requests."}},
+                status=429,
+                headers=self._headers(),
             )
         if mode == "432":
             return web.json_response(
@@ -117,6 +153,10 @@ class FakeGoogle(FakeUpstream):
         app.router.add_get("/customsearch/v1", self.search)
         return app
 
+    def _with_retry_after(self, response: web.Response) -> web.Response:
+        response.headers.update(self._headers())
+        return response
+
     @staticmethod
     def _error(code: int, message: str, status: str, reason: str) -> web.Response:
         return web.json_response(
@@ -134,16 +174,20 @@ class FakeGoogle(FakeUpstream):
     async def search(self, request: web.Request) -> web.StreamResponse:
         self.requests.append({"query": dict(request.query)})
         await self._wait()
-        mode = self.behaviour.mode
+        mode = self._mode()
+        if (fault := await self._transport_fault(request, mode)) is not None:
+            return fault
         if request.query.get("key") != self.api_key or mode == "400":
             return self._error(400, "API key not valid. Please pass a valid API key.", "INVALID_ARGUMENT", "badRequest")
         if mode == "429":
-            return self._error(
-                429,
-                "Quota exceeded for quota metric 'Queries' and limit 'Queries per day' of service "
-                "'customsearch.googleapis.com' for consumer 'project_number:1234'.",
-                "RESOURCE_EXHAUSTED",
-                "rateLimitExceeded",
+            return self._with_retry_after(
+                self._error(
+                    429,
+                    "Quota exceeded for quota metric 'Queries' and limit 'Queries per day' of service "
+                    "'customsearch.googleapis.com' for consumer 'project_number:1234'.",
+                    "RESOURCE_EXHAUSTED",
+                    "rateLimitExceeded",
+                )
             )
         if mode == "403":
             return self._error(

@@ -1,0 +1,138 @@
+"""Fault injection: every upstream fault leaves a finished task, the other retrievers' results in the
+report, the reason at the client, and the breaker, retries and cache behaving as specified."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+import websockets
+
+from tests.conftest import logs, make_settings, report_of, run_task
+
+LIMITS = {"retriever_timeout_s": 1.5, "upstream_max_bytes": 200_000, "retry_attempts": 2}
+
+
+async def ask(server, question="rank fusion", retrievers="tavily,google"):
+    async with websockets.connect(server.ws_url) as ws:
+        return await run_task(ws, {"task": question, "headers": {"retrievers": retrievers}})
+
+
+def outcome(frames, name):
+    for step in ("retriever_done", "retriever_failed", "retriever_skipped"):
+        for frame in logs(frames, step):
+            if frame["metadata"]["name"] == name:
+                return step, frame["metadata"]
+    raise AssertionError(f"no outcome for {name}")
+
+
+@pytest.mark.parametrize(
+    ("mode", "retry_after", "reason", "requests", "suspended"),
+    [
+        ("500", None, "HTTP 500", 3, False),  # transient: tried 1 + RETRY_ATTEMPTS times
+        ("reset", None, "unreachable", 3, False),
+        ("429", "0.2", "usage limit exceeded (429)", 2, True),  # waits out Retry-After once, then suspends
+        ("432", None, "403/432/433", 1, True),  # refused: no retry, suspended
+        ("401", None, "rejected the API key (401)", 1, True),
+        ("malformed", None, "malformed JSON", 1, False),  # a bad answer is not retried
+        ("oversized", None, "UPSTREAM_MAX_BYTES", 1, False),
+        ("drip", None, "no answer within 1.5 s", 1, False),
+    ],
+)
+async def test_tavily_faults(tmp_path, fakes, start_server, mode, retry_after, reason, requests, suspended):
+    fakes["tavily"].behaviour.mode = mode
+    fakes["tavily"].behaviour.retry_after = retry_after
+    server = await start_server(make_settings(tmp_path, fakes, **LIMITS))
+    frames = await ask(server)
+    assert frames[-1]["type"] == "path"
+    step, metadata = outcome(frames, "tavily")
+    assert step == "retriever_failed" and reason in metadata["error"]
+    assert "example.com/google/1" in report_of(frames) and "tavily: failed" in report_of(frames)
+    assert len(fakes["tavily"].requests) == requests
+
+    again = await ask(server, "another question")
+    step, metadata = outcome(again, "tavily")
+    if suspended:
+        assert step == "retriever_skipped" and "suspended for another" in metadata["error"]
+        assert len(fakes["tavily"].requests) == requests  # skipped at once: nothing sent
+    else:
+        assert step == "retriever_failed"
+    assert outcome(again, "google")[0] == "retriever_done"
+
+
+async def test_google_faults_too(tmp_path, fakes, start_server):
+    fakes["google"].behaviour.mode = "429"
+    server = await start_server(make_settings(tmp_path, fakes, **LIMITS))
+    frames = await ask(server)
+    step, metadata = outcome(frames, "google")
+    assert step == "retriever_failed" and "quota exceeded (429 RESOURCE_EXHAUSTED)" in metadata["error"]
+    assert "AIza-test-key" not in str(frames)
+    assert outcome(await ask(server, "next"), "google")[0] == "retriever_skipped"
+
+
+async def test_transient_failure_recovers_by_retry(tmp_path, fakes, start_server):
+    fakes["tavily"].behaviour.mode = "500"
+    fakes["tavily"].behaviour.fail_times = 1
+    fakes["google"].behaviour.mode = "429"
+    fakes["google"].behaviour.retry_after = "0.2"
+    fakes["google"].behaviour.fail_times = 1
+    server = await start_server(make_settings(tmp_path, fakes, **LIMITS))
+    frames = await ask(server)
+    for name in ("tavily", "google"):
+        step, metadata = outcome(frames, name)
+        assert step == "retriever_done" and metadata["attempts"] == 2 and metadata["count"] == 3
+
+
+async def test_retry_after_longer_than_the_deadline_is_not_waited_for(tmp_path, fakes, start_server):
+    fakes["tavily"].behaviour.mode = "429"
+    fakes["tavily"].behaviour.retry_after = "30"
+    server = await start_server(make_settings(tmp_path, fakes, **LIMITS))
+    frames = await ask(server)
+    step, metadata = outcome(frames, "tavily")
+    assert step == "retriever_failed" and metadata["elapsed_ms"] < 1000 and len(fakes["tavily"].requests) == 1
+
+
+async def test_repeated_errors_suspend_briefly(tmp_path, fakes, start_server):
+    fakes["tavily"].behaviour.mode = "500"
+    server = await start_server(
+        make_settings(tmp_path, fakes, **{**LIMITS, "retry_attempts": 0}, breaker_error_threshold=2)
+    )
+    assert outcome(await ask(server, "a"), "tavily")[0] == "retriever_failed"
+    assert outcome(await ask(server, "b"), "tavily")[0] == "retriever_failed"
+    step, metadata = outcome(await ask(server, "c"), "tavily")
+    assert step == "retriever_skipped" and "suspended 30 s" in metadata["error"]
+    assert len(fakes["tavily"].requests) == 2
+
+
+async def test_a_bad_per_request_key_does_not_suspend_the_upstream_for_others(tmp_path, fakes, start_server):
+    server = await start_server(make_settings(tmp_path, fakes, **LIMITS))
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, {"task": "q", "headers": {"retrievers": "tavily", "tavily_api_key": "bad"}})
+    assert "401" in outcome(frames, "tavily")[1]["error"]
+    assert outcome(await ask(server, "q"), "tavily")[0] == "retriever_done"
+
+
+async def test_cache_spends_no_quota_on_a_repeated_question(tmp_path, fakes, start_server):
+    server = await start_server(make_settings(tmp_path, fakes, **LIMITS))
+    first = await ask(server, "What is rank fusion?")
+    second = await ask(server, "what is  rank fusion?")
+    assert outcome(second, "tavily")[1]["cached"] and outcome(second, "google")[1]["cached"]
+    assert len(fakes["tavily"].requests) == 1 and len(fakes["google"].requests) == 1
+    assert report_of(first).split("## References")[1] == report_of(second).split("## References")[1]
+    await ask(server, "a different question")
+    assert len(fakes["tavily"].requests) == 2
+
+
+async def test_metrics_count_requests_failures_suspensions_and_cache_hits(tmp_path, fakes, start_server):
+    fakes["google"].behaviour.mode = "403"
+    server = await start_server(make_settings(tmp_path, fakes, **LIMITS))
+    await ask(server, "q")
+    await ask(server, "q")
+    async with aiohttp.ClientSession() as session, session.get(f"{server.url}/metrics") as response:
+        text = await response.text()
+    assert response.status == 200
+    assert 'fedresearch_retriever_requests_total{retriever="tavily"} 2.0' in text
+    assert 'fedresearch_retriever_cache_hits_total{retriever="tavily"} 1.0' in text
+    assert 'fedresearch_retriever_failures_total{reason="refused",retriever="google"} 1.0' in text
+    assert 'fedresearch_retriever_suspensions_total{reason="refused",retriever="google"} 1.0' in text
+    assert 'fedresearch_retriever_latency_seconds_count{retriever="tavily"} 2.0' in text
+    assert "fedresearch_active_sockets 0.0" in text and "fedresearch_active_tasks 0.0" in text
