@@ -25,7 +25,8 @@ def _ingest(args: argparse.Namespace) -> int:
     from library.ingest import ingest, walk
     from library.open import open_library
 
-    library = open_library(Settings())
+    settings = Settings()
+    library = open_library(settings)
     paths = [Path(p) for p in args.paths]
     total = sum(1 for _ in walk(paths))
     passages = 0
@@ -36,7 +37,15 @@ def _ingest(args: argparse.Namespace) -> int:
         bar.set_postfix(passages=passages)
 
     with tqdm(total=total, unit="file", desc="ingest", file=sys.stderr, disable=None) as bar:
-        report = ingest(library, args.user, paths, kind=args.type, on_file=lambda _: bar.update(), on_progress=embedded)
+        report = ingest(
+            library,
+            args.user,
+            paths,
+            kind=args.type,
+            on_file=lambda _: bar.update(),
+            on_progress=embedded,
+            max_bytes=int(settings.ingest_max_file_mb * 1e6),
+        )
     print(
         f"{report.files} files: {report.added} documents added, {report.replaced} replaced, "
         f"{report.unchanged} unchanged, {len(report.skipped)} skipped"

@@ -6,6 +6,7 @@ Only transport lives here: frames in, `ResearchRequest` to the pipeline, events 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -40,6 +41,8 @@ KEYS = web.AppKey("keys", ApiKeys)
 REGISTRY = web.AppKey("registry", dict)
 DEPS = web.AppKey("deps", Deps)
 KNOWLEDGE_BASES = web.AppKey("knowledge_bases", dict)
+SOCKETS = web.AppKey("sockets", set)
+RUNNING = web.AppKey("running_per_key", collections.Counter)
 METRICS = web.AppKey("metrics", Metrics)
 
 _REPORT_CHUNK = 2000
@@ -103,6 +106,10 @@ class ResearchSocket:
         await self.send({"type": "logs", "content": "error", "output": message, "metadata": None})
 
     async def on_text(self, data: str) -> None:
+        limit = self.app[SETTINGS].max_frame_bytes
+        if len(data) > limit and len(data.encode()) > limit:
+            await self.error(f"frame of {len(data.encode())} bytes exceeds MAX_FRAME_BYTES ({limit})")
+            return
         text = data.strip()
         if text == "ping":
             if not self.ws.closed:
@@ -139,12 +146,24 @@ class ResearchSocket:
                 {"type": "logs", "content": "warning", "output": "Task already running. Please wait.", "metadata": None}
             )
             return
+        settings = self.app[SETTINGS]
+        if len(request.task) > settings.max_task_chars:
+            await self.error(f"task is {len(request.task)} characters; MAX_TASK_CHARS is {settings.max_task_chars}")
+            return
+        running = self.app[RUNNING]
+        if running[self.principal.key_id] >= settings.max_tasks_per_key:
+            await self.error(
+                f"{running[self.principal.key_id]} tasks are already running for this API key "
+                f"(MAX_TASKS_PER_KEY={settings.max_tasks_per_key}); wait for one to finish"
+            )
+            return
         bound = None if self.principal.admin else self.principal.user_id
         try:
             plan = plan_request(request, self.app[SETTINGS], self.app[REGISTRY], bound_user=bound)
         except RequestError as error:
             await self.error(str(error))
             return
+        running[self.principal.key_id] += 1  # counted now, so two sockets cannot both slip under the limit
         self.task = asyncio.create_task(self.run(request, plan))
 
     async def run(self, request: ResearchRequest, plan: Any) -> None:
@@ -153,6 +172,7 @@ class ResearchSocket:
             await self._run(request, plan)
         finally:
             self.app[METRICS].tasks.dec()
+            self.app[RUNNING][self.principal.key_id] -= 1
 
     async def _run(self, request: ResearchRequest, plan: Any) -> None:
         settings = self.app[SETTINGS]
@@ -177,6 +197,13 @@ class ResearchSocket:
         )
         await self.send({"type": "path", "output": files})
 
+    async def shut_down(self) -> None:
+        """The server is stopping: say so, stop the task, close with 1001 (going away)."""
+        if self.task is not None and not self.task.done():
+            await self.error("the server is shutting down; the running task was stopped, please retry later")
+        await self.close()
+        await self.ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server shutting down")
+
     async def close(self) -> None:
         if self.task is not None and not self.task.done():
             self.task.cancel()
@@ -186,10 +213,12 @@ class ResearchSocket:
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:
     principal = _principal(request)
-    ws = web.WebSocketResponse(heartbeat=30, max_msg_size=1 << 20)
+    # aiohttp's own cap closes the socket (1009); below it, MAX_FRAME_BYTES answers with an error frame
+    ws = web.WebSocketResponse(heartbeat=30, max_msg_size=request.app[SETTINGS].max_frame_bytes * 16)
     await ws.prepare(request)
     socket = ResearchSocket(ws, request.app, principal)
     request.app[METRICS].sockets.inc()
+    request.app[SOCKETS].add(socket)
     try:
         async for message in ws:
             if message.type == aiohttp.WSMsgType.TEXT:
@@ -197,6 +226,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
             elif message.type == aiohttp.WSMsgType.BINARY:
                 await socket.error("binary frames are not supported: send text frames")
     finally:
+        request.app[SOCKETS].discard(socket)
         await socket.close()
         request.app[METRICS].sockets.dec()
     return ws
@@ -322,13 +352,20 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             await close_registry(registry)
 
 
+async def _close_sockets(app: web.Application) -> None:
+    await asyncio.gather(*(socket.shut_down() for socket in list(app[SOCKETS])), return_exceptions=True)
+
+
 def create_app(settings: Settings | None = None) -> web.Application:
     settings = settings or Settings()
     app = web.Application(client_max_size=1 << 20)
     app[SETTINGS] = settings
     app[KEYS] = ApiKeys.from_settings(settings)
     app[METRICS] = Metrics()
+    app[SOCKETS] = set()
+    app[RUNNING] = collections.Counter()
     app.cleanup_ctx.append(_resources)
+    app.on_shutdown.append(_close_sockets)
     app.router.add_get("/", index)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
@@ -352,7 +389,10 @@ def serve(settings: Settings | None = None, host: str | None = None, port: int |
         raise SystemExit(refusal)
     if not keys.enabled:
         log.warning("no API keys configured (FEDRESEARCH_API_KEYS): listening on %s only", host)
-    web.run_app(create_app(settings), host=host, port=port, print=lambda text: log.info(text.strip()))
+    # SIGTERM/SIGINT: stop accepting, tell clients (on_shutdown), then give handlers 10 s at most
+    web.run_app(
+        create_app(settings), host=host, port=port, shutdown_timeout=10, print=lambda text: log.info(text.strip())
+    )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core.settings import Settings, secret
@@ -22,12 +22,16 @@ class Principal:
     user_id: str | None
     admin: bool = False
     knowledge_bases: frozenset[str] | None = None
+    key_id: str = "local"  # which key (a digest prefix, never the key); "local" without keys
 
 
 class ApiKeys:
     def __init__(self, pairs: dict[str, Principal]) -> None:
         # keep digests, not keys: comparisons run over fixed-length values in constant time
-        self._digests = [(hashlib.sha256(key.encode()).digest(), who) for key, who in pairs.items()]
+        self._digests = []
+        for key, who in pairs.items():
+            digest = hashlib.sha256(key.encode()).digest()
+            self._digests.append((digest, replace(who, key_id=digest.hex()[:12])))
 
     def with_keys(self, pairs: dict[str, Principal]) -> ApiKeys:
         merged = ApiKeys({})

@@ -37,6 +37,7 @@ def ingest(
     kind: str = "highlight",
     on_file: Callable[[Path], None] | None = None,
     on_progress: Callable[[int], None] | None = None,
+    max_bytes: int | None = None,
 ) -> IngestReport:
     report = IngestReport()
     for path in walk(paths):
@@ -44,6 +45,9 @@ def ingest(
         try:
             if not path.is_file():
                 raise UnsupportedFile(f"{path}: no such file")
+            size = path.stat().st_size
+            if max_bytes is not None and size > max_bytes:
+                raise UnsupportedFile(f"{path}: {size / 1e6:.1f} MB is over INGEST_MAX_FILE_MB ({max_bytes / 1e6:g})")
             documents = read_file(path, kind)
             outcome = library.add_documents(user_id, documents, on_progress)
         except UnsupportedFile as error:

@@ -74,7 +74,7 @@ def choose_user(
 
 def allowed_base_url(url: str, settings: Settings) -> str:
     parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
+    host = (parts.hostname or "").lower().rstrip(".")  # "localhost." is localhost
     if parts.scheme not in ("http", "https") or not host:
         raise RequestError("headers.internal_api_base_url must be an http(s) URL")
     if host not in settings.internal_api_allowed_hosts:

@@ -20,6 +20,7 @@ class Behaviour:
     items: list[dict[str, Any]] = field(default_factory=list)
     retry_after: str | None = None  # sent with 429 answers
     fail_times: int | None = None  # fail this many times, then answer normally
+    redirect_to: str | None = None
 
 
 class FakeUpstream:
@@ -239,6 +240,8 @@ class FakeLiteratureApi(FakeUpstream):
         self.requests.append({"body": body, "headers": dict(request.headers)})
         await self._wait()
         mode = self.behaviour.mode
+        if self.behaviour.redirect_to:
+            raise web.HTTPTemporaryRedirect(location=self.behaviour.redirect_to)
         if mode == "500":
             return web.Response(status=500, text="upstream exploded")
         if mode == "malformed":

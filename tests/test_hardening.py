@@ -1,0 +1,190 @@
+"""Limits, authentication on every route, tenant isolation, and SSRF defences."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+import websockets
+from websockets.exceptions import InvalidStatus
+
+from core.errors import RequestError
+from core.models import ResearchRequest
+from core.settings import Settings
+from library.ingest import ingest
+from library.store import Library
+from retrievers.registry import build_registry
+from retrievers.selection import plan_request
+from tests.conftest import EXAMPLES, logs, make_settings, report_of, run_task
+
+KEYS = "admin-key:*,alice-key:alice,bob-key:bob"
+
+
+async def test_limits_give_clear_errors_and_the_socket_stays_usable(tmp_path, fakes, start_server):
+    server = await start_server(make_settings(tmp_path, fakes, max_frame_bytes=2048, max_task_chars=50))
+    async with websockets.connect(server.ws_url) as ws:
+        await ws.send("start " + json.dumps({"task": "x", "padding": "y" * 5000}))
+        assert "exceeds MAX_FRAME_BYTES (2048)" in json.loads(await ws.recv())["output"]
+        await ws.recv()
+        frames = await run_task(ws, {"task": "why " * 20, "headers": {"retrievers": "tavily"}})
+        assert "MAX_TASK_CHARS is 50" in frames[-2]["output"]
+        frames = await run_task(ws, {"task": "q", "max_search_results": 500, "headers": {"retrievers": "tavily"}})
+        assert "max_search_results" in frames[-2]["output"]
+        frames = await run_task(ws, {"task": "short", "headers": {"retrievers": "tavily"}})
+        assert frames[-1]["type"] == "path"
+    async with websockets.connect(server.ws_url, max_size=None) as ws:  # past aiohttp's hard cap: 1009
+        await ws.send("x" * (2048 * 16 + 10))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd.code == 1009
+
+
+async def test_concurrent_tasks_per_key(tmp_path, fakes, start_server):
+    fakes["tavily"].behaviour.delay_s = 1.0
+    server = await start_server(make_settings(tmp_path, fakes, api_keys=KEYS, max_tasks_per_key=2))
+    url = server.ws_url + "?token=alice-key"
+    task = "start " + json.dumps({"task": "slow", "headers": {"retrievers": "tavily"}})
+    async with websockets.connect(url) as one, websockets.connect(url) as two, websockets.connect(url) as three:
+        await one.send(task)
+        await two.send(task)
+        await asyncio.sleep(0.2)
+        await three.send(task)
+        refused = json.loads(await three.recv())
+        assert refused["type"] == "error" and "MAX_TASKS_PER_KEY=2" in refused["output"]
+    async with websockets.connect(server.ws_url + "?token=bob-key") as other:
+        frames = await run_task(other, {"task": "slow", "headers": {"retrievers": "tavily"}})
+        assert frames[-1]["type"] == "path"  # another key is not limited by alice's tasks
+
+
+def test_oversized_ingest_file_is_skipped(tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_text("word " * 100_000)
+    report = ingest(Library(tmp_path / "lib"), "alice", [big], max_bytes=100_000)
+    assert report.added == 0 and "INGEST_MAX_FILE_MB" in report.skipped[0]
+
+
+@pytest.fixture
+async def secured(tmp_path, fakes, start_server, encoder):
+    settings = make_settings(tmp_path, fakes, api_keys=KEYS)
+    library = Library(settings.library_dir, encoder=encoder)
+    ingest(library, "alice", [EXAMPLES])
+    secret = tmp_path / "bob.md"
+    secret.write_text("# Bob only\n\nThe axolotl colony notes on rank fusion are bob's alone.\n")
+    ingest(library, "bob", [secret])
+    return await start_server(settings)
+
+
+async def test_websocket_needs_a_valid_key_and_a_key_acts_only_as_its_user(secured):
+    for suffix in ("", "?token=wrong"):
+        with pytest.raises(InvalidStatus) as refused:
+            async with websockets.connect(secured.ws_url + suffix):
+                pass
+        assert refused.value.response.status_code == 401
+    headers = {"Authorization": "Bearer alice-key"}
+    async with websockets.connect(secured.ws_url, additional_headers=headers) as ws:
+        frames = await run_task(
+            ws,
+            {
+                "task": "axolotl rank fusion",
+                "headers": {"retrievers": "internal_biblio,internal_highlight", "user_id": "bob"},
+            },
+        )
+        assert "acts as user 'alice' and cannot act as 'bob'" in frames[-2]["output"]
+        frames = await run_task(
+            ws, {"task": "axolotl colony rank fusion", "headers": {"retrievers": "internal_biblio,internal_highlight"}}
+        )
+        assert frames[-1]["type"] == "path" and "bob's alone" not in report_of(frames)
+    async with websockets.connect(secured.ws_url + "?token=bob-key") as ws:
+        frames = await run_task(
+            ws, {"task": "axolotl colony rank fusion", "headers": {"retrievers": "internal_highlight"}}
+        )
+        assert "bob's alone" in report_of(frames) and "Reciprocal" not in report_of(frames)
+    async with websockets.connect(secured.ws_url + "?token=admin-key") as ws:
+        frames = await run_task(
+            ws, {"task": "axolotl", "headers": {"retrievers": "internal_highlight", "user_id": "bob"}}
+        )
+        assert "bob's alone" in report_of(frames)
+
+
+async def test_http_routes_need_keys_and_respect_users(secured):
+    body = {"type": "highlight", "user_id": "bob", "query": "axolotl colony"}
+    route = secured.url + "/internal/biblios/vector_search/"
+    async with aiohttp.ClientSession() as session:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic alice-key"}):
+            async with session.post(route, json=body, headers=headers) as response:
+                assert response.status == 401 and "alice-key" not in await response.text()
+        async with session.post(route, json=body, headers={"Authorization": "Bearer alice-key"}) as response:
+            assert response.status == 403 and "bob's alone" not in await response.text()
+        async with session.post(route, json=body, headers={"Authorization": "Bearer bob-key"}) as response:
+            assert response.status == 200 and "bob's alone" in await response.text()
+        async with session.get(secured.url + "/reports/" + "0" * 32 + ".md") as response:
+            assert response.status == 401
+        async with session.get(secured.url + "/reports/" + "0" * 32 + ".md?token=alice-key") as response:
+            assert response.status == 404
+
+
+def plan(headers, **settings):
+    return plan_request(
+        ResearchRequest.model_validate({"task": "q", "headers": {"user_id": "u", **headers}}),
+        make_settings_plain(**settings),
+        build_registry(Settings(_env_file=None)),
+    )
+
+
+def make_settings_plain(**values):
+    return Settings(_env_file=None, **values)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://127.0.0.1:8000/",
+        "http://localhost/",
+        "http://LOCALHOST./",
+        "http://127.1/",
+        "http://[::1]/",
+        "http://0.0.0.0/",
+        "http://2130706433/",
+        "http://lit.example.org@169.254.169.254/",
+        "http://lit.example.org.evil.test/",
+        "file:///etc/passwd",
+        "gopher://lit.example.org/",
+    ],
+)
+def test_ssrf_refuses_every_host_not_allowed(url):
+    with pytest.raises(RequestError) as refused:
+        plan({"internal_api_base_url": url}, internal_api_allowed_hosts=["lit.example.org"])
+    assert "INTERNAL_API_ALLOWED_HOSTS" in str(refused.value) or "http(s)" in str(refused.value)
+
+
+def test_ssrf_allows_exactly_the_listed_hosts():
+    allowed = plan(
+        {"internal_api_base_url": "https://LIT.example.org./api"}, internal_api_allowed_hosts=["lit.example.org"]
+    )
+    assert allowed.options.internal_api_base_url == "https://LIT.example.org./api"
+
+
+async def test_a_redirect_to_another_host_is_not_followed(tmp_path, fakes, start_server):
+    internal = fakes["internal"]
+    internal.behaviour.redirect_to = fakes["google"].url + "/customsearch/v1"
+    settings = make_settings(tmp_path, fakes, internal_api_allowed_hosts=["127.0.0.1"])
+    server = await start_server(settings)
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(
+            ws,
+            {
+                "task": "q",
+                "headers": {
+                    "retrievers": "internal_biblio,tavily",
+                    "user_id": "u",
+                    "internal_api_base_url": internal.url,
+                },
+            },
+        )
+    (failed,) = logs(frames, "retriever_failed")
+    assert "redirect (HTTP 307), which is not followed" in failed["metadata"]["error"]
+    assert fakes["google"].requests == [] and len(internal.requests) == 1
+    assert frames[-1]["type"] == "path"
