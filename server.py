@@ -137,6 +137,12 @@ class ResearchSocket:
             await self.error(f"start expects a JSON object, got {type(body).__name__}")
             return
         try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            # "\ud800" is valid JSON but no text: it would fail later, in storage or in a reply
+            await self.error("invalid JSON after start: a \\u escape encodes a lone surrogate, which is not text")
+            return
+        try:
             request = ResearchRequest.model_validate(body)
         except ValidationError as error:
             await self.error(_validation_message(error))
