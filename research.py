@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass
@@ -85,5 +86,5 @@ async def run_research(
         ],
         "report": markdown,
     }
-    files = save_report(settings.reports_dir, report_id, markdown, record)
+    files = await asyncio.to_thread(save_report, settings.reports_dir, report_id, markdown, record)
     return ResearchOutcome(report_id, markdown, files, sources, references, federated.outcomes, retrieval_ms)

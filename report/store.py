@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,9 @@ REPORT_NAME = re.compile(r"^[0-9a-f]{32}\.(md|json)$")
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(handle, "w", encoding="utf-8") as file:
+    # the report id is a fresh uuid, so its own temporary name is unique without mkstemp's search
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "x", encoding="utf-8") as file:
         file.write(text)
     os.replace(temporary, path)
 

@@ -104,6 +104,12 @@ def retry_after_seconds(value: str | None) -> float | None:
 
 async def read_body(response: aiohttp.ClientResponse, limit: int, upstream: str) -> str:
     """The answer's text, refusing to read more than `limit` bytes of it."""
+    body = await read_bytes(response, limit, upstream)
+    return body.decode(response.get_encoding() if response.charset else "utf-8", errors="replace")
+
+
+async def read_bytes(response: aiohttp.ClientResponse, limit: int, upstream: str) -> bytes:
+    """The answer's bytes, refusing to read more than `limit` of them."""
     declared = response.content_length
     if declared is not None and declared > limit:
         raise RetrieverFailed(f"{upstream} answer is {declared} bytes, over UPSTREAM_MAX_BYTES ({limit})")
@@ -113,7 +119,7 @@ async def read_body(response: aiohttp.ClientResponse, limit: int, upstream: str)
         if size > limit:
             raise RetrieverFailed(f"{upstream} answer exceeds UPSTREAM_MAX_BYTES ({limit} bytes)")
         chunks.append(chunk)
-    return b"".join(chunks).decode(response.get_encoding() if response.charset else "utf-8", errors="replace")
+    return b"".join(chunks)
 
 
 class RetrieverSkipped(Exception):
