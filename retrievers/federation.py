@@ -21,7 +21,9 @@ class Federated:
     results: list[SearchResult] = field(default_factory=list)
 
 
-async def _search(retriever: Retriever, options: SearchOptions, deps: Deps, deadline_s: float) -> Guarded:
+async def _search(
+    retriever: Retriever, options: SearchOptions, deps: Deps, deadline_s: float, others_done: asyncio.Event | None
+) -> Guarded:
     if deps.guard is None:
         return Guarded(await retriever.search(options, deps), cached=False, attempts=1)
 
@@ -36,11 +38,17 @@ async def _search(retriever: Retriever, options: SearchOptions, deps: Deps, dead
         deadline_s=deadline_s,
         search=lambda: retriever.search(options, deps),
         on_suspended=suspended,
+        others_done=others_done,
     )
 
 
 async def _run_one(
-    retriever: Retriever, options: SearchOptions, deps: Deps, deadline_s: float, emit: Emit
+    retriever: Retriever,
+    options: SearchOptions,
+    deps: Deps,
+    deadline_s: float,
+    emit: Emit,
+    others_done: asyncio.Event | None = None,
 ) -> tuple[RetrieverOutcome, list[SearchResult]]:
     name = retriever.name
     metrics = deps.metrics
@@ -54,7 +62,7 @@ async def _run_one(
     timed_out = False
     try:
         async with asyncio.timeout(deadline_s):
-            guarded = await _search(retriever, options, deps, deadline_s)
+            guarded = await _search(retriever, options, deps, deadline_s, others_done)
     except RetrieverSkipped as reason:
         outcome = RetrieverOutcome(name=name, status=RetrieverStatus.skipped, error=str(reason))
         await emit(ProgressEvent("retriever_skipped", f"⏭️ {name} skipped: {reason}", outcome.model_dump()))
@@ -113,8 +121,21 @@ async def federate(
     deadline_s: float,
 ) -> Federated:
     """Outcomes and results in the order the retrievers were named."""
+    # each retriever learns when all the others have answered: its retries must not make the task wait
+    others_done = {name: asyncio.Event() for name in names} if len(names) > 1 else {}
+    finished: set[str] = set()
+
+    async def run(name: str) -> tuple[RetrieverOutcome, list[SearchResult]]:
+        try:
+            return await _run_one(registry[name], options, deps, deadline_s, emit, others_done.get(name))
+        finally:
+            finished.add(name)
+            for other, event in others_done.items():
+                if other not in finished and finished >= set(names) - {other}:
+                    event.set()
+
     async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(_run_one(registry[name], options, deps, deadline_s, emit)) for name in names]
+        tasks = [group.create_task(run(name)) for name in names]
     federated = Federated()
     for task in tasks:
         outcome, results = task.result()

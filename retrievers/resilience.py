@@ -11,6 +11,7 @@ backoff, and a 429 once after its Retry-After, but only while the retriever's de
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import random
 import time
@@ -22,6 +23,12 @@ from core.settings import Settings
 from retrievers.base import Hits, RetrieverFailed, RetrieverSkipped, SearchOptions
 
 _REFUSED = {401, 403, 432, 433}
+
+
+class _Abandoned(Exception):
+    """A retry given up because the task's other retrievers are all done."""
+
+
 _BACKOFF_S = 0.1
 _CACHE_ENTRIES = 2048
 
@@ -148,7 +155,10 @@ class Guard:
         deadline_s: float,
         search: Callable[[], Awaitable[Hits]],
         on_suspended: Callable[[str], None] = lambda reason: None,
+        others_done: asyncio.Event | None = None,
     ) -> Guarded:
+        """`others_done` set: the task's other retrievers have all answered, so a retry would only
+        make the task wait; one still pending is then abandoned and the failure reported."""
         credential = credential_of(name, options)
         circuit = (name, credential)
         self.breaker.check(circuit)
@@ -157,22 +167,48 @@ class Guard:
             return Guarded(hit, cached=True, attempts=0)
         deadline = time.monotonic() + deadline_s
         attempt = 0
+        last_failure: RetrieverFailed | None = None
         while True:
             attempt += 1
             try:
-                hits = await search()
+                hits = await (search() if attempt == 1 else self._unless(others_done, search))
             except RetrieverFailed as failure:
+                last_failure = failure
                 wait = self._wait_before_retry(failure, attempt, deadline - time.monotonic())
-                if wait is None:
+                if wait is None or (others_done is not None and others_done.is_set()):
                     if (reason := self.breaker.failed(circuit, failure)) is not None:
                         on_suspended(reason)
                     raise
-                await asyncio.sleep(wait)
+                try:
+                    await self._unless(others_done, lambda pause=wait: asyncio.sleep(pause))
+                except _Abandoned:
+                    self.breaker.failed(circuit, failure)
+                    raise failure from None
                 continue
+            except _Abandoned:
+                raise last_failure from None
             self.breaker.succeeded(circuit)
             if cacheable:
                 self.cache.put(cache_key, hits)
             return Guarded(hits, cached=False, attempts=attempt)
+
+    @staticmethod
+    async def _unless(others_done: asyncio.Event | None, work: Callable[[], Awaitable[object]]) -> object:
+        """Run `work`, but give up as soon as `others_done` is set."""
+        if others_done is None:
+            return await work()
+        job = asyncio.ensure_future(work())
+        stop = asyncio.ensure_future(others_done.wait())
+        try:
+            await asyncio.wait({job, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not job.done():
+            job.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await job
+            raise _Abandoned
+        return job.result()
 
     def _wait_before_retry(self, failure: RetrieverFailed, attempt: int, remaining_s: float) -> float | None:
         if attempt > self.settings.retry_attempts:

@@ -103,7 +103,9 @@ class FakeTavily(FakeUpstream):
         mode = self._mode()
         if (fault := await self._transport_fault(request, mode)) is not None:
             return fault
-        if request.headers.get("Authorization") != f"Bearer {self.api_key}" or mode == "401":
+        # real Tavily takes the key as a Bearer token, or (older clients) as api_key in the body
+        keyed = request.headers.get("Authorization") == f"Bearer {self.api_key}" or body.get("api_key") == self.api_key
+        if not keyed or mode == "401":
             return web.json_response({"detail": {"error": "Unauthorized: missing or invalid API key."}}, status=401)
         if mode == "429":
             return web.json_response(
@@ -317,3 +319,22 @@ class FakeDifyKnowledge(FakeUpstream):
         threshold = body["retrieval_setting"].get("score_threshold") or 0.0
         records = [r for r in records if r["score"] >= threshold][: body["retrieval_setting"]["top_k"]]
         return web.json_response({"records": records})
+
+
+class FakeCustomRetrieverEndpoint(FakeUpstream):
+    """GET ?query= answering [{url, raw_content}], the contract of GPT-Researcher's `custom` retriever."""
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/search", self.search)
+        return app
+
+    async def search(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append({"query": dict(request.query)})
+        await self._wait()
+        if self._mode() == "500":
+            return web.Response(status=500, text="oops")
+        query = request.query.get("query", "")
+        return web.json_response(
+            [{"url": f"https://lab.example/{i}", "raw_content": f"Lab passage {i} on {query}. " * 8} for i in (1, 2, 3)]
+        )

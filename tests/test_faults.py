@@ -39,6 +39,7 @@ def outcome(frames, name):
     ],
 )
 async def test_tavily_faults(tmp_path, fakes, start_server, mode, retry_after, reason, requests, suspended):
+    fakes["google"].behaviour.delay_s = 1.0  # leaves room for retries: they never outlast the other retrievers
     fakes["tavily"].behaviour.mode = mode
     fakes["tavily"].behaviour.retry_after = retry_after
     server = await start_server(make_settings(tmp_path, fakes, **LIMITS))
@@ -76,10 +77,21 @@ async def test_transient_failure_recovers_by_retry(tmp_path, fakes, start_server
     fakes["google"].behaviour.retry_after = "0.2"
     fakes["google"].behaviour.fail_times = 1
     server = await start_server(make_settings(tmp_path, fakes, **LIMITS))
-    frames = await ask(server)
-    for name in ("tavily", "google"):
-        step, metadata = outcome(frames, name)
+    for name in ("tavily", "google"):  # alone in its task, a retriever keeps its whole retry budget
+        step, metadata = outcome(await ask(server, retrievers=name), name)
         assert step == "retriever_done" and metadata["attempts"] == 2 and metadata["count"] == 3
+
+
+async def test_a_retry_never_makes_the_task_wait(tmp_path, fakes, start_server):
+    fakes["tavily"].behaviour.mode = "500"
+    fakes["tavily"].behaviour.delay_s = 0.1
+    fakes["google"].behaviour.delay_s = 0.15
+    server = await start_server(make_settings(tmp_path, fakes, **{**LIMITS, "retry_attempts": 5}))
+    frames = await ask(server)
+    step, metadata = outcome(frames, "tavily")
+    assert step == "retriever_failed" and "HTTP 500" in metadata["error"]
+    assert logs(frames, "merging")[0]["metadata"]["retrieval_ms"] < 400  # ~google's 150 ms, not 5 retries
+    assert 1 <= len(fakes["tavily"].requests) <= 2
 
 
 async def test_retry_after_longer_than_the_deadline_is_not_waited_for(tmp_path, fakes, start_server):
