@@ -59,28 +59,34 @@ def main() -> int:
     subprocess.run([fedresearch, "ingest", "--user", "demo", str(HERE / "library")], env=env, check=True)
 
     print(f"\n== 2. Starting the server on 127.0.0.1:{port}", flush=True)
-    server = subprocess.Popen([fedresearch, "serve"], env=env, stderr=subprocess.DEVNULL)
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/healthz", server)
-        print(f"\n== 3. Asking: {QUESTION}\n", flush=True)
-        asked = subprocess.run(
-            [
-                fedresearch,
-                "ask",
-                QUESTION,
-                "--retrievers",
-                "internal_biblio,internal_highlight,tavily,google",
-                "--user",
-                "demo",
-                "--server",
-                f"ws://127.0.0.1:{port}",
-            ],
-            env=env,
-        )
-    finally:
-        print("\n== 4. Stopping the server", flush=True)
-        server.terminate()
-        server.wait(timeout=15)
+    with tempfile.TemporaryFile() as server_log:
+        server = subprocess.Popen([fedresearch, "serve"], env=env, stderr=server_log)
+        try:
+            try:
+                wait_healthy(f"http://127.0.0.1:{port}/healthz", server)
+            except SystemExit:
+                server_log.seek(0)  # show why it did not start, not just that it did not
+                sys.stderr.write(server_log.read().decode(errors="replace")[-3000:])
+                raise
+            print(f"\n== 3. Asking: {QUESTION}\n", flush=True)
+            asked = subprocess.run(
+                [
+                    fedresearch,
+                    "ask",
+                    QUESTION,
+                    "--retrievers",
+                    "internal_biblio,internal_highlight,tavily,google",
+                    "--user",
+                    "demo",
+                    "--server",
+                    f"ws://127.0.0.1:{port}",
+                ],
+                env=env,
+            )
+        finally:
+            print("\n== 4. Stopping the server", flush=True)
+            server.terminate()
+            server.wait(timeout=15)
     return asked.returncode
 
 
