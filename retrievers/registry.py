@@ -1,4 +1,4 @@
-"""Every adapter module in this package that defines `retrievers()` contributes its names."""
+"""Every module in this package that defines `retrievers(settings)` is an adapter and contributes its names."""
 
 from __future__ import annotations
 
@@ -9,14 +9,10 @@ import retrievers as package
 from core.settings import Settings
 from retrievers.base import Retriever
 
-_NOT_ADAPTERS = {"base", "registry", "selection", "federation", "fusion"}
-
 
 def build_registry(settings: Settings) -> dict[str, Retriever]:
     registry: dict[str, Retriever] = {}
     for module_info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if module_info.name in _NOT_ADAPTERS:
-            continue
         module = importlib.import_module(f"{package.__name__}.{module_info.name}")
         factory = getattr(module, "retrievers", None)
         if factory is None:

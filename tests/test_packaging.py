@@ -30,3 +30,15 @@ def test_console_script_runs(tmp_path):
     assert script, "the fedresearch console script is not installed"
     done = subprocess.run([script, "serve", "--help"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0 and "--port" in done.stdout, done.stderr
+
+
+def test_env_example_lists_every_setting():
+    from core.settings import Settings
+
+    names = {field.validation_alias for field in Settings.model_fields.values()}
+    listed = {
+        line.split("=")[0]
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    }
+    assert names == listed
