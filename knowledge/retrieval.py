@@ -25,6 +25,10 @@ from retrievers.base import Deps, Retriever, SearchOptions
 from retrievers.federation import federate
 from retrievers.fusion import RRF_K, fuse
 
+# Embedding records to score them happens after retrieval, inside Dify's 5 s: bound that work.
+_MAX_EMBEDDED = 20
+_SCORED_CHARS = 600
+
 
 @dataclass(frozen=True)
 class Record:
@@ -50,6 +54,18 @@ def _fallback_score(source: FusedResult, weights: dict[str, float], names: list[
     return min(1.0, source.score / best) if best else 0.0
 
 
+def _bounded(sources: list[FusedResult]) -> list[FusedResult]:
+    """All records that carry a cosine already, and the best-fused _MAX_EMBEDDED of the others."""
+    kept, embedded = [], 0
+    for source in sources:  # in fused order
+        if _library_cosine(source) is None:
+            if embedded >= _MAX_EMBEDDED:
+                continue
+            embedded += 1
+        kept.append(source)
+    return kept
+
+
 def _library_cosine(source: FusedResult) -> float | None:
     if source.metadata.get("score_kind") != "cosine":
         return None
@@ -67,7 +83,7 @@ def calibrated_scores(
     missing = [i for i, score in enumerate(scores) if score is None]
     if missing:
         query_vector = deps.library.query_vector(query)
-        texts = [f"{sources[i].title}\n{sources[i].body}".strip() for i in missing]
+        texts = [f"{sources[i].title}\n{sources[i].body[:_SCORED_CHARS]}".strip() for i in missing]
         vectors = encoder.encode(texts, batch_size=16)
         for i, cosine in zip(missing, vectors @ query_vector, strict=True):
             scores[i] = float(cosine)
@@ -95,6 +111,7 @@ async def retrieve(
     sources = fuse(federated.results, base.weights)
     if request.metadata_condition is not None:
         sources = [s for s in sources if request.metadata_condition.holds(_metadata(s))]
+    sources = _bounded(sources)
     scores = await asyncio.to_thread(calibrated_scores, request.query, sources, deps, base.weights, base.retrievers)
     records = [
         Record(content=source.body, score=score, title=source.title or source.href, metadata=_metadata(source))
