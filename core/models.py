@@ -7,6 +7,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+LIBRARY_TYPES = ("biblio", "highlight", "file")
+
+
+def library_type(value: object) -> str | None:
+    """`biblio`, `highlight` or `file` for any casing (`File` included; empty means biblio); None if unknown."""
+    kind = str(value or "biblio").strip().lower()
+    return kind if kind in LIBRARY_TYPES else None
+
 
 class ReportType(StrEnum):
     research_report = "research_report"
@@ -80,8 +88,8 @@ class LiteratureQuery(BaseModel):
     @field_validator("type", mode="before")
     @classmethod
     def _known_type(cls, value: object) -> object:
-        kind = str(value or "biblio").strip().lower()
-        if kind not in ("biblio", "highlight", "file"):
+        kind = library_type(value)
+        if kind is None:
             raise ValueError("must be biblio, highlight or file")
         return kind
 

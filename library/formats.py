@@ -15,8 +15,9 @@ import rispy
 from bibtexparser import middlewares
 
 from core.identifiers import doi_of
+from core.models import LIBRARY_TYPES
 
-KINDS = ("biblio", "highlight", "file")
+KINDS = LIBRARY_TYPES
 
 
 class UnsupportedFile(ValueError):

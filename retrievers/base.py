@@ -29,6 +29,7 @@ class About:
     needs_key: bool
     needs_user: bool
     results: str = "JSON"
+    credentials: tuple[str, ...] = ()  # the per-request key headers this upstream spends
 
 
 @dataclass

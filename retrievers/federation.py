@@ -34,6 +34,7 @@ async def _search(
     return await deps.guard.call(
         retriever.name,
         cacheable=retriever.about.kind in ("web", "knowledge"),  # quota-spending upstreams only
+        credentials=retriever.about.credentials,
         options=options,
         deadline_s=deadline_s,
         search=lambda: retriever.search(options, deps),

@@ -13,6 +13,7 @@ about = About(
     kind="web",
     needs_key=True,
     needs_user=False,
+    credentials=("google_api_key", "google_cx_key"),
 )
 
 PATH = "/customsearch/v1"

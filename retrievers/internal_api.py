@@ -24,17 +24,11 @@ about = About(
     needs_user=True,
 )
 
-API_TYPES = {"biblio": "biblio", "highlight": "highlight", "file": "file"}
 ENDPOINT_PATH = "/internal/biblios/vector_search/"
 _ID_KEYS = ("href", "url", "id", "source", "link")
 _METADATA_ID_KEYS = ("biblio_id", "highlight_id", "file_id", "doc_id", "document_id", "id")
 _CONTENT_KEYS = ("body", "content", "text", "abstract", "description", "snippet")
 _WRAPPER_KEYS = ("results", "data", "items")
-
-
-def api_type(value: str | None) -> str | None:
-    """`biblio`, `highlight` or `file` for any casing (`File` included); None if unknown."""
-    return API_TYPES.get((value or "biblio").strip().lower())
 
 
 @dataclass(frozen=True)

@@ -50,9 +50,9 @@ def failure_reason(failure: RetrieverFailed | None, timed_out: bool = False) -> 
     return "bad_answer"
 
 
-def credential_of(name: str, options: SearchOptions) -> str:
-    """Which credential a call spends: a per-request key if the client sent one, else the operator's."""
-    sent = [value for key, value in sorted(options.overrides.items()) if key.startswith(name.split("_")[0])]
+def credential_of(credentials: tuple[str, ...], options: SearchOptions) -> str:
+    """Which credential a call spends: the per-request keys the client sent for it, else the operator's."""
+    sent = [options.overrides[name] for name in credentials if name in options.overrides]
     return hashlib.sha256("\0".join(sent).encode()).hexdigest()[:16] if sent else "operator"
 
 
@@ -151,6 +151,7 @@ class Guard:
         self,
         name: str,
         cacheable: bool,
+        credentials: tuple[str, ...],
         options: SearchOptions,
         deadline_s: float,
         search: Callable[[], Awaitable[Hits]],
@@ -159,7 +160,7 @@ class Guard:
     ) -> Guarded:
         """`others_done` set: the task's other retrievers have all answered, so a retry would only
         make the task wait; one still pending is then abandoned and the failure reported."""
-        credential = credential_of(name, options)
+        credential = credential_of(credentials, options)
         circuit = (name, credential)
         self.breaker.check(circuit)
         cache_key = UpstreamCache.key(name, credential, options)

@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from core.errors import RequestError
-from core.models import ReportSource, ResearchRequest
+from core.models import ReportSource, ResearchRequest, library_type
 from core.settings import Settings
 from retrievers.base import Retriever, SearchOptions
-from retrievers.internal_api import api_type
 
 _KEY_HEADERS = ("tavily_api_key", "google_api_key", "google_cx_key")
 _LIBRARY_DEFAULTS = ["internal_biblio"]
@@ -95,7 +94,7 @@ def plan_request(
     needed_by = [name for name in names if registry[name].about.needs_user]
     user = choose_user(request, settings, needed_by, bound_user)
 
-    kind = api_type(request.header("internal_api_type"))
+    kind = library_type(request.header("internal_api_type"))
     if kind is None:
         raise RequestError(
             f"headers.internal_api_type {request.header('internal_api_type')!r} is not one of biblio, highlight, File"

@@ -33,7 +33,9 @@ from retrievers.base import (
     unit_score,
 )
 
-about = About(website="https://tavily.com", kind="web", needs_key=True, needs_user=False)
+about = About(
+    website="https://tavily.com", kind="web", needs_key=True, needs_user=False, credentials=("tavily_api_key",)
+)
 
 _MAX_CLIENTS = 16
 
