@@ -21,6 +21,8 @@ test: $(BIN)/fedresearch
 
 lint: $(BIN)/fedresearch
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) data .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) data .pytest_cache .ruff_cache .mypy_cache *.egg-info build dist

@@ -27,11 +27,12 @@ from pathlib import Path
 
 import aiohttp
 
-from core.settings import Settings
-from retrievers.base import Deps, SearchOptions
-from retrievers.federation import federate
-from retrievers.registry import build_registry, close_registry
-from retrievers.resilience import Guard
+from fedresearch.core.settings import Settings
+from fedresearch.federation.contract import SearchOptions
+from fedresearch.federation.registry import build_registry
+from fedresearch.federation.resilience import Guard
+from fedresearch.federation.runner import Deps, federate
+from fedresearch.retrievers import ADAPTERS
 from tests.fakes import FakeCustomRetrieverEndpoint, FakeGoogle, FakeLiteratureApi, FakeTavily
 
 VENV = Path(os.environ.get("BENCH_GPTR_VENV", "/tmp/fedresearch-bench-gptr"))
@@ -77,7 +78,7 @@ async def ours(fakes: dict, names: list[str], runs: int) -> float:
         breaker_suspend_s=0,
         breaker_error_suspend_s=0,
     )
-    registry = build_registry(settings)
+    registry = build_registry(settings, ADAPTERS)
     times = []
     async with aiohttp.ClientSession() as session:
         deps = Deps(session=session, settings=settings, guard=Guard(settings))
@@ -88,10 +89,9 @@ async def ours(fakes: dict, names: list[str], runs: int) -> float:
         for run in range(runs + 1):
             options = SearchOptions(query=f"rank fusion {run}", max_results=5, user_id="bench")
             started = time.perf_counter()
-            await federate(names, registry, options, deps, quiet, settings.retriever_timeout_s)
+            await federate(names, registry, options, deps, quiet)
             if run:  # the first run opens connections; both systems get one warm-up
                 times.append(time.perf_counter() - started)
-    await close_registry(registry)
     return statistics.median(times)
 
 

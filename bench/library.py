@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from bench.quality import DEFAULT_DATASETS
-from library.embeddings import Encoder, load_encoder
-from library.formats import Document, Section
-from library.store import Library
+from fedresearch.library.embedded import Library
+from fedresearch.library.embeddings import Encoder, load_encoder
+from fedresearch.library.formats import Document, Section
 
 PER_USER = 100_000
 

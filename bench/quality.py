@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytrec_eval
 
-from library.embeddings import load_encoder
-from library.formats import Document, Section
-from library.store import Library
+from fedresearch.library.embedded import Library
+from fedresearch.library.embeddings import load_encoder
+from fedresearch.library.formats import Document, Section
 
 DEFAULT_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 MODES = ("bm25", "dense", "hybrid")
@@ -45,7 +45,7 @@ def evaluate(name: str, directory: Path, encoder) -> dict[str, dict[str, float]]
     started = time.perf_counter()
     library.add_documents("bench", documents)
     seconds = time.perf_counter() - started
-    passages = library._db().execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    passages = library.records.db().execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
     print(
         f"{name}: {len(corpus)} documents, {passages} passages ingested in {seconds:.1f} s "
         f"({passages / seconds:.1f} passages/s with embeddings)",
@@ -57,8 +57,8 @@ def evaluate(name: str, directory: Path, encoder) -> dict[str, dict[str, float]]
         run: dict[str, dict[str, float]] = {}
         for query_id, text in queries.items():
             ranked: dict[str, float] = {}
-            for position, (row, _) in enumerate(library.search("bench", text, "biblio", 300, mode)):
-                ranked.setdefault(source_of[row["document_id"]], 1000.0 - position)
+            for position, passage in enumerate(library.search("bench", text, "biblio", 300, mode)):
+                ranked.setdefault(source_of[passage.document_id], 1000.0 - position)
             run[query_id] = dict(list(ranked.items())[:100])
         measures = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"}).evaluate(run)
         scores[mode] = {

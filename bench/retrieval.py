@@ -20,10 +20,10 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from core.settings import Settings
-from library.ingest import ingest
-from library.open import open_library
-from server import create_app
+from fedresearch.core.settings import Settings
+from fedresearch.library.ingest import ingest
+from fedresearch.library.open import open_library
+from fedresearch.web.app import create_app
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "library"
 QUESTIONS = [

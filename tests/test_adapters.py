@@ -2,30 +2,24 @@
 
 from __future__ import annotations
 
-import aiohttp
 import pytest
 
-from retrievers.base import Deps, RetrieverFailed, RetrieverSkipped, SearchOptions
-from retrievers.google import GoogleRetriever
-from retrievers.internal_api import InternalApiRetriever, parse_response
-from retrievers.tavily import TavilyRetriever
-from tests.conftest import make_settings
+from fedresearch.federation.contract import RetrieverFailed, RetrieverSkipped, SearchOptions
+from fedresearch.retrievers.google import Google
+from fedresearch.retrievers.internal_api import LiteratureApi, parse_response
+from fedresearch.retrievers.tavily import Tavily
+from tests.conftest import make_settings, search_with
 
 OPTIONS = SearchOptions(query="rank fusion", max_results=5, user_id="alice")
 
 
 @pytest.fixture
-async def session():
-    async with aiohttp.ClientSession() as client:
-        yield client
+def session():
+    return None  # the runner opens its own; kept so the tests read as before
 
 
 async def tavily_search(tmp_path, fakes, session, **overrides):
-    retriever = TavilyRetriever()
-    try:
-        return await retriever.search(OPTIONS, Deps(session, make_settings(tmp_path, fakes, **overrides)))
-    finally:
-        await retriever.aclose()
+    return await search_with(Tavily(), OPTIONS, make_settings(tmp_path, fakes, **overrides))
 
 
 async def test_tavily_maps_results(tmp_path, fakes, session):
@@ -55,7 +49,7 @@ async def test_tavily_errors_are_clear_failures(tmp_path, fakes, session, mode, 
 
 
 async def test_tavily_unreachable_and_keyless(tmp_path, fakes, session):
-    with pytest.raises(RetrieverFailed, match="Tavily unreachable: ConnectError"):
+    with pytest.raises(RetrieverFailed, match="Tavily unreachable: ClientConnectorError"):
         await tavily_search(tmp_path, fakes, session, tavily_api_base_url="http://127.0.0.1:9")
     with pytest.raises(RetrieverSkipped, match="TAVILY_API_KEY"):
         await tavily_search(tmp_path, fakes, session, tavily_api_key=None)
@@ -63,16 +57,14 @@ async def test_tavily_unreachable_and_keyless(tmp_path, fakes, session):
 
 
 async def test_tavily_per_request_key_overrides_the_environment(tmp_path, fakes, session):
-    retriever = TavilyRetriever()
-    options = SearchOptions(query="q", max_results=3, overrides={"tavily_api_key": "tvly-test-key"})
+    options = SearchOptions(query="q", max_results=3, credentials={"tavily_api_key": "tvly-test-key"})
     settings = make_settings(tmp_path, fakes, tavily_api_key="wrong")
-    hits = await retriever.search(options, Deps(session, settings))
-    await retriever.aclose()
+    hits = await search_with(Tavily(), options, settings)
     assert len(hits.results) == 3
 
 
 async def google_search(tmp_path, fakes, session, options=OPTIONS, **overrides):
-    return await GoogleRetriever().search(options, Deps(session, make_settings(tmp_path, fakes, **overrides)))
+    return await search_with(Google(), options, make_settings(tmp_path, fakes, **overrides))
 
 
 async def test_google_maps_items_and_pages(tmp_path, fakes, session):
@@ -116,9 +108,9 @@ async def test_internal_api_wrapped_answers_and_skipped_items(tmp_path, fakes, s
         {"content": "no identifier at all"},
         {"id": "x-1"},
     ]
-    retriever = InternalApiRetriever("internal_highlight", "highlight")
+    retriever = LiteratureApi("internal_highlight", "highlight")
     settings = make_settings(tmp_path, fakes, internal_api_base_url=fakes["internal"].url)
-    hits = await retriever.search(OPTIONS, Deps(session, settings))
+    hits = await search_with(retriever, OPTIONS, settings)
     assert [r.href for r in hits.results] == ["https://lab.example/p/1", "h-9"]
     assert hits.results[1].score is None and hits.results[1].metadata["raw_score"] == 3.2
     assert len(hits.warnings) == 2
@@ -132,7 +124,7 @@ async def test_internal_api_errors(tmp_path, fakes, session, mode, expected):
     fakes["internal"].behaviour.mode = mode
     settings = make_settings(tmp_path, fakes, internal_api_base_url=fakes["internal"].url)
     with pytest.raises(RetrieverFailed, match=expected):
-        await InternalApiRetriever("internal_biblio", None).search(OPTIONS, Deps(session, settings))
+        await search_with(LiteratureApi("internal_biblio", None), OPTIONS, settings)
 
 
 def test_internal_api_field_fallbacks():

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from library.store import Library
+from fedresearch.library.embedded import Library
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = 240
@@ -30,7 +30,7 @@ def test_sigkill_mid_ingest_then_rerun(tmp_path, encoder):
         )
     data = tmp_path / "data"
     env = {**os.environ, "FEDRESEARCH_DATA_DIR": str(data)}
-    command = [sys.executable, "cli.py", "ingest", "--user", "u", str(notes)]
+    command = [sys.executable, "-m", "fedresearch", "ingest", "--user", "u", str(notes)]
     db = data / "library" / "library.sqlite3"
 
     ingest = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -53,8 +53,8 @@ def test_sigkill_mid_ingest_then_rerun(tmp_path, encoder):
     )
     assert count(db, "SELECT COUNT(*) FROM chunks WHERE vector IS NULL") == 0
     library = Library(data / "library", encoder=encoder)
-    first = library.search_items("u", None, "specimen zx000q", 1)
-    assert first and "zx000q" in first[0]["content"]  # searchable while half done
+    first = library.search("u", "specimen zx000q", None, 1)
+    assert first and "zx000q" in first[0].text  # searchable while half done
 
     rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
@@ -66,5 +66,5 @@ def test_sigkill_mid_ingest_then_rerun(tmp_path, encoder):
         # BM25 must rank the exact note first; for vectors, every note must be in the user's matrix
         # (240 near-identical notes are not something embeddings tell apart)
         for mode, depth in (("bm25", 1), ("dense", FILES)):
-            found = library.search_items("u", None, f"specimen zx{number:03}q", depth, mode)
-            assert any(f"zx{number:03}q" in item["content"] for item in found), (number, mode)
+            found = library.search("u", f"specimen zx{number:03}q", None, depth, mode)
+            assert any(f"zx{number:03}q" in item.text for item in found), (number, mode)

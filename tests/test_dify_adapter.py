@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import aiohttp
 import pytest
 import websockets
 
-from retrievers.base import Deps, RetrieverFailed, SearchOptions
-from retrievers.dify import retrievers
-from tests.conftest import logs, make_settings, report_of, run_task
+from fedresearch.federation.contract import RetrieverFailed, SearchOptions
+from fedresearch.retrievers.dify import adapters as retrievers
+from tests.conftest import logs, make_settings, report_of, run_task, search_with
 from tests.fakes import FakeDifyKnowledge
 
 
@@ -32,8 +31,7 @@ OPTIONS = SearchOptions(query="rank fusion", max_results=2)
 
 async def search(settings):
     (retriever,) = retrievers(settings)
-    async with aiohttp.ClientSession() as session:
-        return await retriever.search(OPTIONS, Deps(session, settings))
+    return await search_with(retriever, OPTIONS, settings)
 
 
 async def test_sends_dify_body_and_maps_records(tmp_path, knowledge, monkeypatch):

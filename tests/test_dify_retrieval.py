@@ -7,9 +7,9 @@ import json
 import aiohttp
 import pytest
 
-from knowledge.conditions import MetadataCondition
-from library.ingest import ingest
-from library.store import Library
+from fedresearch.knowledge.conditions import MetadataCondition
+from fedresearch.library.embedded import Library
+from fedresearch.library.ingest import ingest
 from tests.conftest import EXAMPLES, make_settings
 
 KEYS = "admin-key:*,alice-key:alice,bob-key:bob"

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.identifiers import canonical_key
-from core.models import SearchResult
-from retrievers.fusion import fuse
+from fedresearch.core.identifiers import canonical_key
+from fedresearch.core.models import SearchResult
+from fedresearch.federation.fusion import fuse
 
 
 @pytest.mark.parametrize(

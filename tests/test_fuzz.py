@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import connect
 
-from server import create_app
+from fedresearch.web.app import create_app
 from tests.conftest import make_settings
 
 FRAMES = 10_000

@@ -10,13 +10,14 @@ import pytest
 import websockets
 from websockets.exceptions import InvalidStatus
 
-from core.errors import RequestError
-from core.models import ResearchRequest
-from core.settings import Settings
-from library.ingest import ingest
-from library.store import Library
-from retrievers.registry import build_registry
-from retrievers.selection import plan_request
+from fedresearch.core.errors import RequestError
+from fedresearch.core.models import ResearchRequest
+from fedresearch.core.settings import Settings
+from fedresearch.federation.planning import plan_request
+from fedresearch.federation.registry import build_registry
+from fedresearch.library.embedded import Library
+from fedresearch.library.ingest import ingest
+from fedresearch.retrievers import ADAPTERS
 from tests.conftest import EXAMPLES, logs, make_settings, report_of, run_task
 
 KEYS = "admin-key:*,alice-key:alice,bob-key:bob"
@@ -129,7 +130,7 @@ def plan(headers, **settings):
     return plan_request(
         ResearchRequest.model_validate({"task": "q", "headers": {"user_id": "u", **headers}}),
         make_settings_plain(**settings),
-        build_registry(Settings(_env_file=None)),
+        build_registry(Settings(_env_file=None), ADAPTERS),
     )
 
 

@@ -7,9 +7,9 @@ import json
 import pytest
 from pypdf import PdfWriter
 
-from library.formats import UnsupportedFile, read_file
-from library.ingest import ingest
-from library.store import Library
+from fedresearch.library.embedded import Library
+from fedresearch.library.formats import UnsupportedFile, read_file
+from fedresearch.library.ingest import ingest
 from tests.pdfs import write_pdf
 
 
@@ -32,9 +32,9 @@ def test_pdf_passages_are_searchable_by_page(tmp_path, encoder):
     library = Library(tmp_path / "lib", encoder=encoder)
     report = ingest(library, "alice", [pdf])
     assert report.added == 1
-    (item,) = library.search_items("alice", "file", "axolotl limb regeneration", 1)
-    assert item["metadata"]["page"] == 2 and item["id"].endswith("#page=2")
-    assert item["metadata"]["file_id"]
+    (item,) = library.search("alice", "axolotl limb regeneration", "file", 1)
+    assert item.page == 2 and item.source_id[1].endswith("#page=2")
+    assert item.source_id[0] == "file_id"
 
 
 def test_broken_encrypted_and_image_only_pdfs_are_reported_and_nothing_is_stored(tmp_path):
@@ -116,9 +116,9 @@ def test_highlights_json_are_linked_to_paper_and_page(tmp_path, encoder):
     )
     library = Library(tmp_path / "lib", encoder=encoder)
     assert ingest(library, "alice", [highlights]).added == 2
-    (item,) = library.search_items("alice", "highlight", "in-batch negatives training", 1)
-    assert item["metadata"]["page"] == 4 and item["metadata"]["paper_doi"] == "10.18653/v1/2020.emnlp-main.550"
-    assert "Note: Try this" in item["content"] and "p. 4" in item["metadata"]["title"]
+    (item,) = library.search("alice", "in-batch negatives training", "highlight", 1)
+    assert item.page == 4 and item.extra["paper_doi"] == "10.18653/v1/2020.emnlp-main.550"
+    assert "Note: Try this" in item.text and "p. 4" in item.display_title
 
 
 def test_unknown_and_malformed_files_are_clear(tmp_path):
@@ -138,7 +138,7 @@ def test_chunks_respect_sections_size_and_position(tmp_path):
     ingest(library, "alice", [note])
     (info,) = library.list_documents("alice")
     assert info.chunks >= 4  # ~600 tokens with 220-token chunks, plus the short section alone
-    rows = library._db().execute("SELECT heading, position, text FROM chunks ORDER BY position").fetchall()
+    rows = library.records.db().execute("SELECT heading, position, text FROM chunks ORDER BY position").fetchall()
     assert [r["position"] for r in rows] == list(range(len(rows)))
     assert rows[-1]["heading"] == "Second" and rows[-1]["text"] == "Short section."
     assert all(r["heading"] == "First" for r in rows[:-1])
@@ -151,6 +151,6 @@ def test_delete_removes_chunks_and_vectors(tmp_path, encoder):
     ingest(library, "alice", [note])
     (info,) = library.list_documents("alice")
     assert library.delete_document("alice", info.id)
-    assert library._db().execute("SELECT COUNT(*) FROM chunks").fetchone()[0] == 0
+    assert library.records.db().execute("SELECT COUNT(*) FROM chunks").fetchone()[0] == 0
     for mode in ("bm25", "dense", "hybrid"):
-        assert library.search_items("alice", None, "pangolin scales", 5, mode) == []
+        assert library.search("alice", "pangolin scales", None, 5, mode) == []

@@ -12,8 +12,8 @@ from langbot_plugin.cli.run.controller import PluginRuntimeController
 from langbot_plugin.cli.utils.page_components import discover_plugin_components
 from langbot_plugin.utils.discover.engine import ComponentDiscoveryEngine
 
-from library.ingest import ingest
-from library.store import Library
+from fedresearch.library.embedded import Library
+from fedresearch.library.ingest import ingest
 from tests.conftest import EXAMPLES, make_settings
 
 PLUGIN = Path(__file__).resolve().parent.parent / "integrations" / "langbot"

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import websockets
 
-from library.ingest import ingest
-from library.store import Library
+from fedresearch.library.embedded import Library
+from fedresearch.library.ingest import ingest
+from fedresearch.retrievers.internal_api import parse_response, passage_result
+from fedresearch.web.literature import item_of
 from tests.conftest import EXAMPLES, make_settings, report_of, run_task
+from tests.pdfs import write_pdf
 
 
 def test_example_library_ingests_every_format(tmp_path):
@@ -17,9 +21,9 @@ def test_example_library_ingests_every_format(tmp_path):
     assert kinds == {"biblio", "highlight"}
     titles = {doc.title for doc in library.list_documents("alice")}
     assert "BEIR: A Heterogeneous Benchmark for Zero-shot Evaluation of Information Retrieval Models" in titles
-    items = library.search_items("alice", "biblio", "zero-shot benchmark heterogeneous", 3)
-    assert items[0]["metadata"]["structured_data"]["doi"] == "10.48550/arxiv.2104.08663"
-    assert items[0]["metadata"]["structured_data"]["authors"][2] == {"name": "Rücklé, Andreas"}
+    items = library.search("alice", "zero-shot benchmark heterogeneous", "biblio", 3)
+    assert items[0].doi == "10.48550/arxiv.2104.08663"
+    assert items[0].authors[2] == "Rücklé, Andreas"
     again = ingest(library, "alice", [EXAMPLES])
     assert again.added == 0 and again.unchanged == report.added
 
@@ -32,8 +36,8 @@ def test_changed_file_replaces_its_chunks(tmp_path):
     note.write_text("# Note\n\nThe wombat digs burrows.\n")
     report = ingest(library, "alice", [note])
     assert report.replaced == 1
-    assert library.search_items("alice", "highlight", "quokka") == []
-    assert library.search_items("alice", "highlight", "wombat")[0]["content"] == "The wombat digs burrows."
+    assert library.search("alice", "quokka", "highlight") == []
+    assert library.search("alice", "wombat", "highlight")[0].text == "The wombat digs burrows."
 
 
 def test_users_never_see_each_other(tmp_path):
@@ -43,10 +47,10 @@ def test_users_never_see_each_other(tmp_path):
     ingest(library, "alice", [secret])
     ingest(library, "bob", [EXAMPLES])
     for kind in ("biblio", "highlight", "file"):
-        found = library.search_items("bob", kind, "zebrafish experiment confidential", 50)
-        assert not any("zebrafish" in item["content"] for item in found)
-    assert library.search_items("alice", "highlight", "zebrafish")[0]["content"].startswith("The zebrafish")
-    assert library.search_items("alice", "biblio", "reciprocal rank fusion") == []
+        found = library.search("bob", "zebrafish experiment confidential", kind, 50)
+        assert not any("zebrafish" in item.text for item in found)
+    assert library.search("alice", "zebrafish", "highlight")[0].text.startswith("The zebrafish")
+    assert library.search("alice", "reciprocal rank fusion", "biblio") == []
     assert not library.delete_document("bob", library.list_documents("alice")[0].id)
     assert library.list_documents("alice")
 
@@ -54,8 +58,8 @@ def test_users_never_see_each_other(tmp_path):
 def test_chinese_query_finds_the_chinese_note(tmp_path):
     library = Library(tmp_path)
     ingest(library, "alice", [EXAMPLES])
-    items = library.search_items("alice", "highlight", "中文分词问题", 3)
-    assert items and "中文检索笔记" in items[0]["metadata"]["title"]
+    items = library.search("alice", "中文分词问题", "highlight", 3)
+    assert items and "中文检索笔记" in items[0].display_title
 
 
 def test_broken_files_are_skipped_with_a_reason(tmp_path):
@@ -105,3 +109,20 @@ async def test_endpoint_and_websocket_use_the_embedded_library(tmp_path, start_s
             ws, {"task": "reciprocal rank fusion", "headers": {"retrievers": "internal_biblio", "user_id": "mallory"}}
         )
     assert "## References" not in report_of(frames)
+
+
+@pytest.mark.parametrize("kind", ["biblio", "highlight", "file"])
+def test_in_process_results_equal_those_read_back_from_the_api_json(tmp_path, kind):
+    """The embedded library answers the internal adapter in process with typed passages; the same
+    passages served as literature-API JSON and parsed back give the same results (the cosine aside,
+    which JSON does not carry)."""
+    library = Library(tmp_path / "library")
+    ingest(library, "alice", [EXAMPLES], kind="highlight")
+    ingest(library, "alice", [write_pdf(tmp_path / "fusion.pdf", ["Rank fusion on page one.", "Dense retrieval."])])
+    passages = library.search("alice", "rank fusion dense retrieval", kind, 10)
+    assert passages
+    direct = [passage_result(p, "internal_x", rank) for rank, p in enumerate(passages, start=1)]
+    read_back = parse_response([item_of(p) for p in passages], "internal_x", kind).results
+    assert [r.model_dump(exclude={"cosine", "kind"}) for r in direct] == [
+        r.model_dump(exclude={"cosine", "kind"}) for r in read_back
+    ]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bench.quality import load_collection
-from library.formats import Document, Section
-from library.store import Library
+from fedresearch.library.embedded import Library
+from fedresearch.library.formats import Document, Section
 
 MED = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "med"
 QUERIES = ["q1", "q2", "q3", "q4"]
@@ -37,7 +37,8 @@ def test_hybrid_search_clears_a_floor_on_med(tmp_path, encoder):
         for query in QUERIES:
             ranked = list(
                 dict.fromkeys(
-                    source_of[row["document_id"]] for row, _ in library.search("u", queries[query], "biblio", 30, mode)
+                    source_of[passage.document_id]
+                    for passage in library.search("u", queries[query], "biblio", 30, mode)
                 )
             )
             per_query.append(ndcg_at_10(ranked, set(qrels[query])))

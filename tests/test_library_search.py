@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from library.ingest import ingest
-from library.store import Library, SearchFilters
+from fedresearch.library.embedded import Library
+from fedresearch.library.ingest import ingest
+from fedresearch.library.search import SearchFilters
 from tests.conftest import EXAMPLES
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "minilm_reference.json").read_text())
@@ -30,36 +31,36 @@ def library(tmp_path, encoder):
 
 
 def titles(items):
-    return [item["metadata"]["title"] for item in items]
+    return [item.display_title for item in items]
 
 
 def test_dense_finds_meaning_that_shares_no_words(library):
     query = "merging the ordered outputs of several search systems into one list"
-    dense = titles(library.search_items("alice", "biblio", query, 3, mode="dense"))
+    dense = titles(library.search("alice", query, "biblio", 3, mode="dense"))
     assert any("Fusion" in title for title in dense)
 
 
 def test_hybrid_ranks_and_scores_mean_similarity(library):
-    items = library.search_items("alice", "biblio", "reciprocal rank fusion", 5)
-    assert items[0]["metadata"]["structured_data"]["doi"] == "10.1145/1571941.1572114"
-    assert all(0.0 <= item["score"] <= 1.0 for item in items)
-    assert items[0]["score"] > 0.5  # a strong match is a strong score, whatever the query
-    weak = library.search_items("alice", "biblio", "chocolate cake recipe with strawberries", 3)
-    assert all(item["score"] < 0.3 for item in weak)
+    items = library.search("alice", "reciprocal rank fusion", "biblio", 5)
+    assert items[0].doi == "10.1145/1571941.1572114"
+    assert all(0.0 <= item.score <= 1.0 for item in items)
+    assert items[0].score > 0.5  # a strong match is a strong score, whatever the query
+    weak = library.search("alice", "chocolate cake recipe with strawberries", "biblio", 3)
+    assert all(item.score < 0.3 for item in weak)
 
 
 @pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
 def test_filters_hold_in_every_mode(library, mode):
     years = SearchFilters(year_min=2019, year_max=2020)
-    in_range = library.search_items("alice", "biblio", "retrieval", 20, mode, years)
-    assert in_range and all(2019 <= i["metadata"]["structured_data"]["year"] <= 2020 for i in in_range)
-    by_author = library.search_items("alice", "biblio", "retrieval", 20, mode, SearchFilters(authors=("omar khattab",)))
+    in_range = library.search("alice", "retrieval", "biblio", 20, mode, years)
+    assert in_range and all(2019 <= i.year <= 2020 for i in in_range)
+    by_author = library.search("alice", "retrieval", "biblio", 20, mode, SearchFilters(authors=("omar khattab",)))
     assert titles(by_author) == [t for t in titles(by_author) if t.startswith("ColBERT")] and by_author
-    by_tag = library.search_items("alice", None, "retrieval", 20, mode, SearchFilters(tags=("RAG",)))
-    assert by_tag and all("rag" in [t.lower() for t in i["metadata"]["tags"]] for i in by_tag)
-    document = by_tag[0]["metadata"]["document_id"]
-    only = library.search_items("alice", None, "retrieval", 20, mode, SearchFilters(document_ids=(document,)))
-    assert {i["metadata"]["document_id"] for i in only} == {document}
+    by_tag = library.search("alice", "retrieval", None, 20, mode, SearchFilters(tags=("RAG",)))
+    assert by_tag and all("rag" in [t.lower() for t in i.tags] for i in by_tag)
+    document = by_tag[0].document_id
+    only = library.search("alice", "retrieval", None, 20, mode, SearchFilters(document_ids=(document,)))
+    assert {i.document_id for i in only} == {document}
 
 
 @pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
@@ -70,32 +71,32 @@ def test_isolation_in_every_mode(tmp_path, encoder, mode):
     ingest(library, "alice", [secret])
     ingest(library, "bob", [EXAMPLES])
     for kind in (None, "biblio", "highlight", "file"):
-        found = library.search_items("bob", kind, "zebrafish experiment confidential", 100, mode)
-        assert not any("zebrafish" in item["content"] for item in found)
-    assert library.search_items("carol", None, "zebrafish", 10, mode) == []
+        found = library.search("bob", "zebrafish experiment confidential", kind, 100, mode)
+        assert not any("zebrafish" in item.text for item in found)
+    assert library.search("carol", "zebrafish", None, 10, mode) == []
 
 
 def test_a_second_process_sees_writes_and_deletes(tmp_path, encoder):
     reader = Library(tmp_path / "lib", encoder=encoder)
-    assert reader.search_items("alice", None, "quokka marsupial", 5) == []
+    assert reader.search("alice", "quokka marsupial", None, 5) == []
     writer = Library(tmp_path / "lib", encoder=encoder)  # as `fedresearch ingest` beside a running server
     note = tmp_path / "quokka.md"
     note.write_text("# Quokka\n\nThe quokka is a small marsupial from Rottnest Island.\n")
     ingest(writer, "alice", [note])
     for mode in ("bm25", "dense"):
-        assert reader.search_items("alice", None, "quokka marsupial", 5, mode)[0]["content"].startswith("The quokka")
+        assert reader.search("alice", "quokka marsupial", None, 5, mode)[0].text.startswith("The quokka")
     writer.delete_document("alice", writer.list_documents("alice")[0].id)
     for mode in ("bm25", "dense", "hybrid"):
-        assert reader.search_items("alice", None, "quokka marsupial", 5, mode) == []
+        assert reader.search("alice", "quokka marsupial", None, 5, mode) == []
 
 
 def test_a_library_built_without_vectors_gets_them_on_the_next_ingest(tmp_path, encoder):
     plain = Library(tmp_path / "lib")
     ingest(plain, "alice", [EXAMPLES])
     upgraded = Library(tmp_path / "lib", encoder=encoder)
-    assert upgraded.search_items("alice", "biblio", "reciprocal rank fusion", 3)[0]["metadata"]["biblio_id"]
-    assert upgraded.search_items("alice", "biblio", "reciprocal rank fusion", 3, mode="dense") == []
+    assert upgraded.search("alice", "reciprocal rank fusion", "biblio", 3)[0].document_id
+    assert upgraded.search("alice", "reciprocal rank fusion", "biblio", 3, mode="dense") == []
     report = ingest(upgraded, "alice", [EXAMPLES])
     assert report.added == 0 and report.unchanged > 0
     query = "merging the ordered outputs of several search systems into one list"
-    assert any("Fusion" in t for t in titles(upgraded.search_items("alice", "biblio", query, 3, mode="dense")))
+    assert any("Fusion" in t for t in titles(upgraded.search("alice", query, "biblio", 3, mode="dense")))

@@ -1,39 +1,114 @@
-"""The installed project works outside the checkout: every module imports, the console script runs."""
+"""The built wheel installs one import name, `fedresearch`, and works beside unrelated code."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import site
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-NOT_SHIPPED = {"tests", "bench", "examples", "integrations", "build", "dist"}
 
 
-def project_modules() -> list[str]:
-    modules = [path.stem for path in ROOT.glob("*.py")]
-    packages = [path.parent.name for path in ROOT.glob("*/__init__.py") if path.parent.name not in NOT_SHIPPED]
-    return sorted(modules + packages)
+def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
 
 
-def test_every_module_imports_from_outside_the_checkout(tmp_path):
-    modules = project_modules()
-    assert {"server", "cli", "research", "core", "retrievers", "report", "library", "knowledge"} <= set(modules)
-    imports = "; ".join(f"import {name}" for name in modules)
-    done = subprocess.run([sys.executable, "-c", imports], cwd=tmp_path, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr  # a package missing from pyproject.toml fails here
+@pytest.fixture(scope="module")
+def fresh_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new venv holding only the wheel; its dependencies come from the test venv, appended after."""
+    work = tmp_path_factory.mktemp("wheel")
+    source = work / "source"  # a clean copy, so build leftovers never touch the checkout
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "data", "build", "*.egg-info"))
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(work), str(source)])
+    (wheel,) = work.glob("fedresearch-*.whl")
+    venv = work / "venv"
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    purelib = Path(
+        run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+        ).stdout.strip()
+    )
+    before = set(os.listdir(purelib))
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ]
+    )
+    (purelib / "added.txt").write_text("\n".join(sorted(set(os.listdir(purelib)) - before)))
+    # a plain path line: the test venv's packages become importable, but its editable fedresearch does not
+    (purelib / "zz_dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return venv
 
 
-def test_console_script_runs(tmp_path):
-    script = shutil.which("fedresearch", path=str(Path(sys.executable).parent))
-    assert script, "the fedresearch console script is not installed"
-    done = subprocess.run([script, "serve", "--help"], cwd=tmp_path, capture_output=True, text=True)
-    assert done.returncode == 0 and "--port" in done.stdout, done.stderr
+def unrelated_packages(folder: Path) -> Path:
+    for name in ("core", "library", "report", "retrievers", "web", "cli"):
+        package = folder / name
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(f"raise ImportError('someone else\\'s {name} was imported')\n")
+    return folder
 
 
-def test_env_example_lists_every_setting():
-    from core.settings import Settings
+def test_the_wheel_adds_only_the_fedresearch_namespace(fresh_install: Path) -> None:
+    purelib = next(fresh_install.glob("lib/python*/site-packages"))
+    added = set((purelib / "added.txt").read_text().split())
+    assert {name for name in added if not name.endswith(".dist-info")} == {"fedresearch"}
+    assert len([name for name in added if name.endswith(".dist-info")]) == 1
+    assert (purelib / "fedresearch" / "py.typed").is_file()
+    assert list((purelib / "fedresearch" / "report" / "templates").glob("*.md.j2"))
+
+
+def test_it_imports_and_serves_beside_unrelated_core_library_report(fresh_install: Path, tmp_path: Path) -> None:
+    folder = unrelated_packages(tmp_path / "project")
+    python = str(fresh_install / "bin" / "python")
+    modules = ["fedresearch.web.app", "fedresearch.cli", "fedresearch.retrievers", "fedresearch.library.embedded"]
+    run([python, "-c", "; ".join(f"import {m}" for m in modules)], cwd=folder)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "FEDRESEARCH_DATA_DIR": str(tmp_path / "data"), "FEDRESEARCH_EMBEDDINGS": "false"}
+    script = fresh_install / "bin" / "fedresearch"
+    server = subprocess.Popen([str(script), "serve", "--port", str(port)], cwd=folder, env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as answer:
+                    assert b"internal_biblio" in answer.read()
+                    break
+            except OSError:
+                assert server.poll() is None, server.stderr.read().decode() if server.stderr else ""
+                assert time.monotonic() < deadline, "the installed server did not answer"
+                time.sleep(0.2)
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
+
+
+def test_python_server_py_starts_the_server() -> None:
+    done = run([sys.executable, "server.py", "--help"], cwd=ROOT)
+    assert "--port" in done.stdout
+
+
+def test_env_example_lists_every_setting() -> None:
+    from fedresearch.core.settings import Settings
 
     names = {field.validation_alias for field in Settings.model_fields.values()}
     listed = {

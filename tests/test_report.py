@@ -6,9 +6,9 @@ import re
 
 import websockets
 
-from core.models import ReportType, SearchResult
-from report.writer import write_report
-from retrievers.fusion import fuse
+from fedresearch.core.models import ReportType, SearchResult
+from fedresearch.federation.fusion import fuse
+from fedresearch.report.writer import write_report
 from tests.conftest import make_settings, report_of, run_task
 
 CITATION = re.compile(r"\[(\d+)\]")

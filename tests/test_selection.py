@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import RequestError
-from core.models import ResearchRequest
-from core.settings import Settings
-from retrievers.registry import build_registry
-from retrievers.selection import plan_request
+from fedresearch.core.errors import RequestError
+from fedresearch.core.models import ResearchRequest
+from fedresearch.core.settings import Settings
+from fedresearch.federation.planning import plan_request
+from fedresearch.federation.registry import build_registry
+from fedresearch.retrievers import ADAPTERS
 from tests.conftest import make_settings
 
-REGISTRY = build_registry(Settings(_env_file=None))
+REGISTRY = build_registry(Settings(_env_file=None), ADAPTERS)
 
 
 def plan(tmp_path, headers, report_source=None, **settings):
@@ -31,14 +32,15 @@ def test_report_source_never_removes_a_named_retriever(tmp_path):
     assert chosen.names == ["internal_biblio", "tavily"]
 
 
+LIBRARY = ["internal_biblio", "internal_highlight", "internal_file"]
+
+
 def test_report_source_picks_defaults_only_when_none_named(tmp_path):
-    assert plan(tmp_path, {"user_id": "u"}, report_source="local").names == ["internal_biblio"]
-    assert plan(tmp_path, {}, report_source="web").names == ["google", "tavily"]  # none configured: all, to say why
+    assert plan(tmp_path, {"user_id": "u"}, report_source="local").names == LIBRARY
+    assert plan(tmp_path, {}, report_source="web").names == ["tavily", "google"]  # none configured: all, to say why
     assert plan(tmp_path, {}, report_source="web", tavily_api_key="k").names == ["tavily"]
-    assert plan(tmp_path, {"user_id": "u"}, report_source="hybrid", tavily_api_key="k").names == [
-        "internal_biblio",
-        "tavily",
-    ]
+    assert plan(tmp_path, {"user_id": "u"}, report_source="hybrid", tavily_api_key="k").names == [*LIBRARY, "tavily"]
+    assert plan(tmp_path, {"user_id": "u"}).names == LIBRARY  # DEFAULT_RETRIEVERS is `library`
     assert plan(tmp_path, {"user_id": "u"}, default_retrievers=["tavily", "internal_file"]).names == [
         "tavily",
         "internal_file",
@@ -61,5 +63,23 @@ def test_header_errors_are_precise(tmp_path):
 
 def test_per_request_keys_are_kept_out_of_the_repr(tmp_path):
     chosen = plan(tmp_path, {"retrievers": "tavily", "tavily_api_key": "tvly-secret"})
-    assert chosen.options.key("tavily_api_key", None) == "tvly-secret"
+    assert chosen.options.credential("tavily_api_key") == "tvly-secret"
     assert "tvly-secret" not in repr(chosen.options)
+
+
+def test_aliases_expand_inside_named_lists_and_unknown_names_list_them(tmp_path):
+    assert plan(tmp_path, {"retrievers": "library, tavily", "user_id": "u"}).names == [*LIBRARY, "tavily"]
+    assert plan(tmp_path, {"retrievers": "internal_file,library", "user_id": "u"}).names == [
+        "internal_file",
+        "internal_biblio",
+        "internal_highlight",
+    ]
+    with pytest.raises(RequestError, match=r"unknown retriever 'bing'.*aliases: library, scholar, web"):
+        plan(tmp_path, {"retrievers": "bing"})
+
+
+def test_an_adapter_sees_only_the_keys_it_declares(tmp_path):
+    chosen = plan(tmp_path, {"retrievers": "tavily,google", "tavily_api_key": "t", "google_api_key": "g"})
+    tavily, google = REGISTRY["tavily"].about, REGISTRY["google"].about
+    assert dict(chosen.options.for_adapter(tavily).credentials) == {"tavily_api_key": "t"}
+    assert dict(chosen.options.for_adapter(google).credentials) == {"google_api_key": "g"}

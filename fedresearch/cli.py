@@ -1,0 +1,175 @@
+"""`fedresearch`: serve, ingest, ask, and manage the library from a terminal."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from fedresearch.core.settings import Settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from fedresearch.web.app import serve
+
+    serve(Settings(), host=args.host, port=args.port)
+    return 0
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from fedresearch.library.ingest import ingest, walk
+    from fedresearch.library.open import open_library
+
+    settings = Settings()
+    library = open_library(settings)
+    paths = [Path(p) for p in args.paths]
+    total = sum(1 for _ in walk(paths))
+    passages = 0
+
+    def embedded(count: int) -> None:
+        nonlocal passages
+        passages += count
+        bar.set_postfix(passages=passages)
+
+    with tqdm(total=total, unit="file", desc="ingest", file=sys.stderr, disable=None) as bar:
+        report = ingest(
+            library,
+            args.user,
+            paths,
+            kind=args.type,
+            on_file=lambda _: bar.update(),
+            on_progress=embedded,
+            max_bytes=int(settings.ingest_max_file_mb * 1e6),
+        )
+    print(
+        f"{report.files} files: {report.added} documents added, {report.replaced} replaced, "
+        f"{report.unchanged} unchanged, {len(report.skipped)} skipped"
+    )
+    for reason in report.skipped:
+        print(f"  skipped {reason}")
+    return 1 if report.skipped and not (report.added or report.replaced or report.unchanged) else 0
+
+
+def _library(args: argparse.Namespace) -> int:
+    from fedresearch.library.embedded import Library
+
+    library = Library(Settings().library_dir)  # listing and deleting need no embedding model
+    if args.action == "list":
+        documents = library.list_documents(args.user)
+        for doc in documents:
+            print(f"{doc.id:>6}  {doc.kind:<9}  {doc.chunks:>4} chunks  {doc.title[:70]}")
+        print(f"{len(documents)} documents for {args.user}")
+        return 0
+    missing = [i for i in args.ids if not library.delete_document(args.user, i)]
+    for document_id in missing:
+        print(f"no document {document_id} for {args.user}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+async def _ask_over_ws(args: argparse.Namespace) -> int:
+    import websockets
+
+    settings = Settings()
+    base = args.server or f"ws://{settings.host}:{settings.port}"
+    url = base.rstrip("/") + "/ws"
+    # the key travels in a header: a query string ends up in access logs
+    auth = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    headers: dict[str, str] = {}
+    if args.retrievers:
+        headers["retrievers"] = args.retrievers
+    if args.user:
+        headers["user_id"] = args.user
+    if args.type:
+        headers["internal_api_type"] = args.type
+    task = {"task": args.question, "report_type": args.report_type, "headers": headers}
+    if args.report_source:
+        task["report_source"] = args.report_source
+    report: list[str] = []
+    async with websockets.connect(url, max_size=None, additional_headers=auth) as ws:
+        await ws.send("start " + json.dumps(task))
+        async for raw in ws:
+            frame = json.loads(raw)
+            kind = frame.get("type")
+            if kind == "logs":
+                print(frame.get("output", ""), file=sys.stderr)
+            elif kind == "report":
+                report.append(frame.get("output", ""))
+            elif kind == "error":
+                return 2  # its text arrives as a logs frame too, already printed
+            elif kind == "path":
+                print("".join(report))
+                http = base.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/")
+                for name, path in frame["output"].items():
+                    print(f"Saved {name}: {http}/{path}", file=sys.stderr)
+                return 0
+    print("the server closed the connection before the report was finished", file=sys.stderr)
+    return 1
+
+
+def _ask(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_ask_over_ws(args))
+    except OSError as error:
+        print(f"cannot reach the server: {error}", file=sys.stderr)
+        return 1
+
+
+def _add_ask(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ask = commands.add_parser("ask", help="run one research task on a running server")
+    ask.add_argument("question")
+    ask.add_argument("--retrievers", help="comma list or aliases, e.g. library,tavily,google")
+    ask.add_argument("--user")
+    ask.add_argument("--type", help="internal_api_type: biblio, highlight or File")
+    ask.add_argument(
+        "--report-type", default="research_report", choices=("research_report", "resource_report", "outline_report")
+    )
+    ask.add_argument("--report-source", choices=("web", "local", "hybrid"))
+    ask.add_argument("--server", help="ws://HOST:PORT (default: FEDRESEARCH_HOST/PORT)")
+    ask.add_argument("--token", help="API key, when the server requires one")
+    ask.set_defaults(run=_ask)
+
+
+def _add_library(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    library = commands.add_parser("library", help="list or delete a user's documents")
+    actions = library.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list")
+    listing.add_argument("--user", required=True)
+    delete = actions.add_parser("delete")
+    delete.add_argument("--user", required=True)
+    delete.add_argument("ids", nargs="+", type=int)
+    library.set_defaults(run=_library)
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="fedresearch", description="Federated research over your library and the web.")
+    commands = root.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the server")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.set_defaults(run=_serve)
+    ingest = commands.add_parser("ingest", help="add files or folders to a user's library")
+    ingest.add_argument("--user", required=True)
+    ingest.add_argument(
+        "--type",
+        default="highlight",
+        choices=("biblio", "highlight", "file"),
+        help="type for notes and text files (records are always biblio)",
+    )
+    ingest.add_argument("paths", nargs="+")
+    ingest.set_defaults(run=_ingest)
+    _add_ask(commands)
+    _add_library(commands)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Typed models shared by every floor: the request as parsed from a frame, and the normalized result."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fedresearch.core.text import split_commas
+
+LIBRARY_TYPES = ("biblio", "highlight", "file")
+
+
+def library_type(value: object) -> str | None:
+    """`biblio`, `highlight` or `file` for any casing (`File` included; empty means biblio); None if unknown."""
+    kind = str(value or "biblio").strip().lower()
+    return kind if kind in LIBRARY_TYPES else None
+
+
+class ReportType(StrEnum):
+    research_report = "research_report"
+    resource_report = "resource_report"
+    outline_report = "outline_report"
+
+
+class ReportSource(StrEnum):
+    web = "web"
+    local = "local"
+    hybrid = "hybrid"
+
+
+class ResearchRequest(BaseModel):
+    """A research task as a GPT-Researcher client sends it; unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    task: str = Field(min_length=1)
+    report_type: ReportType = ReportType.research_report
+    report_source: ReportSource | None = None
+    tone: str | None = None
+    source_urls: list[str] = Field(default_factory=list)
+    query_domains: list[str] = Field(default_factory=list)
+    max_search_results: int | None = Field(None, ge=1, le=50)
+    headers: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _strip_task(cls, value: object) -> object:
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("report_type", "report_source", mode="before")
+    @classmethod
+    def _lower_enum(cls, value: object) -> object:
+        if value == "":
+            return None
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("source_urls", "query_domains", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: object) -> object:
+        if value is None:
+            return []
+        return split_commas(value) if isinstance(value, str) else value
+
+    @field_validator("headers", mode="before")
+    @classmethod
+    def _headers_object(cls, value: object) -> object:
+        return {} if value is None else value
+
+    def header(self, name: str) -> str | None:
+        """A header as a trimmed string, or None when absent or blank."""
+        value = self.headers.get(name)
+        if value is None:
+            return None
+        text = str(value).strip()
+        return text or None
+
+
+SourceKind = Literal["library", "knowledge", "scholarly", "web"]
+SOURCE_KINDS: tuple[SourceKind, ...] = ("library", "knowledge", "scholarly", "web")  # the order reports use
+
+
+class SearchResult(BaseModel):
+    """One normalized result; `href` and `body` are what every consumer relies on.
+
+    `kind` is the kind of upstream that found it (the runner sets it from the adapter's `About`);
+    `cosine` is the library's similarity to the question, when the library found it.
+    """
+
+    href: str
+    body: str
+    title: str = ""
+    score: float | None = Field(None, ge=0.0, le=1.0)
+    retriever: str
+    rank: int = Field(ge=1)
+    kind: SourceKind = "web"
+    cosine: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RetrieverStatus(StrEnum):
+    done = "done"
+    failed = "failed"
+    skipped = "skipped"
+
+
+class RetrieverOutcome(BaseModel):
+    """How one retriever fared in one task (streamed to the client and saved with the report)."""
+
+    name: str
+    status: RetrieverStatus
+    count: int = 0
+    elapsed_ms: float = 0.0
+    error: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+    cached: bool = False
+    attempts: int = 1
+
+
+class FusedResult(BaseModel):
+    """A source after canonicalization and dedup: what the report cites."""
+
+    key: str
+    href: str
+    title: str
+    body: str
+    score: float
+    retrievers: list[str]
+    ranks: dict[str, int]
+    source_scores: dict[str, float] = Field(default_factory=dict)
+    kinds: list[SourceKind] = Field(default_factory=list)
+    cosine: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def kind(self) -> SourceKind:
+        """The kind a report files it under: the user's own sources first, then the scholarly record."""
+        return next((kind for kind in SOURCE_KINDS if kind in self.kinds), "web")

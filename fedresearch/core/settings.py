@@ -1,0 +1,143 @@
+"""Every operator setting, read from the environment or `.env` (the names are a contract with operators:
+`.env.example` lists each one with its default)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from fedresearch.core.text import split_commas
+
+CommaList = Annotated[list[str], NoDecode]
+
+
+def _split_commas(value: object) -> object:
+    return split_commas(value) if isinstance(value, str) else value
+
+
+def load_toml(path: Path, setting: str) -> dict[str, Any]:
+    """An operator's TOML file, or a ValueError naming the setting that points at it."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"{setting} ({path}): {error}") from error
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
+
+    host: str = Field("127.0.0.1", validation_alias="FEDRESEARCH_HOST")
+    port: int = Field(8000, validation_alias="FEDRESEARCH_PORT")
+    data_dir: Path = Field(Path("./data"), validation_alias="FEDRESEARCH_DATA_DIR")
+    default_retrievers: CommaList = Field(["library"], validation_alias="DEFAULT_RETRIEVERS")
+    default_user: str | None = Field(None, validation_alias="FEDRESEARCH_DEFAULT_USER")
+    retriever_timeout_s: float = Field(10.0, gt=0, validation_alias="RETRIEVER_TIMEOUT_S")
+    task_timeout_s: float = Field(60.0, gt=0, validation_alias="TASK_TIMEOUT_S")
+    retriever_weights: dict[str, float] = Field(
+        default_factory=dict,
+        validation_alias="RETRIEVER_WEIGHTS",
+        description="name=weight pairs for fusion, e.g. 'internal_biblio=1.5,google=0.8'",
+    )
+    max_search_results: int = Field(10, ge=1, le=50, validation_alias="MAX_SEARCH_RESULTS")
+    embeddings: bool = Field(True, validation_alias="FEDRESEARCH_EMBEDDINGS")
+
+    # limits
+    max_frame_bytes: int = Field(65536, ge=1024, validation_alias="MAX_FRAME_BYTES")
+    max_task_chars: int = Field(2000, ge=10, validation_alias="MAX_TASK_CHARS")
+    upstream_max_bytes: int = Field(5_000_000, ge=1024, validation_alias="UPSTREAM_MAX_BYTES")
+    max_tasks_per_key: int = Field(4, ge=1, validation_alias="MAX_TASKS_PER_KEY")
+    ingest_max_file_mb: float = Field(100.0, gt=0, validation_alias="INGEST_MAX_FILE_MB")
+
+    # upstream faults
+    retry_attempts: int = Field(2, ge=0, le=10, validation_alias="RETRY_ATTEMPTS")
+    breaker_suspend_s: float = Field(180.0, ge=0, validation_alias="BREAKER_SUSPEND_S")
+    breaker_error_threshold: int = Field(3, ge=1, validation_alias="BREAKER_ERROR_THRESHOLD")
+    breaker_error_suspend_s: float = Field(30.0, ge=0, validation_alias="BREAKER_ERROR_SUSPEND_S")
+    upstream_cache_ttl_s: float = Field(600.0, ge=0, validation_alias="UPSTREAM_CACHE_TTL_S")
+
+    internal_api_base_url: str | None = Field(None, validation_alias="INTERNAL_API_BASE_URL")
+    internal_api_key: SecretStr | None = Field(None, validation_alias="INTERNAL_API_KEY")
+    internal_api_timeout_s: float = Field(30.0, gt=0, validation_alias="INTERNAL_API_TIMEOUT_S")
+    internal_api_allowed_hosts: CommaList = Field([], validation_alias="INTERNAL_API_ALLOWED_HOSTS")
+
+    tavily_api_key: SecretStr | None = Field(None, validation_alias="TAVILY_API_KEY")
+    tavily_api_base_url: str = Field("https://api.tavily.com", validation_alias="TAVILY_API_BASE_URL")
+    google_api_key: SecretStr | None = Field(None, validation_alias="GOOGLE_API_KEY")
+    google_cx_key: SecretStr | None = Field(None, validation_alias="GOOGLE_CX_KEY")
+    google_api_base_url: str = Field("https://www.googleapis.com", validation_alias="GOOGLE_API_BASE_URL")
+
+    api_keys: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS")
+    api_keys_file: Path | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS_FILE")
+    knowledge_bases: Path | None = Field(None, validation_alias="FEDRESEARCH_KNOWLEDGE_BASES")
+    dify_upstreams: Path | None = Field(None, validation_alias="DIFY_UPSTREAMS")
+    webhook_url: str | None = Field(None, validation_alias="WEBHOOK_URL")
+    webhook_api_key: SecretStr | None = Field(None, validation_alias="WEBHOOK_API_KEY")
+
+    _split = field_validator("default_retrievers", "internal_api_allowed_hosts", mode="before")(
+        staticmethod(_split_commas)
+    )
+
+    @field_validator("default_retrievers", mode="after")
+    @classmethod
+    def _lower_names(cls, names: list[str]) -> list[str]:
+        return [name.lower() for name in names]
+
+    @field_validator("internal_api_allowed_hosts", mode="after")
+    @classmethod
+    def _lower_hosts(cls, hosts: list[str]) -> list[str]:
+        return [host.lower() for host in hosts]
+
+    @field_validator("retriever_weights", mode="before")
+    @classmethod
+    def _parse_weights(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        weights: dict[str, float] = {}
+        for pair in split_commas(value):
+            name, sep, weight = pair.partition("=")
+            if not sep:
+                raise ValueError(f"RETRIEVER_WEIGHTS entry {pair!r} is not name=weight")
+            weights[name.strip().lower()] = float(weight)
+        return weights
+
+    @field_validator(
+        "default_user",
+        "internal_api_base_url",
+        "webhook_url",
+        "api_keys_file",
+        "knowledge_bases",
+        "dify_upstreams",
+        mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator(
+        "internal_api_key",
+        "tavily_api_key",
+        "google_api_key",
+        "google_cx_key",
+        "api_keys",
+        "webhook_api_key",
+        mode="before",
+    )
+    @classmethod
+    def _empty_secret_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.data_dir / "reports"
+
+    @property
+    def library_dir(self) -> Path:
+        return self.data_dir / "library"
+
+
+def secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value is not None else None

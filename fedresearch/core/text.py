@@ -1,0 +1,74 @@
+"""Text helpers every floor shares: stopwords, sentences, CJK bigrams, token counts, lists, author names."""
+
+from __future__ import annotations
+
+import re
+
+# Dropped from full-text indexing and queries: long natural-language questions otherwise match
+# everything on "the" and "of" (CISI BM25 nDCG@10 0.297 -> 0.330, MED unchanged).
+_STOPWORD_LIST = """
+a about above after again against all am an and any are as at be because been before being below
+between both but by can could did do does doing down during each few for from further had has have
+having he her here hers herself him himself his how i if in into is it its itself just me more most
+my myself no nor not now of off on once only or other our ours ourselves out over own same she
+should so some such than that the their theirs them themselves then there these they this those
+through to too under until up very was we were what when where which while who whom why will with
+would you your yours yourself yourselves
+"""
+STOPWORDS = frozenset(_STOPWORD_LIST.split())
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])|(?<=[。！？])|\n+")
+_CJK_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]+")
+_TOKEN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]|\w+")
+
+
+def cjk_bigrams(text: str) -> list[str]:
+    """Overlapping character bigrams of every CJK run (a lone character stands for itself)."""
+    grams: list[str] = []
+    for run in _CJK_RUN.findall(text):
+        if len(run) == 1:
+            grams.append(run)
+        grams.extend(run[i : i + 2] for i in range(len(run) - 1))
+    return grams
+
+
+def tokens(text: str) -> list[str]:
+    """Words and single CJK characters: a rough token unit for chunk sizes."""
+    return _TOKEN.findall(text)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of prose: a stop followed by a capitalized start, a CJK stop, or a line break.
+
+    "e.g. the" and "3.5" stay whole because the next character must open a new sentence.
+    """
+    return [part.strip() for part in _SENTENCE_END.split(text) if part and part.strip()]
+
+
+def split_commas(value: str) -> list[str]:
+    """`"a, b,,c "` -> `["a", "b", "c"]`."""
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def unique_names(value: str) -> list[str]:
+    """A comma list of names: trimmed, lowercased, first occurrence kept."""
+    return list(dict.fromkeys(name.lower() for name in split_commas(value)))
+
+
+def author_names(value: object) -> list[str]:
+    """Author names from the shapes sources use: "A and B" or "A; B", or a list of names or of
+    objects with `name` (the literature API) or `given`/`family` (CSL-JSON)."""
+    if isinstance(value, str):
+        return [name.strip() for name in re.split(r"\s+and\s+|;", value) if name.strip()]
+    if not isinstance(value, list):
+        return []
+    names = []
+    for author in value:
+        if isinstance(author, dict):
+            name = author.get("name") or " ".join(
+                str(part) for part in (author.get("given"), author.get("family")) if part
+            )
+        else:
+            name = author
+        if isinstance(name, str) and name.strip():
+            names.append(name.strip())
+    return names

@@ -1,0 +1,128 @@
+"""From a request's headers to a validated plan: which retrievers run, for whom, with what options."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from fedresearch.core.errors import RequestError
+from fedresearch.core.models import ReportSource, ResearchRequest, SourceKind, library_type
+from fedresearch.core.settings import Settings
+from fedresearch.core.text import unique_names
+from fedresearch.federation.contract import Adapter, SearchOptions
+
+# names that stand for several retrievers, by the kind their About declares
+ALIASES: dict[str, SourceKind] = {"library": "library", "scholar": "scholarly", "web": "web"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    names: list[str]
+    options: SearchOptions
+
+
+def expand(name: str, registry: Mapping[str, Adapter], settings: Settings) -> list[str]:
+    """A retriever name, or the names an alias stands for. `web` means the configured web retrievers
+    (all of them when none is configured, so that each says why it is skipped)."""
+    kind = ALIASES.get(name)
+    if kind is None:
+        return [name]
+    members = [n for n, adapter in registry.items() if adapter.about.kind == kind]
+    if kind == "web":
+        configured = [n for n in members if registry[n].missing_setup(settings) is None]
+        return configured or members
+    return members
+
+
+def _defaults(request: ResearchRequest, settings: Settings) -> tuple[list[str], str]:
+    if request.report_source is None:
+        return list(settings.default_retrievers), "DEFAULT_RETRIEVERS"
+    names = {
+        ReportSource.local: ["library"],
+        ReportSource.web: ["web"],
+        ReportSource.hybrid: ["library", "web"],
+    }[request.report_source]
+    return names, f"report_source {request.report_source.value}"
+
+
+def known_names(registry: Mapping[str, Adapter]) -> str:
+    return f"{', '.join(registry)} (aliases: {', '.join(ALIASES)})"
+
+
+def choose_retrievers(request: ResearchRequest, settings: Settings, registry: Mapping[str, Adapter]) -> list[str]:
+    named = request.header("retrievers") or request.header("retriever")
+    names, origin = (unique_names(named), "headers.retrievers") if named else _defaults(request, settings)
+    if not names:
+        raise RequestError(f"no retriever named in {origin}; known retrievers: {known_names(registry)}")
+    unknown = [name for name in names if name not in registry and name not in ALIASES]
+    if unknown:
+        raise RequestError(
+            f"unknown retriever{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"in {origin}; known retrievers: {known_names(registry)}"
+        )
+    chosen = list(dict.fromkeys(member for name in names for member in expand(name, registry, settings)))
+    if not chosen:
+        raise RequestError(f"{origin} names no retriever this server offers; known retrievers: {known_names(registry)}")
+    return chosen
+
+
+def choose_user(
+    request: ResearchRequest, settings: Settings, needed_by: list[str], bound_user: str | None
+) -> str | None:
+    asked = request.header("user_id")
+    if bound_user is not None and asked is not None and asked != bound_user:
+        raise RequestError(f"this API key acts as user {bound_user!r} and cannot act as {asked!r}")
+    user = asked or bound_user or settings.default_user
+    if user is None and needed_by:
+        raise RequestError(
+            f"user_id is required by {', '.join(needed_by)}: send it in headers.user_id, "
+            "or set FEDRESEARCH_DEFAULT_USER on a single-user server"
+        )
+    return user
+
+
+def allowed_base_url(url: str, settings: Settings) -> str:
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower().rstrip(".")  # "localhost." is localhost
+    if parts.scheme not in ("http", "https") or not host:
+        raise RequestError("headers.internal_api_base_url must be an http(s) URL")
+    if host not in settings.internal_api_allowed_hosts:
+        raise RequestError(
+            f"headers.internal_api_base_url host {host!r} is not allowed: "
+            "the operator must add it to INTERNAL_API_ALLOWED_HOSTS"
+        )
+    return url
+
+
+def plan_request(
+    request: ResearchRequest,
+    settings: Settings,
+    registry: Mapping[str, Adapter],
+    bound_user: str | None = None,
+) -> Plan:
+    names = choose_retrievers(request, settings, registry)
+    needed_by = [name for name in names if registry[name].about.needs_user]
+    user = choose_user(request, settings, needed_by, bound_user)
+
+    kind = library_type(request.header("internal_api_type"))
+    if kind is None:
+        raise RequestError(
+            f"headers.internal_api_type {request.header('internal_api_type')!r} is not one of biblio, highlight, File"
+        )
+    base_url = request.header("internal_api_base_url")
+    if base_url is not None:
+        base_url = allowed_base_url(base_url, settings)
+
+    declared = {header for name in names for header in registry[name].about.credentials}
+    credentials = {header: value for header in sorted(declared) if (value := request.header(header))}
+    options = SearchOptions(
+        query=request.task,
+        max_results=request.max_search_results or settings.max_search_results,
+        user_id=user,
+        internal_api_type=kind,
+        internal_api_base_url=base_url,
+        query_domains=tuple(request.query_domains),
+        credentials=credentials,
+    )
+    return Plan(names=names, options=options)

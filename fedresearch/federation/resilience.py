@@ -1,0 +1,252 @@
+"""What stands between the federation and an upstream: a TTL cache, a circuit breaker, and retries.
+
+In the spirit of SearxNG's engine suspension: an upstream that rate-limits or refuses (429, 401,
+403, 432, 433) is suspended for BREAKER_SUSPEND_S, and one that keeps failing for a short while;
+while suspended it is skipped at once, with its reason, instead of waited for. State is per
+(upstream, credential), so one client's bad per-request key never suspends the upstream for others.
+Transient failures (5xx, connection errors, timeouts) are retried with jittered exponential
+backoff, and a 429 once after its Retry-After, but only while the retriever's deadline leaves room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from fedresearch.core.settings import Settings
+from fedresearch.federation.contract import Hits, RetrieverFailed, RetrieverSkipped, SearchOptions
+
+_REFUSED = {401, 403, 432, 433}
+T = TypeVar("T")
+
+
+class _Abandoned(Exception):
+    """A retry given up because the task's other retrievers are all done."""
+
+
+_BACKOFF_S = 0.1
+_CACHE_ENTRIES = 2048
+
+
+def failure_reason(failure: RetrieverFailed | None, timed_out: bool = False) -> str:
+    """A small, fixed vocabulary for metrics labels."""
+    if timed_out:
+        return "timeout"
+    if failure is None:
+        return "error"
+    if failure.status == 429:
+        return "rate_limited"
+    if failure.status in _REFUSED:
+        return "refused"
+    if failure.status is not None and failure.status >= 500:
+        return "server_error"
+    if failure.transient:
+        return "unreachable"
+    return "bad_answer"
+
+
+def credential_of(credentials: tuple[str, ...], options: SearchOptions) -> str:
+    """Which credential a call spends: the per-request keys the client sent for it, else the operator's."""
+    sent = [value for name in credentials if (value := options.credential(name))]
+    return hashlib.sha256("\0".join(sent).encode()).hexdigest()[:16] if sent else "operator"
+
+
+@dataclass
+class _Circuit:
+    failures: int = 0
+    open_until: float = 0.0
+    reason: str = ""
+
+
+class CircuitBreaker:
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.clock = clock
+        self._circuits: dict[tuple[str, str], _Circuit] = {}
+
+    def check(self, key: tuple[str, str]) -> None:
+        circuit = self._circuits.get(key)
+        if circuit is not None and circuit.open_until > self.clock():
+            remaining = circuit.open_until - self.clock()
+            raise RetrieverSkipped(f"suspended for another {remaining:.0f} s after: {circuit.reason}")
+
+    def succeeded(self, key: tuple[str, str]) -> None:
+        self._circuits.pop(key, None)
+
+    def failed(self, key: tuple[str, str], failure: RetrieverFailed) -> str | None:
+        """Record a failure; the suspension's reason when this one opens the circuit."""
+        circuit = self._circuits.setdefault(key, _Circuit())
+        circuit.failures += 1
+        if failure.status == 429 or failure.status in _REFUSED:
+            seconds = self.settings.breaker_suspend_s
+        elif circuit.failures >= self.settings.breaker_error_threshold:
+            seconds = self.settings.breaker_error_suspend_s
+        else:
+            return None
+        if seconds <= 0:
+            return None
+        circuit.open_until = self.clock() + seconds
+        circuit.reason = f"{failure} (suspended {seconds:g} s)"
+        return failure_reason(failure)
+
+
+class UpstreamCache:
+    """Answers of quota-spending upstreams, kept for UPSTREAM_CACHE_TTL_S."""
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._entries: OrderedDict[tuple[object, ...], tuple[float, Hits]] = OrderedDict()
+
+    @staticmethod
+    def key(name: str, credential: str, options: SearchOptions) -> tuple[object, ...]:
+        return (
+            name,
+            credential,
+            " ".join(options.query.split()).casefold(),
+            options.max_results,
+            options.query_domains,
+            options.user_id,
+            options.internal_api_type,
+            options.internal_api_base_url,
+        )
+
+    def get(self, key: tuple[object, ...]) -> Hits | None:
+        entry = self._entries.get(key)
+        if entry is None or entry[0] < self.clock():
+            self._entries.pop(key, None)
+            return None
+        self._entries.move_to_end(key)
+        return entry[1]
+
+    def put(self, key: tuple[object, ...], hits: Hits) -> None:
+        if self.ttl_s <= 0:
+            return
+        self._entries[key] = (self.clock() + self.ttl_s, hits)
+        while len(self._entries) > _CACHE_ENTRIES:
+            self._entries.popitem(last=False)
+
+
+@dataclass
+class Guarded:
+    hits: Hits
+    cached: bool
+    attempts: int
+
+
+class Guard:
+    """One per app: the breaker and cache shared by every task."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.breaker = CircuitBreaker(settings)
+        self.cache = UpstreamCache(settings.upstream_cache_ttl_s)
+
+    async def call(
+        self,
+        name: str,
+        cacheable: bool,
+        credentials: tuple[str, ...],
+        options: SearchOptions,
+        deadline_s: float,
+        search: Callable[[], Awaitable[Hits]],
+        on_suspended: Callable[[str], None] = lambda reason: None,
+        others_done: asyncio.Event | None = None,
+    ) -> Guarded:
+        """`others_done` set: the task's other retrievers have all answered, so a retry would only
+        make the task wait; one still pending is then abandoned and the failure reported."""
+        credential = credential_of(credentials, options)
+        circuit = (name, credential)
+        self.breaker.check(circuit)
+        cache_key = UpstreamCache.key(name, credential, options)
+        if cacheable and (hit := self.cache.get(cache_key)) is not None:
+            return Guarded(hit, cached=True, attempts=0)
+        hits, attempts = await self._attempts(search, circuit, time.monotonic() + deadline_s, on_suspended, others_done)
+        self.breaker.succeeded(circuit)
+        if cacheable:
+            self.cache.put(cache_key, hits)
+        return Guarded(hits, cached=False, attempts=attempts)
+
+    async def _attempts(
+        self,
+        search: Callable[[], Awaitable[Hits]],
+        circuit: tuple[str, str],
+        deadline: float,
+        on_suspended: Callable[[str], None],
+        others_done: asyncio.Event | None,
+    ) -> tuple[Hits, int]:
+        """The first answer of up to RETRY_ATTEMPTS + 1 tries, and how many it took."""
+        failure: RetrieverFailed | None = None
+        for attempt in itertools.count(1):
+            try:
+                hits = await (search() if failure is None else _unless(others_done, search))
+            except _Abandoned:
+                assert failure is not None
+                raise failure from None
+            except RetrieverFailed as error:
+                failure = error
+                await self._pause_or_raise(failure, attempt, circuit, deadline, on_suspended, others_done)
+                continue
+            return hits, attempt
+        raise AssertionError("unreachable")
+
+    async def _pause_or_raise(
+        self,
+        failure: RetrieverFailed,
+        attempt: int,
+        circuit: tuple[str, str],
+        deadline: float,
+        on_suspended: Callable[[str], None],
+        others_done: asyncio.Event | None,
+    ) -> None:
+        """Wait before the next try, or give up: record the failure with the breaker and raise it."""
+        wait = self._wait_before_retry(failure, attempt, deadline - time.monotonic())
+        if wait is None or (others_done is not None and others_done.is_set()):
+            if (reason := self.breaker.failed(circuit, failure)) is not None:
+                on_suspended(reason)
+            raise failure
+        try:
+            await _unless(others_done, lambda: asyncio.sleep(wait))
+        except _Abandoned:
+            self.breaker.failed(circuit, failure)
+            raise failure from None
+
+    def _wait_before_retry(self, failure: RetrieverFailed, attempt: int, remaining_s: float) -> float | None:
+        if attempt > self.settings.retry_attempts:
+            return None
+        if failure.status == 429:
+            wait = failure.retry_after
+            if wait is None or attempt > 1:
+                return None  # no Retry-After to honour, or already waited once: suspend instead
+        elif failure.transient:
+            wait = failure.retry_after or _BACKOFF_S * (2 ** (attempt - 1)) * (0.5 + random.random())
+        else:
+            return None
+        # only when the wait and a second try still fit inside the retriever's deadline
+        return wait if wait + 0.05 < remaining_s * 0.8 else None
+
+
+async def _unless(others_done: asyncio.Event | None, work: Callable[[], Awaitable[T]]) -> T:
+    """Run `work`, but give up (raise _Abandoned) as soon as `others_done` is set."""
+    if others_done is None:
+        return await work()
+    job = asyncio.ensure_future(work())
+    stop = asyncio.ensure_future(others_done.wait())
+    try:
+        await asyncio.wait({job, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if not job.done():
+        job.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await job
+        raise _Abandoned
+    return job.result()

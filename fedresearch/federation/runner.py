@@ -1,0 +1,247 @@
+"""Run the chosen adapters concurrently, each under its own deadline; none can sink the others.
+
+The runner owns every adapter's I/O: it sends what `build_request` asked for (over the shared
+aiohttp session, or to the embedded library in a thread), hands the answer to `parse_response`,
+sends the follow-up requests an answer calls for, and wraps it all in one deadline, the breaker,
+the cache and retries (resilience.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from fedresearch.core.events import Emit, ProgressEvent
+from fedresearch.core.metrics import Metrics
+from fedresearch.core.models import RetrieverOutcome, RetrieverStatus, SearchResult
+from fedresearch.core.settings import Settings
+from fedresearch.federation import http
+from fedresearch.federation.contract import (
+    Adapter,
+    Answer,
+    Hits,
+    HttpAnswer,
+    HttpRequest,
+    LibraryAnswer,
+    Request,
+    RetrieverFailed,
+    RetrieverSkipped,
+    SearchOptions,
+)
+from fedresearch.federation.resilience import Guard, Guarded, failure_reason
+from fedresearch.library.embedded import Library
+
+log = logging.getLogger(__name__)
+
+# an answer may call for more requests (pages, second steps); this bounds a misbehaving loop
+_MAX_REQUESTS = 10
+
+Deadline = tuple[float, str]  # seconds, and the setting that says so (for the message when it passes)
+
+
+@dataclass(frozen=True)
+class Deps:
+    """Everything the runner may use, passed in explicitly."""
+
+    session: aiohttp.ClientSession
+    settings: Settings
+    library: Library | None = None
+    guard: Guard | None = None
+    metrics: Metrics | None = None
+
+
+class DeadlineExceeded(RetrieverFailed):
+    def __init__(self, deadline: Deadline) -> None:
+        super().__init__(f"no answer within {deadline[0]:g} s ({deadline[1]})", transient=True)
+
+
+@dataclass
+class Federated:
+    outcomes: list[RetrieverOutcome] = field(default_factory=list)
+    results: list[SearchResult] = field(default_factory=list)
+
+
+async def send(adapter: Adapter, request: Request, deps: Deps) -> Answer:
+    if isinstance(request, HttpRequest):
+        limit = deps.settings.upstream_max_bytes
+        answer = await http.send(deps.session, request, label=adapter.label, limit=limit, results=adapter.about.results)
+        if answer.status >= 400:
+            raise _http_failure(adapter, answer)
+        return answer
+    if deps.library is None:
+        raise RetrieverFailed("the embedded library is not open on this server")
+    passages = await asyncio.to_thread(deps.library.search, request.user_id, request.query, request.kind, request.top_k)
+    return LibraryAnswer(request, passages)
+
+
+def _http_failure(adapter: Adapter, answer: HttpAnswer) -> RetrieverFailed:
+    retry_after = http.retry_after_seconds(answer.headers.get("Retry-After"))
+    return RetrieverFailed(adapter.describe_error(answer), status=answer.status, retry_after=retry_after)
+
+
+async def exchange(adapter: Adapter, first: Request, options: SearchOptions, deps: Deps) -> Hits:
+    """Send `first` and every follow-up its answers call for; results ranked 1..n, at most max_results."""
+    hits, pending, sent = Hits(), [first], 0
+    while pending and sent < _MAX_REQUESTS and len(hits.results) < options.max_results:
+        batch, pending = pending[: _MAX_REQUESTS - sent], []
+        sent += len(batch)
+        answers = await asyncio.gather(*(send(adapter, request, deps) for request in batch))
+        for answer in answers:
+            page = adapter.parse_response(answer, options)
+            hits.results.extend(page.results)
+            hits.warnings.extend(page.warnings)
+            pending.extend(page.follow)
+    hits.results = hits.results[: options.max_results]
+    for rank, result in enumerate(hits.results, start=1):
+        result.rank, result.kind = rank, adapter.about.kind
+    return hits
+
+
+def deadline_of(request: Request, settings: Settings, cap: Deadline | None) -> Deadline:
+    """The adapter's own deadline setting if it has one, else RETRIEVER_TIMEOUT_S; never past `cap`."""
+    own = getattr(request, "deadline", None) or (settings.retriever_timeout_s, "RETRIEVER_TIMEOUT_S")
+    return cap if cap is not None and cap[0] < own[0] else own
+
+
+async def search_one(
+    adapter: Adapter,
+    options: SearchOptions,
+    deps: Deps,
+    cap: Deadline | None = None,
+    others_done: asyncio.Event | None = None,
+) -> Guarded:
+    """One adapter's hits for `options`, under its deadline, the breaker, the cache and retries.
+
+    Raises RetrieverSkipped when it cannot run, RetrieverFailed (DeadlineExceeded past the deadline).
+    """
+    options = options.for_adapter(adapter.about)
+    first = adapter.build_request(options, deps.settings)
+    deadline = deadline_of(first, deps.settings, cap)
+    try:
+        async with asyncio.timeout(deadline[0]):
+            if deps.guard is None:
+                return Guarded(await exchange(adapter, first, options, deps), cached=False, attempts=1)
+            return await deps.guard.call(
+                adapter.name,
+                cacheable=adapter.about.kind != "library",  # remote upstreams spend quota or rate limits
+                credentials=adapter.about.credentials,
+                options=options,
+                deadline_s=deadline[0],
+                search=lambda: exchange(adapter, first, options, deps),
+                on_suspended=lambda reason: _count_suspension(deps.metrics, adapter.name, reason),
+                others_done=others_done,
+            )
+    except TimeoutError:
+        raise DeadlineExceeded(deadline) from None
+
+
+def _count_suspension(metrics: Metrics | None, name: str, reason: str) -> None:
+    if metrics is not None:
+        metrics.suspensions.labels(name, reason).inc()
+
+
+class _Elapsed:
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __call__(self) -> float:
+        return round((time.perf_counter() - self.started) * 1000, 1)
+
+
+async def _run_one(
+    adapter: Adapter,
+    options: SearchOptions,
+    deps: Deps,
+    cap: Deadline | None,
+    emit: Emit,
+    others_done: asyncio.Event | None = None,
+) -> tuple[RetrieverOutcome, list[SearchResult]]:
+    name = adapter.name
+    await emit(ProgressEvent("retriever_started", f"🔎 {name}: searching", {"retriever": name}))
+    elapsed = _Elapsed()
+    try:
+        guarded = await search_one(adapter, options, deps, cap, others_done)
+    except RetrieverSkipped as reason:
+        outcome = RetrieverOutcome(name=name, status=RetrieverStatus.skipped, error=str(reason))
+        await emit(ProgressEvent("retriever_skipped", f"⏭️ {name} skipped: {reason}", outcome.model_dump()))
+        return outcome, []
+    except RetrieverFailed as failure:
+        return await _failed(name, str(failure), failure, elapsed(), deps.metrics, emit), []
+    except Exception as failure:  # an adapter bug must not sink the task either
+        log.exception("retriever %s crashed", name)
+        message = f"internal error in the {name} adapter ({type(failure).__name__})"
+        return await _failed(name, message, None, elapsed(), deps.metrics, emit), []
+    return await _done(name, guarded, elapsed(), deps.metrics, emit), guarded.hits.results
+
+
+async def _done(
+    name: str, guarded: Guarded, elapsed_ms: float, metrics: Metrics | None, emit: Emit
+) -> RetrieverOutcome:
+    hits = guarded.hits
+    outcome = RetrieverOutcome(
+        name=name,
+        status=RetrieverStatus.done,
+        count=len(hits.results),
+        elapsed_ms=elapsed_ms,
+        warnings=hits.warnings,
+        cached=guarded.cached,
+        attempts=guarded.attempts,
+    )
+    if metrics is not None:
+        metrics.requests.labels(name).inc()
+        metrics.latency.labels(name).observe(elapsed_ms / 1000)
+        if guarded.cached:
+            metrics.cache_hits.labels(name).inc()
+    for warning in hits.warnings:
+        await emit(ProgressEvent("warning", f"⚠️ {name}: {warning}", {"retriever": name}))
+    how = " (cached)" if guarded.cached else f" after {guarded.attempts} tries" if guarded.attempts > 1 else ""
+    text = f"✅ {name}: {outcome.count} results in {elapsed_ms:.0f} ms{how}"
+    await emit(ProgressEvent("retriever_done", text, outcome.model_dump(exclude={"warnings"})))
+    return outcome
+
+
+async def _failed(
+    name: str, error: str, failure: RetrieverFailed | None, elapsed_ms: float, metrics: Metrics | None, emit: Emit
+) -> RetrieverOutcome:
+    outcome = RetrieverOutcome(name=name, status=RetrieverStatus.failed, elapsed_ms=elapsed_ms, error=error)
+    if metrics is not None:
+        metrics.requests.labels(name).inc()
+        metrics.failures.labels(name, failure_reason(failure, isinstance(failure, DeadlineExceeded))).inc()
+    await emit(ProgressEvent("retriever_failed", f"❌ {name} failed: {error}", outcome.model_dump()))
+    return outcome
+
+
+async def federate(
+    names: list[str],
+    registry: dict[str, Adapter],
+    options: SearchOptions,
+    deps: Deps,
+    emit: Emit,
+    cap: Deadline | None = None,
+) -> Federated:
+    """Outcomes and results in the order the retrievers were named."""
+    # each retriever learns when all the others have answered: its retries must not make the task wait
+    others_done = {name: asyncio.Event() for name in names} if len(names) > 1 else {}
+    finished: set[str] = set()
+
+    async def run(name: str) -> tuple[RetrieverOutcome, list[SearchResult]]:
+        try:
+            return await _run_one(registry[name], options, deps, cap, emit, others_done.get(name))
+        finally:
+            finished.add(name)
+            for other, event in others_done.items():
+                if other not in finished and finished >= set(names) - {other}:
+                    event.set()
+
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(run(name)) for name in names]
+    federated = Federated()
+    for task in tasks:
+        outcome, results = task.result()
+        federated.outcomes.append(outcome)
+        federated.results.extend(results)
+    return federated

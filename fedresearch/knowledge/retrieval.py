@@ -1,0 +1,123 @@
+"""Answer a knowledge base query: federate its retrievers, fuse, score on one scale, filter, cut.
+
+Scores mean the same thing in every answer: the cosine similarity between the query and the
+record's text under the library's embedding model (all-MiniLM-L6-v2), whichever retriever found
+the record, times the weight of the best retriever that found it relative to the knowledge base's
+largest weight (so with equal weights, the score is the cosine). Passages from the embedded
+library already carry that cosine; web and remote records are embedded here (snippets are short).
+Without the embedding model, the cosine is replaced by the best 0..1 score a retriever gave the
+record, or else by its RRF score as a fraction of the best attainable one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedresearch.core.events import discard
+from fedresearch.core.models import FusedResult
+from fedresearch.core.ranking import rrf
+from fedresearch.federation.contract import Adapter, SearchOptions
+from fedresearch.federation.fusion import fuse
+from fedresearch.federation.runner import Deps, federate
+from fedresearch.knowledge.api import RetrievalRequest
+from fedresearch.knowledge.bases import KnowledgeBase
+
+# Embedding records to score them happens after retrieval, inside Dify's 5 s: bound that work.
+_MAX_EMBEDDED = 20
+_SCORED_CHARS = 600
+
+
+@dataclass(frozen=True)
+class Record:
+    content: str
+    score: float
+    title: str
+    metadata: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"content": self.content, "score": round(self.score, 6), "title": self.title, "metadata": self.metadata}
+
+
+def _metadata(source: FusedResult) -> dict[str, Any]:
+    metadata = {key: value for key, value in source.metadata.items() if value is not None}
+    metadata.update(href=source.href, retrievers=list(source.retrievers), retriever=list(source.retrievers))
+    return metadata
+
+
+def _fallback_score(source: FusedResult, weights: dict[str, float], names: list[str]) -> float:
+    if source.source_scores:
+        return max(source.source_scores.values())
+    best = sum(rrf(1, weights.get(name, 1.0)) for name in names)
+    return min(1.0, source.score / best) if best else 0.0
+
+
+def _bounded(sources: list[FusedResult]) -> list[FusedResult]:
+    """All records that carry a cosine already, and the best-fused _MAX_EMBEDDED of the others."""
+    kept, embedded = [], 0
+    for source in sources:  # in fused order
+        if _calibrated(source) is None:
+            if embedded >= _MAX_EMBEDDED:
+                continue
+            embedded += 1
+        kept.append(source)
+    return kept
+
+
+def _calibrated(source: FusedResult) -> float | None:
+    """The score a record carries already on the common scale: the library's cosine, which only
+    library-kind adapters report; every other kind is embedded here."""
+    return source.cosine if "library" in source.kinds else None
+
+
+def calibrated_scores(
+    query: str, sources: list[FusedResult], deps: Deps, weights: dict[str, float], names: list[str]
+) -> list[float]:
+    encoder = deps.library.encoder if deps.library is not None else None
+    if encoder is None or deps.library is None:
+        return [_fallback_score(source, weights, names) for source in sources]
+    scores: list[float | None] = [_calibrated(source) for source in sources]
+    missing = [i for i, score in enumerate(scores) if score is None]
+    if missing:
+        query_vector = deps.library.query_vector(query)
+        texts = [f"{sources[i].title}\n{sources[i].body[:_SCORED_CHARS]}".strip() for i in missing]
+        vectors = encoder.encode(texts, batch_size=16)
+        for i, cosine in zip(missing, vectors @ query_vector, strict=True):
+            scores[i] = float(cosine)
+    return [float(np.clip(score, 0.0, 1.0)) for score in scores]  # type: ignore[arg-type]
+
+
+def weight_factor(source: FusedResult, weights: dict[str, float], names: list[str]) -> float:
+    largest = max(weights.get(name, 1.0) for name in names)
+    return max(weights.get(name, 1.0) for name in source.retrievers) / largest if largest > 0 else 1.0
+
+
+async def retrieve(
+    base: KnowledgeBase,
+    request: RetrievalRequest,
+    registry: dict[str, Adapter],
+    deps: Deps,
+) -> list[Record]:
+    top_k = request.retrieval_setting.top_k or base.top_k
+    threshold = request.retrieval_setting.score_threshold or 0.0
+    # Ask for more than top_k so the threshold still leaves enough; conditions are applied to the
+    # candidates, so with one the pool is as wide as a retriever allows.
+    wanted = 50 if request.metadata_condition is not None else min(50, max(10, top_k * 2))
+    options = SearchOptions(query=request.query, max_results=wanted, user_id=base.user_id)
+    cap = (base.timeout_s, f"timeout_s of knowledge base {base.id!r}")
+    federated = await federate(base.retrievers, registry, options, deps, discard, cap)
+    sources = fuse(federated.results, base.weights)
+    if request.metadata_condition is not None:
+        sources = [s for s in sources if request.metadata_condition.holds(_metadata(s))]
+    sources = _bounded(sources)
+    scores = await asyncio.to_thread(calibrated_scores, request.query, sources, deps, base.weights, base.retrievers)
+    records = [
+        Record(content=source.body, score=score, title=source.title or source.href, metadata=_metadata(source))
+        for source, cosine in zip(sources, scores, strict=True)
+        if (score := cosine * weight_factor(source, base.weights, base.retrievers)) >= threshold
+    ]
+    records.sort(key=lambda record: record.score, reverse=True)
+    return records[:top_k]

@@ -1,0 +1,170 @@
+"""The embedded library: SQLite is the store of record; a tantivy index and per-user vector matrices
+derive from it. Zero configuration, one process (or several readers), one disk.
+
+Every read takes a `user_id` first and puts it inside the query itself (an exact-match term in
+the index, a WHERE clause in SQL, one user's matrix for vectors), so no code path can search
+across users.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedresearch.library.chunking import chunk_sections
+from fedresearch.library.embeddings import Encoder
+from fedresearch.library.formats import KINDS, Document
+from fedresearch.library.fulltext import FullTextIndex
+from fedresearch.library.query_vectors import QueryVectors
+from fedresearch.library.records import DocumentInfo, Prepared, Records
+from fedresearch.library.search import Mode, Passage, SearchFilters, fuse_rankings
+from fedresearch.library.vectors import UserVectors, VectorCache
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class IngestOutcome:
+    added: int = 0
+    replaced: int = 0
+    unchanged: int = 0
+
+
+class Library:
+    def __init__(self, directory: Path, encoder: Encoder | None = None) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.encoder = encoder
+        self.records = Records(directory / "library.sqlite3")
+        self.index = FullTextIndex(directory / "index", self.records)
+        self._vectors = VectorCache(encoder.dims) if encoder is not None else None
+        self._query_vectors = QueryVectors(encoder) if encoder is not None else None
+        self._write_lock = threading.Lock()
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def add_documents(
+        self, user_id: str, documents: Iterable[Document], on_progress: Progress | None = None
+    ) -> IngestOutcome:
+        """Store documents in one transaction (unchanged ones are left alone, changed ones replaced).
+
+        Embedding runs before the transaction, so a crash at any point leaves either the old
+        state or the new one; the index catches up from the store on the next write.
+        """
+        documents = list(documents)
+        for document in documents:
+            if document.kind not in KINDS:
+                raise ValueError(f"unknown kind {document.kind!r}")
+        known = self.records.hashes(user_id, [d.source for d in documents])
+        fresh = [d for d in documents if known.get(d.source) != d.content_hash]
+        chunked = [(d, chunk_sections(d.sections)) for d in fresh]
+        texts = [embedding_text(d.title, c.heading, c.text) for d, chunks in chunked for c in chunks]
+        vectors = iter(self._embed(texts, on_progress))
+        prepared = [Prepared(d, chunks, [next(vectors) for _ in chunks]) for d, chunks in chunked]
+        with self._write_lock:
+            added, replaced = self.records.store(user_id, prepared)
+            self.index.catch_up(self.records)
+        self._embed_missing(user_id, on_progress)
+        return IngestOutcome(added=added, replaced=replaced, unchanged=len(documents) - len(fresh))
+
+    def _embed(self, texts: list[str], on_progress: Progress | None) -> list[bytes | None]:
+        if self.encoder is None:
+            return [None] * len(texts)
+        blobs: list[bytes | None] = []
+        for start in range(0, len(texts), 64):
+            batch = texts[start : start + 64]
+            blobs.extend(vector.tobytes() for vector in self.encoder.encode(batch, batch_size=8))
+            if on_progress is not None:
+                on_progress(len(batch))
+        return blobs
+
+    def _embed_missing(self, user_id: str, on_progress: Progress | None) -> None:
+        """Passages stored without a vector (before the model was installed) get one on the next ingest."""
+        if self.encoder is None:
+            return
+        rows = self.records.without_vectors(user_id)
+        if not rows:
+            return
+        vectors = self._embed([embedding_text(r["title"], r["heading"], r["text"]) for r in rows], on_progress)
+        with self._write_lock:
+            self.records.set_vectors(user_id, [(v, r["id"]) for v, r in zip(vectors, rows, strict=True)])
+
+    def delete_document(self, user_id: str, document_id: int) -> bool:
+        with self._write_lock:
+            deleted = self.records.delete(user_id, document_id)
+            if deleted:
+                self.index.delete_document(document_id)
+        return deleted
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def list_documents(self, user_id: str) -> list[DocumentInfo]:
+        return self.records.documents(user_id)
+
+    def query_vector(self, query: str) -> np.ndarray:
+        if self._query_vectors is None:
+            raise RuntimeError("no embedding model: query vectors need it; see the README's install notes")
+        return self._query_vectors(query)
+
+    def search(
+        self,
+        user_id: str,
+        query: str,
+        kind: str | None = None,
+        top_k: int = 10,
+        mode: Mode = "hybrid",
+        filters: SearchFilters | None = None,
+        candidates: int = 100,
+    ) -> list[Passage]:
+        """The user's best passages for `query`: BM25, exact vectors, or both fused with RRF."""
+        filters = filters or SearchFilters()
+        if top_k < 1 or not query.strip():
+            return []
+        limit = max(candidates, top_k)
+        bm25 = self.index.search(user_id, kind, query, filters, limit) if mode != "dense" else []
+        dense: list[tuple[int, float]] = []
+        query_vector = None
+        if mode != "bm25" and self._vectors is not None:
+            query_vector = self.query_vector(query)
+            rows = self._vectors.get(self.records, user_id)
+            dense = rows.search(query_vector, self._allowed(user_id, rows, kind, filters), limit)
+        elif mode == "dense":
+            raise RuntimeError("dense search needs the embedding model; see the README's install notes")
+        best = fuse_rankings(bm25, dense, top_k)
+        found = self.records.passages(user_id, [hit.chunk_id for hit in best])
+        passages = []
+        for hit in best:
+            row = found.get(hit.chunk_id)
+            if row is None:
+                continue  # left in the index by a removed document
+            if hit.cosine is None and query_vector is not None and row["vector"] is not None:
+                hit.cosine = float(np.frombuffer(row["vector"], dtype=np.float32) @ query_vector)
+            passages.append(Passage.of(row, hit))
+        return passages
+
+    def _allowed(self, user_id: str, rows: UserVectors, kind: str | None, filters: SearchFilters) -> np.ndarray | None:
+        """The vector rows the filters admit (None: all), the same filters the index applies."""
+        mask = None if kind is None else rows.kinds == kind
+
+        def both(extra: np.ndarray) -> np.ndarray:
+            return extra if mask is None else mask & extra
+
+        if filters.year_min is not None:
+            mask = both(rows.years >= filters.year_min)
+        if filters.year_max is not None:
+            mask = both((rows.years <= filters.year_max) & (rows.years > 0))
+        if filters.document_ids:
+            mask = both(np.isin(rows.document_ids, np.array(filters.document_ids, dtype=np.int64)))
+        for column, values in (("authors", filters.authors), ("tags", filters.tags)):
+            if values:
+                ids = self.records.document_ids_with(user_id, column, values)
+                mask = both(np.isin(rows.document_ids, np.array(ids, dtype=np.int64)))
+        return mask
+
+
+def embedding_text(title: str, heading: str, text: str) -> str:
+    heading = heading if heading != title else ""
+    return "\n".join(part for part in (title, heading, text) if part)

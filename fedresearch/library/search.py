@@ -1,0 +1,129 @@
+"""Hybrid search's pure parts: fusing the BM25 and vector rankings, and the typed passage it yields."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fedresearch.core.ranking import rrf
+
+Mode = Literal["hybrid", "bm25", "dense"]
+
+# BM25 is unbounded; this saturating map is only used when no vector exists for the passage.
+_BM25_HALF = 10.0
+
+
+@dataclass(frozen=True)
+class SearchFilters:
+    """Metadata filters, applied inside both the full-text and the vector search."""
+
+    year_min: int | None = None
+    year_max: int | None = None
+    authors: tuple[str, ...] = ()  # any of them (case-insensitive, exact name)
+    tags: tuple[str, ...] = ()  # any of them (case-insensitive)
+    document_ids: tuple[int, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return self == SearchFilters()
+
+
+@dataclass
+class Ranked:
+    """One passage's standing in the rankings being fused."""
+
+    chunk_id: int
+    rrf: float = 0.0
+    bm25: float | None = None
+    cosine: float | None = None
+    ranks: dict[str, int] = field(default_factory=dict)
+
+
+def fuse_rankings(bm25: Sequence[tuple[int, float]], dense: Sequence[tuple[int, float]], top_k: int) -> list[Ranked]:
+    """Reciprocal rank fusion of (chunk id, score) rankings, best `top_k` first."""
+    found: dict[int, Ranked] = {}
+    for rank, (chunk_id, score) in enumerate(bm25, start=1):
+        hit = found.setdefault(chunk_id, Ranked(chunk_id))
+        hit.bm25, hit.ranks["bm25"] = score, rank
+        hit.rrf += rrf(rank)
+    for rank, (chunk_id, cosine) in enumerate(dense, start=1):
+        hit = found.setdefault(chunk_id, Ranked(chunk_id))
+        hit.cosine, hit.ranks["dense"] = cosine, rank
+        hit.rrf += rrf(rank)
+    return sorted(found.values(), key=lambda hit: hit.rrf, reverse=True)[:top_k]
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One passage of a user's library as a search found it: the library's typed answer."""
+
+    chunk_id: int
+    document_id: int
+    kind: str
+    title: str
+    heading: str
+    text: str
+    page: int | None
+    position: int
+    authors: list[str]
+    year: int | None
+    doi: str | None
+    url: str | None
+    tags: list[str]
+    extra: dict[str, Any]
+    cosine: float | None  # similarity to the question under the library's encoder
+    bm25: float | None
+    rrf: float
+
+    @property
+    def source_id(self) -> tuple[str, str]:
+        """The id field and value naming the passage's source: a paper, a note section, a PDF page."""
+        if self.kind == "highlight":
+            return "highlight_id", str(self.chunk_id)
+        value = str(self.document_id)
+        if self.kind == "file" and self.page is not None:
+            value += f"#page={self.page}"
+        return f"{self.kind}_id", value
+
+    @property
+    def display_title(self) -> str:
+        """One note's (or file's) sections are separate sources: their heading joins the title."""
+        if self.kind != "biblio" and self.heading and self.heading != self.title:
+            return f"{self.title} › {self.heading}"
+        return self.title
+
+    @property
+    def score(self) -> float:
+        """A 0..1 score that means the same across queries: the passage's cosine similarity to the query.
+
+        Ranking uses RRF, whose values carry no meaning of their own; the reported score does not.
+        """
+        if self.cosine is not None:
+            return float(min(1.0, max(0.0, self.cosine)))
+        bm25 = self.bm25 or 0.0
+        return bm25 / (bm25 + _BM25_HALF)
+
+    @classmethod
+    def of(cls, row: sqlite3.Row, hit: Ranked) -> Passage:
+        return cls(
+            chunk_id=row["id"],
+            document_id=row["document_id"],
+            kind=row["kind"],
+            title=row["title"],
+            heading=row["heading"],
+            text=row["text"],
+            page=row["page"],
+            position=row["position"],
+            authors=json.loads(row["authors"]),
+            year=row["year"],
+            doi=row["doi"],
+            url=row["url"],
+            tags=json.loads(row["tags"]),
+            extra=json.loads(row["extra"]),
+            cosine=hit.cosine,
+            bm25=hit.bm25,
+            rrf=hit.rrf,
+        )

@@ -1,0 +1,104 @@
+"""The aiohttp app: its routes, the resources it opens at start (library, HTTP session, registry),
+and `serve`, which refuses to listen beyond loopback without API keys."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+import aiohttp
+from aiohttp import web
+
+from fedresearch.core.auth import ApiKeys, check_bind
+from fedresearch.core.metrics import Metrics
+from fedresearch.core.settings import Settings
+from fedresearch.federation.registry import AdapterFactory, build_registry
+from fedresearch.federation.resilience import Guard
+from fedresearch.federation.runner import Deps
+from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_bases
+from fedresearch.library.open import open_library
+from fedresearch.retrievers import ADAPTERS
+from fedresearch.web import dify, literature, reports, research_socket, status
+from fedresearch.web.keys import (
+    ADAPTER_FACTORIES,
+    DEPS,
+    KEYS,
+    KNOWLEDGE_BASES,
+    METRICS,
+    REGISTRY,
+    RUNNING,
+    SETTINGS,
+    SOCKETS,
+    OpenSocket,
+)
+
+log = logging.getLogger("fedresearch")
+
+
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    factories = app[ADAPTER_FACTORIES]
+    registry = build_registry(settings, factories)
+    bases = load_knowledge_bases(settings.knowledge_bases, set(registry))
+    app[KNOWLEDGE_BASES] = bases
+    app[KEYS] = app[KEYS].with_keys(knowledge_base_keys(bases))
+    library = await asyncio.to_thread(open_library, settings)
+    connector = aiohttp.TCPConnector(limit=200, limit_per_host=50)
+    timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
+        app[REGISTRY] = registry
+        app[DEPS] = Deps(
+            session=session, settings=settings, library=library, guard=Guard(settings), metrics=app[METRICS]
+        )
+        yield
+
+
+async def _close_sockets(app: web.Application) -> None:
+    open_sockets = app[SOCKETS]
+    sockets = list(open_sockets)
+    await asyncio.gather(*(socket.shut_down() for socket in sockets), return_exceptions=True)
+
+
+def create_app(settings: Settings | None = None, adapters: Sequence[AdapterFactory] = ADAPTERS) -> web.Application:
+    """The app; `adapters` is the registry tuple (a test may pass one with an adapter of its own)."""
+    settings = settings or Settings()
+    app = web.Application(client_max_size=1 << 20)
+    app[SETTINGS] = settings
+    app[ADAPTER_FACTORIES] = tuple(adapters)
+    app[KEYS] = ApiKeys.from_settings(settings)
+    app[METRICS] = Metrics()
+    sockets: set[OpenSocket] = set()
+    app[SOCKETS] = sockets
+    app[RUNNING] = collections.Counter()
+    app.cleanup_ctx.append(_resources)
+    app.on_shutdown.append(_close_sockets)
+    app.router.add_get("/", status.index)
+    app.router.add_get("/healthz", status.healthz)
+    app.router.add_get("/metrics", status.metrics)
+    app.router.add_get("/api/retrievers", status.retrievers)
+    app.router.add_get("/ws", research_socket.websocket)
+    app.router.add_post("/internal/biblios/vector_search/", literature.literature_api)
+    app.router.add_get("/reports/{name}", reports.report_file)
+    # Dify appends /retrieval to the endpoint a user typed, so a trailing slash there gives //retrieval
+    app.router.add_post("/retrieval", dify.retrieval)
+    app.router.add_post("//retrieval", dify.retrieval)
+    return app
+
+
+def serve(settings: Settings | None = None, host: str | None = None, port: int | None = None) -> None:
+    settings = settings or Settings()
+    host = host or settings.host
+    port = port or settings.port
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    keys = ApiKeys.from_settings(settings)
+    refusal = check_bind(host, keys)
+    if refusal:
+        raise SystemExit(refusal)
+    if not keys.enabled:
+        log.warning("no API keys configured (FEDRESEARCH_API_KEYS): listening on %s only", host)
+    # SIGTERM/SIGINT: stop accepting, tell clients (on_shutdown), then give handlers 10 s at most
+    web.run_app(
+        create_app(settings), host=host, port=port, shutdown_timeout=10, print=lambda text: log.info(text.strip())
+    )

@@ -1,0 +1,61 @@
+"""Dify's External Knowledge API at `POST /retrieval`: records from one knowledge base's federation,
+with Dify's own error codes (403 1001/1002, 404 2001) and its registration probes answered."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from fedresearch.core.auth import Principal, bearer_token
+from fedresearch.knowledge.api import RetrievalRequest
+from fedresearch.knowledge.bases import may_read
+from fedresearch.knowledge.retrieval import retrieve
+from fedresearch.web.auth import validation_message
+from fedresearch.web.keys import DEPS, KEYS, KNOWLEDGE_BASES, REGISTRY
+
+_MALFORMED = "Invalid Authorization header format. Expected 'Bearer <api-key>' format."
+
+
+def dify_error(kind: type[web.HTTPException], code: int, message: str) -> web.HTTPException:
+    return kind(text=json.dumps({"error_code": code, "error_msg": message}), content_type="application/json")
+
+
+def caller(request: web.Request) -> Principal | None:
+    """The caller of /retrieval, or None when no key was sent (403s use Dify's error codes)."""
+    header = request.headers.get("Authorization")
+    if header is None:
+        return None
+    token = bearer_token(header)
+    if token is None:
+        raise dify_error(web.HTTPForbidden, 1001, _MALFORMED)
+    keys = request.app[KEYS]
+    if not keys.enabled:
+        return Principal(None, admin=True)  # a loopback-only server without keys accepts any
+    principal = keys.authenticate(token)
+    if principal is None:
+        raise dify_error(web.HTTPForbidden, 1002, "Authorization failed")
+    return principal
+
+
+async def retrieval(request: web.Request) -> web.Response:
+    principal = caller(request)
+    raw = await request.read()
+    try:
+        body = RetrievalRequest.model_validate_json(raw) if raw.strip() else None
+    except ValidationError as error:
+        raise dify_error(web.HTTPBadRequest, 400, validation_message(error)) from None
+    if body is None or body.is_probe:
+        return web.json_response({"records": []})
+    if principal is None:
+        if request.app[KEYS].enabled:
+            raise dify_error(web.HTTPForbidden, 1001, _MALFORMED)
+        principal = Principal(None, admin=True)
+    base = request.app[KNOWLEDGE_BASES].get(body.knowledge_id)
+    if base is None:
+        raise dify_error(web.HTTPNotFound, 2001, "The knowledge does not exist")
+    if not may_read(principal, base):
+        raise dify_error(web.HTTPForbidden, 1002, "Authorization failed")
+    records = await retrieve(base, body, request.app[REGISTRY], request.app[DEPS])
+    return web.json_response({"records": [record.as_json() for record in records]})

@@ -1,0 +1,33 @@
+"""What the app holds for its handlers, under typed keys (built in app.py, read everywhere in web/)."""
+
+from __future__ import annotations
+
+import collections
+from typing import Protocol
+
+from aiohttp import web
+
+from fedresearch.core.auth import ApiKeys
+from fedresearch.core.metrics import Metrics
+from fedresearch.core.settings import Settings
+from fedresearch.federation.contract import Adapter
+from fedresearch.federation.registry import AdapterFactory
+from fedresearch.federation.runner import Deps
+from fedresearch.knowledge.bases import KnowledgeBase
+
+
+class OpenSocket(Protocol):
+    async def shut_down(self) -> None:
+        """The server is stopping: tell the client, stop its work, close."""
+        ...
+
+
+SETTINGS = web.AppKey("settings", Settings)
+KEYS = web.AppKey("keys", ApiKeys)
+METRICS = web.AppKey("metrics", Metrics)
+ADAPTER_FACTORIES = web.AppKey[tuple[AdapterFactory, ...]]("adapter_factories")
+REGISTRY = web.AppKey[dict[str, Adapter]]("registry")
+DEPS = web.AppKey("deps", Deps)
+KNOWLEDGE_BASES = web.AppKey[dict[str, KnowledgeBase]]("knowledge_bases")
+SOCKETS = web.AppKey[set[OpenSocket]]("sockets")
+RUNNING = web.AppKey[collections.Counter[str]]("running_per_key")

@@ -1,0 +1,81 @@
+"""The internal literature API, `POST /internal/biblios/vector_search/`, answered by the embedded
+library. This is the only place the API's JSON shape is built; in process, the library's typed
+passages go straight to the internal adapter."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from fedresearch.core.models import library_type
+from fedresearch.library.search import Passage
+from fedresearch.web.auth import json_error, principal_of, validation_message
+from fedresearch.web.keys import DEPS
+
+
+class LiteratureQuery(BaseModel):
+    """The request body the literature API takes (what `internal_*` adapters send)."""
+
+    type: str = "biblio"
+    user_id: str = Field(min_length=1)
+    query: str = Field(min_length=1)
+    top_k: int = Field(10, ge=1, le=100)
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _known_type(cls, value: object) -> object:
+        kind = library_type(value)
+        if kind is None:
+            raise ValueError("must be biblio, highlight or file")
+        return kind
+
+    @field_validator("user_id", "query", mode="before")
+    @classmethod
+    def _strip(cls, value: object) -> object:
+        return value.strip() if isinstance(value, str) else value
+
+
+def item_of(passage: Passage) -> dict[str, Any]:
+    """A passage in the literature API's item shape."""
+    id_field, identifier = passage.source_id
+    structured: dict[str, Any] = {
+        "title": passage.title if passage.kind != "highlight" else None,
+        "year": passage.year,
+        "authors": [{"name": name} for name in passage.authors],
+    }
+    if passage.doi and passage.kind != "highlight":
+        structured["doi"] = passage.doi
+    metadata: dict[str, Any] = {
+        id_field: identifier,
+        "document_id": passage.document_id,
+        "title": passage.display_title,
+        "structured_data": structured,
+        "section": passage.heading or None,
+        "page": passage.page,
+        "tags": passage.tags,
+        **passage.extra,
+    }
+    prefix = id_field.removesuffix("_id")
+    item = {"id": f"{prefix}:{identifier}", "content": passage.text, "score": round(passage.score, 6)}
+    item["metadata"] = metadata
+    if passage.url:
+        item["url"] = passage.url
+    return item
+
+
+async def literature_api(request: web.Request) -> web.Response:
+    principal = principal_of(request)
+    try:
+        body = LiteratureQuery.model_validate_json(await request.read())
+    except ValidationError as error:
+        raise json_error(web.HTTPBadRequest, validation_message(error)) from None
+    if not principal.admin and principal.user_id != body.user_id:
+        raise json_error(web.HTTPForbidden, f"this API key acts as user {principal.user_id!r} only")
+    library = request.app[DEPS].library
+    if library is None:
+        raise json_error(web.HTTPServiceUnavailable, "the embedded library is not open on this server")
+    passages = await asyncio.to_thread(library.search, body.user_id, body.query, body.type, body.top_k)
+    return web.json_response([item_of(passage) for passage in passages])

@@ -1,0 +1,183 @@
+"""GPT-Researcher's WebSocket protocol at /ws: text frames in, a task run, progress and the report out.
+
+Only transport lives here: a frame becomes a `ResearchRequest`, the plan and task come from the
+floors below, and their progress events go back out as `logs` frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from pydantic import ValidationError
+
+from fedresearch.core.auth import Principal
+from fedresearch.core.errors import RequestError
+from fedresearch.core.events import ProgressEvent
+from fedresearch.core.models import ResearchRequest
+from fedresearch.federation.planning import Plan, plan_request
+from fedresearch.report.task import run_research
+from fedresearch.web.auth import principal_of, validation_message
+from fedresearch.web.keys import DEPS, METRICS, REGISTRY, RUNNING, SETTINGS, SOCKETS
+
+log = logging.getLogger("fedresearch")
+
+_REPORT_CHUNK = 2000
+
+
+def parse_start(payload: str) -> ResearchRequest:
+    """The task of a `start` frame, or a RequestError saying exactly what is wrong with it."""
+    try:
+        body = json.loads(payload)
+    except json.JSONDecodeError as error:
+        raise RequestError(f"invalid JSON after start: {error.msg} at position {error.pos}") from None
+    if not isinstance(body, dict):
+        raise RequestError(f"start expects a JSON object, got {type(body).__name__}")
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        # "\ud800" is valid JSON but no text: it would fail later, in storage or in a reply
+        raise RequestError(
+            "invalid JSON after start: a \\u escape encodes a lone surrogate, which is not text"
+        ) from None
+    try:
+        return ResearchRequest.model_validate(body)
+    except ValidationError as error:
+        raise RequestError(validation_message(error)) from None
+
+
+class ResearchSocket:
+    """One client connection: at most one task at a time, cancelled when the socket closes."""
+
+    def __init__(self, ws: web.WebSocketResponse, app: web.Application, principal: Principal) -> None:
+        self.ws = ws
+        self.app = app
+        self.principal = principal
+        self.task: asyncio.Task[None] | None = None
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        if self.ws.closed:
+            return
+        with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
+            await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
+
+    async def log_event(self, event: ProgressEvent) -> None:
+        await self.send({"type": "logs", "content": event.step, "output": event.output, "metadata": event.metadata})
+
+    async def error(self, message: str) -> None:
+        # GPT-Researcher's page shows only logs frames, so every error is said both ways.
+        await self.send({"type": "error", "content": "error", "output": message})
+        await self.send({"type": "logs", "content": "error", "output": message, "metadata": None})
+
+    async def on_text(self, data: str) -> None:
+        limit = self.app[SETTINGS].max_frame_bytes
+        if len(data) > limit and len(data.encode()) > limit:
+            await self.error(f"frame of {len(data.encode())} bytes exceeds MAX_FRAME_BYTES ({limit})")
+            return
+        text = data.strip()
+        if text == "ping":
+            if not self.ws.closed:
+                await self.ws.send_str("pong")
+        elif text.startswith("start") or text.startswith("{"):
+            await self.start(text.removeprefix("start").strip())
+        elif text.startswith("chat"):
+            await self.error("chat is not supported by this server: send start {json} with a task")
+        else:
+            await self.error("Unknown command received by server: send ping, or start {json} with a task")
+
+    async def start(self, payload: str) -> None:
+        try:
+            request = parse_start(payload)
+            if self.task is not None and not self.task.done():
+                busy = {"type": "logs", "content": "warning", "output": "Task already running. Please wait."}
+                await self.send({**busy, "metadata": None})
+                return
+            plan = self._admit(request)
+        except RequestError as error:
+            await self.error(str(error))
+            return
+        self.app[RUNNING][self.principal.key_id] += 1  # counted now, so two sockets cannot both slip under the limit
+        self.task = asyncio.create_task(self.run(request, plan))
+
+    def _admit(self, request: ResearchRequest) -> Plan:
+        """The plan for `request`, if this caller may run it now."""
+        settings = self.app[SETTINGS]
+        if len(request.task) > settings.max_task_chars:
+            raise RequestError(f"task is {len(request.task)} characters; MAX_TASK_CHARS is {settings.max_task_chars}")
+        running = self.app[RUNNING][self.principal.key_id]
+        if running >= settings.max_tasks_per_key:
+            raise RequestError(
+                f"{running} tasks are already running for this API key "
+                f"(MAX_TASKS_PER_KEY={settings.max_tasks_per_key}); wait for one to finish"
+            )
+        bound = None if self.principal.admin else self.principal.user_id
+        registry = self.app[REGISTRY]
+        return plan_request(request, settings, registry, bound_user=bound)
+
+    async def run(self, request: ResearchRequest, plan: Plan) -> None:
+        self.app[METRICS].tasks.inc()
+        try:
+            await self._run(request, plan)
+        finally:
+            self.app[METRICS].tasks.dec()
+            self.app[RUNNING][self.principal.key_id] -= 1
+
+    async def _run(self, request: ResearchRequest, plan: Plan) -> None:
+        settings = self.app[SETTINGS]
+        try:
+            async with asyncio.timeout(settings.task_timeout_s):
+                outcome = await run_research(request, plan, self.app[REGISTRY], self.app[DEPS], self.log_event)
+        except TimeoutError:
+            await self.error(f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)")
+            return
+        except Exception:
+            log.exception("research task failed")
+            await self.error("internal error while running the task; the server log has the details")
+            return
+        markdown = outcome.markdown
+        for start in range(0, len(markdown), _REPORT_CHUNK):
+            await self.send({"type": "report", "output": markdown[start : start + _REPORT_CHUNK]})
+        files = {kind: f"reports/{name}" for kind, name in outcome.files.items()}
+        saved = f"📄 Report saved with {len(outcome.references)} references"
+        await self.log_event(ProgressEvent("report_written", saved, {"files": files}))
+        await self.send({"type": "path", "output": files})
+
+    async def shut_down(self) -> None:
+        """The server is stopping: say so, stop the task, close with 1001 (going away)."""
+        if self.task is not None and not self.task.done():
+            await self.error("the server is shutting down; the running task was stopped, please retry later")
+        await self.close()
+        await self.ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server shutting down")
+
+    async def close(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+
+async def websocket(request: web.Request) -> web.WebSocketResponse:
+    principal = principal_of(request)
+    # aiohttp's own cap closes the socket (1009); below it, MAX_FRAME_BYTES answers with an error frame
+    # no permessage-deflate: frames are small JSON, and compressing each cost ~12% of the server's CPU
+    ws = web.WebSocketResponse(heartbeat=30, max_msg_size=request.app[SETTINGS].max_frame_bytes * 16, compress=False)
+    await ws.prepare(request)
+    socket = ResearchSocket(ws, request.app, principal)
+    request.app[METRICS].sockets.inc()
+    request.app[SOCKETS].add(socket)
+    try:
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.TEXT:
+                await socket.on_text(message.data)
+            elif message.type == aiohttp.WSMsgType.BINARY:
+                await socket.error("binary frames are not supported: send text frames")
+    finally:
+        request.app[SOCKETS].discard(socket)
+        await socket.close()
+        request.app[METRICS].sockets.dec()
+    return ws

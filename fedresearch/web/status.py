@@ -1,0 +1,55 @@
+"""What the server is and how it fares: `/`, `/healthz`, `/metrics`, and `GET /api/retrievers`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from fedresearch.federation.planning import ALIASES
+from fedresearch.web.auth import principal_of
+from fedresearch.web.keys import METRICS, REGISTRY, SETTINGS
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].exposition(), content_type="text/plain", charset="utf-8")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY]
+    return web.json_response({"status": "ok", "retrievers": sorted(registry)})
+
+
+async def retrievers(request: web.Request) -> web.Response:
+    """Each retriever this server offers, what it is, and whether it can run without a per-request key."""
+    principal_of(request)
+    settings = request.app[SETTINGS]
+    listed: list[dict[str, Any]] = []
+    for name, adapter in request.app[REGISTRY].items():
+        missing = adapter.missing_setup(settings)
+        about = adapter.about
+        entry: dict[str, Any] = {"name": name, "kind": about.kind, "configured": missing is None}
+        if missing is not None:
+            entry["reason"] = missing
+        entry.update(
+            website=about.website,
+            needs_key=about.needs_key,
+            needs_user=about.needs_user,
+            credentials=list(about.credentials),
+        )
+        listed.append(entry)
+    return web.json_response({"retrievers": listed, "aliases": {alias: kind for alias, kind in ALIASES.items()}})
+
+
+async def index(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY]
+    names = ", ".join(sorted(registry))
+    return web.Response(
+        text=(
+            "fedresearch: federated research over your library and the web.\n"
+            "WebSocket research: /ws (GPT-Researcher protocol)\n"
+            "Literature API: POST /internal/biblios/vector_search/\n"
+            "Dify External Knowledge API: POST /retrieval\n"
+            f"Retrievers (GET /api/retrievers): {names}\n"
+        )
+    )
