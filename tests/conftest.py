@@ -37,6 +37,7 @@ def make_settings(tmp_path: Path, fakes: dict[str, FakeUpstream] | None = None, 
         "internal_api_base_url": None,
         "default_user": None,
         "api_keys": None,
+        "fetch_pages": False,  # the tests that read pages turn it on, with their own resolver
     }
     if fakes:
         values.update(
@@ -81,16 +82,27 @@ async def start_server() -> AsyncIterator[Callable[[Settings], Any]]:
 
 
 async def run_task(ws: Any, task: dict[str, Any], prefix: str = "start ") -> list[dict[str, Any]]:
-    """Send one task and collect frames up to its `path` frame or first `error` frame."""
+    """Send one task and collect frames up to its `path` frame, or a bad frame's `error` frame.
+
+    A task that cannot run says so with an error frame whose logs twin announces the short report
+    and `path` frame that follow."""
     await ws.send(prefix + json.dumps(task))
     frames = []
     while True:
         frame = json.loads(await ws.recv())
         frames.append(frame)
-        if frame.get("type") in ("path", "error"):
-            if frame.get("type") == "error":
-                frames.append(json.loads(await ws.recv()))  # its logs twin
+        if frame.get("type") == "path":
             return frames
+        if frame.get("type") == "error":
+            twin = json.loads(await ws.recv())
+            frames.append(twin)
+            if (twin.get("metadata") or {}).get("then") != "report":
+                return frames
+
+
+def error_of(frames: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first error frame of a task."""
+    return next(frame for frame in frames if frame.get("type") == "error")
 
 
 def report_of(frames: list[dict[str, Any]]) -> str:
@@ -107,7 +119,7 @@ async def search_with(adapter: Adapter, options: SearchOptions, settings: Settin
         return (await search_one(adapter, options, Deps(session, settings, library=library))).hits
 
 
-__all__ = ["EXAMPLES", "logs", "make_settings", "report_of", "run_task", "search_with", "websockets"]
+__all__ = ["EXAMPLES", "error_of", "logs", "make_settings", "report_of", "run_task", "search_with", "websockets"]
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ async def test_a_new_adapter_is_one_module_and_one_registry_line(tmp_path, fakes
     server = await start_server(make_settings(tmp_path, fakes), adapters=(*ADAPTERS, lambda settings: [adapter]))
     headers = {"retrievers": "scholar,tavily", "lab_token": "t-1", "tavily_api_key": FAKE_TAVILY_KEY}
     async with websockets.connect(server.ws_url) as ws:
-        frames = await run_task(ws, {"task": "rank fusion", "headers": headers})
+        frames = await run_task(ws, {"task": "rank fusion", "report_type": "resource_report", "headers": headers})
     assert {f["metadata"]["name"] for f in logs(frames, "retriever_done")} == {"lab", "tavily"}
     assert lab.requests[0]["query"] == {"query": "rank fusion"}
     assert adapter.seen_credentials == [{"lab_token": "t-1"}]  # never another adapter's key
@@ -83,11 +83,13 @@ async def test_internal_api_timeout_s_replaces_the_retriever_timeout_for_the_lit
 
 
 async def test_task_timeout_s_caps_retrievers_and_still_ends_with_a_report(tmp_path, fakes, start_server):
-    fakes["tavily"].behaviour.delay_s = 5.0
-    settings = make_settings(tmp_path, fakes, retriever_timeout_s=10, task_timeout_s=1.0, retry_attempts=0)
+    fakes["tavily"].behaviour.delay_s = 10.0
+    settings = make_settings(
+        tmp_path, fakes, retriever_timeout_s=20, task_timeout_s=4.0, retry_attempts=0, embeddings=False
+    )
     server = await start_server(settings)
     frames = await run_one(server, {"retrievers": "tavily,google"})
-    assert "no answer within 0.8 s (TASK_TIMEOUT_S)" in logs(frames, "retriever_failed")[0]["output"]
+    assert "no answer within 3.2 s (TASK_TIMEOUT_S)" in logs(frames, "retriever_failed")[0]["output"]
     assert frames[-1]["type"] == "path" and "Google result 1" in report_of(frames)
 
 

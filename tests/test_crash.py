@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -36,8 +37,9 @@ def test_sigkill_mid_ingest_then_rerun(tmp_path, encoder):
     ingest = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if db.exists() and count(db, "SELECT COUNT(*) FROM documents") >= 20:
-            break
+        with contextlib.suppress(sqlite3.OperationalError):  # the schema may not be written yet
+            if db.exists() and count(db, "SELECT COUNT(*) FROM documents") >= 20:
+                break
         time.sleep(0.05)
     ingest.send_signal(signal.SIGKILL)
     ingest.wait()

@@ -18,7 +18,7 @@ from fedresearch.federation.registry import build_registry
 from fedresearch.library.embedded import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.retrievers import ADAPTERS
-from tests.conftest import EXAMPLES, logs, make_settings, report_of, run_task
+from tests.conftest import EXAMPLES, error_of, logs, make_settings, report_of, run_task
 
 KEYS = "admin-key:*,alice-key:alice,bob-key:bob"
 
@@ -30,9 +30,9 @@ async def test_limits_give_clear_errors_and_the_socket_stays_usable(tmp_path, fa
         assert "exceeds MAX_FRAME_BYTES (2048)" in json.loads(await ws.recv())["output"]
         await ws.recv()
         frames = await run_task(ws, {"task": "why " * 20, "headers": {"retrievers": "tavily"}})
-        assert "MAX_TASK_CHARS is 50" in frames[-2]["output"]
+        assert "MAX_TASK_CHARS is 50" in error_of(frames)["output"]
         frames = await run_task(ws, {"task": "q", "max_search_results": 500, "headers": {"retrievers": "tavily"}})
-        assert "max_search_results" in frames[-2]["output"]
+        assert "max_search_results" in error_of(frames)["output"]
         frames = await run_task(ws, {"task": "short", "headers": {"retrievers": "tavily"}})
         assert frames[-1]["type"] == "path"
     async with websockets.connect(server.ws_url, max_size=None) as ws:  # past aiohttp's hard cap: 1009
@@ -92,7 +92,7 @@ async def test_websocket_needs_a_valid_key_and_a_key_acts_only_as_its_user(secur
                 "headers": {"retrievers": "internal_biblio,internal_highlight", "user_id": "bob"},
             },
         )
-        assert "acts as user 'alice' and cannot act as 'bob'" in frames[-2]["output"]
+        assert "acts as user 'alice' and cannot act as 'bob'" in error_of(frames)["output"]
         frames = await run_task(
             ws, {"task": "axolotl colony rank fusion", "headers": {"retrievers": "internal_biblio,internal_highlight"}}
         )

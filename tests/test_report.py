@@ -106,9 +106,37 @@ async def test_one_doi_from_three_retrievers_is_one_reference(tmp_path, fakes, s
     markdown = report_of(frames)
     references = check_invariants(markdown)
     assert len(references) == 1
-    assert next(iter(references.values())).endswith(f"https://doi.org/{doi}")
+    assert next(iter(references.values())).endswith(f"(https://doi.org/{doi})")
     import json
     from pathlib import Path
 
     record = json.loads((settings.reports_dir / Path(frames[-1]["output"]["json"]).name).read_text())
     assert sorted(record["sources"][0]["retrievers"]) == ["google", "internal_biblio", "tavily"]
+
+
+def test_diversify_keeps_one_source_or_one_point_from_filling_the_report():
+    from fedresearch.report.evidence import Evidence, Ranked, diversify
+
+    loud = fuse([SearchResult(href="https://loud.example", body="x", retriever="tavily", rank=1)])[0]
+    quiet = fuse([SearchResult(href="https://quiet.example", body="y", retriever="google", rank=1)])[0]
+    same = "Rank fusion merges lexical and dense rankings into one list for the reader."
+    ranked = [Ranked(Evidence(f"{same} Variant {i}.", loud, "snippet"), 1.0 - i * 0.01) for i in range(6)]
+    ranked.append(
+        Ranked(
+            Evidence("Dense retrieval embeds passages so meaning matches beyond shared words.", quiet, "snippet"), 0.8
+        )
+    )
+    chosen = diversify(ranked, k=3, per_source=3)
+    assert quiet.key in {r.evidence.source.key for r in chosen}  # relevant but different beats the fourth echo
+    assert sum(r.evidence.source.key == loud.key for r in chosen) <= 2
+
+
+def test_agreeing_sources_are_cited_together():
+    sentence = "Reciprocal rank fusion sums one over k plus rank across the input rankings."
+    results = [
+        SearchResult(href="https://a.example/rrf", title="A", body=sentence, retriever="tavily", rank=1),
+        SearchResult(href="https://b.example/rrf", title="B", body=sentence + " ", retriever="google", rank=1),
+    ]
+    markdown, references = write_report("reciprocal rank fusion", ReportType.research_report, fuse(results), [])
+    check_invariants(markdown)
+    assert len(references) == 2 and "[[1]](https://a.example/rrf)[[2]](https://b.example/rrf)" in markdown

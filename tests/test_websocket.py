@@ -7,7 +7,7 @@ import json
 
 import websockets
 
-from tests.conftest import logs, make_settings, report_of, run_task
+from tests.conftest import error_of, logs, make_settings, report_of, run_task
 
 TASK = {"task": "How does rank fusion combine lexical and dense retrieval?", "report_type": "research_report"}
 
@@ -62,12 +62,15 @@ async def test_unknown_retriever_then_a_valid_task_on_the_same_socket(tmp_path, 
     server = await start_server(make_settings(tmp_path, fakes, internal_api_base_url=fakes["internal"].url))
     async with websockets.connect(server.ws_url) as ws:
         frames = await run_task(ws, {**TASK, "headers": {"retrievers": "tavily,bing", "user_id": "u"}})
-        assert frames[-2]["type"] == "error"
-        message = frames[-2]["output"]
+        assert error_of(frames)["type"] == "error"
+        message = error_of(frames)["output"]
         assert "'bing'" in message
         for known in ("internal_biblio", "internal_highlight", "internal_file", "tavily", "google"):
             assert known in message
-        assert frames[-1] == {"type": "logs", "content": "error", "output": message, "metadata": None}
+        twin = frames[frames.index(error_of(frames)) + 1]
+        assert twin == {"type": "logs", "content": "error", "output": message, "metadata": {"then": "report"}}
+        # it ends as a finished task does on GPT-Researcher's page: a short report saying why, then path
+        assert frames[-1]["type"] == "path" and "could not run" in report_of(frames) and "'bing'" in report_of(frames)
         frames = await run_task(ws, {**TASK, "headers": {"retrievers": "tavily", "user_id": "u"}})
         assert frames[-1]["type"] == "path"
         assert "example.org/tavily/1" in report_of(frames)
@@ -79,8 +82,8 @@ async def test_missing_user_id_names_the_setting_and_the_default_user_works(tmp_
     server = await start_server(make_settings(tmp_path, fakes, **base))
     async with websockets.connect(server.ws_url) as ws:
         frames = await run_task(ws, {**TASK, "headers": {"retrievers": "internal_biblio"}})
-    message = frames[-2]["output"]
-    assert frames[-2]["type"] == "error"
+    message = error_of(frames)["output"]
+    assert error_of(frames)["type"] == "error"
     assert "user_id" in message and "FEDRESEARCH_DEFAULT_USER" in message
 
     server = await start_server(make_settings(tmp_path, fakes, default_user="solo", **base))

@@ -19,15 +19,33 @@ def library_type(value: object) -> str | None:
 
 
 class ReportType(StrEnum):
+    """GPT-Researcher's report types (gpt_researcher/utils/enum.py)."""
+
     research_report = "research_report"
     resource_report = "resource_report"
     outline_report = "outline_report"
+    custom_report = "custom_report"
+    detailed_report = "detailed_report"
+    subtopic_report = "subtopic_report"
+    deep = "deep"
+
+    @property
+    def decomposes(self) -> bool:
+        """Whether the question is split into sub-questions, each searched and written up on its own."""
+        return self in (ReportType.detailed_report, ReportType.deep)
 
 
 class ReportSource(StrEnum):
+    """GPT-Researcher's report sources. Those that name one of its own in-process document stores
+    (azure, langchain_*) mean "my documents" here: the user's library; `static` means the given URLs only."""
+
     web = "web"
     local = "local"
     hybrid = "hybrid"
+    azure = "azure"
+    langchain_documents = "langchain_documents"
+    langchain_vectorstore = "langchain_vectorstore"
+    static = "static"
 
 
 class ResearchRequest(BaseModel):
@@ -40,8 +58,12 @@ class ResearchRequest(BaseModel):
     report_source: ReportSource | None = None
     tone: str | None = None
     source_urls: list[str] = Field(default_factory=list)
+    complement_source_urls: bool = False
+    document_urls: list[str] = Field(default_factory=list)
     query_domains: list[str] = Field(default_factory=list)
     max_search_results: int | None = Field(None, ge=1, le=50)
+    language: str | None = None
+    agent: str | None = None
     headers: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("task", mode="before")
@@ -49,14 +71,33 @@ class ResearchRequest(BaseModel):
     def _strip_task(cls, value: object) -> object:
         return value.strip() if isinstance(value, str) else value
 
-    @field_validator("report_type", "report_source", mode="before")
+    @field_validator("report_type", mode="before")
+    @classmethod
+    def _report_type(cls, value: object) -> object:
+        if value is None or value == "":
+            return ReportType.research_report
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("report_source", mode="before")
     @classmethod
     def _lower_enum(cls, value: object) -> object:
         if value == "":
             return None
         return value.strip().lower() if isinstance(value, str) else value
 
-    @field_validator("source_urls", "query_domains", mode="before")
+    @field_validator("tone", "language", "agent", mode="before")
+    @classmethod
+    def _optional_text(cls, value: object) -> object:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        return value.strip() if isinstance(value, str) else str(value)
+
+    @field_validator("complement_source_urls", mode="before")
+    @classmethod
+    def _flag(cls, value: object) -> object:
+        return False if value is None or value == "" else value
+
+    @field_validator("source_urls", "document_urls", "query_domains", mode="before")
     @classmethod
     def _none_is_empty(cls, value: object) -> object:
         if value is None:

@@ -45,6 +45,14 @@ class Settings(BaseSettings):
     max_search_results: int = Field(10, ge=1, le=50, validation_alias="MAX_SEARCH_RESULTS")
     embeddings: bool = Field(True, validation_alias="FEDRESEARCH_EMBEDDINGS")
 
+    # reading the pages behind web results (and source_urls)
+    fetch_pages: bool = Field(True, validation_alias="FETCH_PAGES")
+    fetch_allowed_hosts: CommaList = Field([], validation_alias="FETCH_ALLOWED_HOSTS")
+    fetch_max_pages: int = Field(8, ge=0, le=50, validation_alias="FETCH_MAX_PAGES")
+    fetch_max_bytes: int = Field(5_000_000, ge=1024, validation_alias="FETCH_MAX_BYTES")
+    fetch_timeout_s: float = Field(8.0, gt=0, validation_alias="FETCH_TIMEOUT_S")
+    fetch_per_host: int = Field(2, ge=1, le=16, validation_alias="FETCH_PER_HOST")
+
     # limits
     max_frame_bytes: int = Field(65536, ge=1024, validation_alias="MAX_FRAME_BYTES")
     max_task_chars: int = Field(2000, ge=10, validation_alias="MAX_TASK_CHARS")
@@ -77,7 +85,7 @@ class Settings(BaseSettings):
     webhook_url: str | None = Field(None, validation_alias="WEBHOOK_URL")
     webhook_api_key: SecretStr | None = Field(None, validation_alias="WEBHOOK_API_KEY")
 
-    _split = field_validator("default_retrievers", "internal_api_allowed_hosts", mode="before")(
+    _split = field_validator("default_retrievers", "internal_api_allowed_hosts", "fetch_allowed_hosts", mode="before")(
         staticmethod(_split_commas)
     )
 
@@ -86,7 +94,7 @@ class Settings(BaseSettings):
     def _lower_names(cls, names: list[str]) -> list[str]:
         return [name.lower() for name in names]
 
-    @field_validator("internal_api_allowed_hosts", mode="after")
+    @field_validator("internal_api_allowed_hosts", "fetch_allowed_hosts", mode="after")
     @classmethod
     def _lower_hosts(cls, hosts: list[str]) -> list[str]:
         return [host.lower() for host in hosts]

@@ -16,10 +16,17 @@ from fedresearch.federation.contract import Adapter, SearchOptions
 ALIASES: dict[str, SourceKind] = {"library": "library", "scholar": "scholarly", "web": "web"}
 
 
+# GPT-Researcher's own document stores, which a client cannot hand over a socket: the user's library
+# is where their documents are here
+_MY_DOCUMENTS = (ReportSource.azure, ReportSource.langchain_documents, ReportSource.langchain_vectorstore)
+
+
 @dataclass(frozen=True)
 class Plan:
     names: list[str]
     options: SearchOptions
+    urls: tuple[str, ...] = ()  # pages to read whatever the retrievers find (source_urls, document_urls)
+    notes: tuple[str, ...] = ()  # how the request was read, said to the client as warnings
 
 
 def expand(name: str, registry: Mapping[str, Adapter], settings: Settings) -> list[str]:
@@ -36,14 +43,28 @@ def expand(name: str, registry: Mapping[str, Adapter], settings: Settings) -> li
 
 
 def _defaults(request: ResearchRequest, settings: Settings) -> tuple[list[str], str]:
-    if request.report_source is None:
+    source = request.report_source
+    if only_urls(request):
+        return [], "source_urls without complement_source_urls" if source is None else f"report_source {source}"
+    if source is None:
         return list(settings.default_retrievers), "DEFAULT_RETRIEVERS"
-    names = {
-        ReportSource.local: ["library"],
-        ReportSource.web: ["web"],
-        ReportSource.hybrid: ["library", "web"],
-    }[request.report_source]
-    return names, f"report_source {request.report_source.value}"
+    if source in _MY_DOCUMENTS:
+        return ["library"], f"report_source {source.value}"
+    names = {ReportSource.local: ["library"], ReportSource.web: ["web"], ReportSource.hybrid: ["library", "web"]}
+    return names[source], f"report_source {source.value}"
+
+
+def only_urls(request: ResearchRequest) -> bool:
+    """GPT-Researcher reads only the given pages for `static`, and for source_urls without complement."""
+    urls = bool(request.source_urls or request.document_urls)
+    return request.report_source is ReportSource.static or (urls and not request.complement_source_urls)
+
+
+def _notes(request: ResearchRequest) -> tuple[str, ...]:
+    source = request.report_source
+    if source in _MY_DOCUMENTS:
+        return (f"report_source {source}: your documents live in your fedresearch library, which was searched",)
+    return ()
 
 
 def known_names(registry: Mapping[str, Adapter]) -> str:
@@ -53,6 +74,10 @@ def known_names(registry: Mapping[str, Adapter]) -> str:
 def choose_retrievers(request: ResearchRequest, settings: Settings, registry: Mapping[str, Adapter]) -> list[str]:
     named = request.header("retrievers") or request.header("retriever")
     names, origin = (unique_names(named), "headers.retrievers") if named else _defaults(request, settings)
+    if not names and only_urls(request):
+        if not (request.source_urls or request.document_urls):
+            raise RequestError(f"{origin} reads only the pages in source_urls, and none was given")
+        return []
     if not names:
         raise RequestError(f"no retriever named in {origin}; known retrievers: {known_names(registry)}")
     unknown = [name for name in names if name not in registry and name not in ALIASES]
@@ -125,4 +150,5 @@ def plan_request(
         query_domains=tuple(request.query_domains),
         credentials=credentials,
     )
-    return Plan(names=names, options=options)
+    urls = tuple(dict.fromkeys([*request.source_urls, *request.document_urls]))
+    return Plan(names=names, options=options, urls=urls, notes=_notes(request))

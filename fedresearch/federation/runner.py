@@ -32,6 +32,7 @@ from fedresearch.federation.contract import (
     RetrieverSkipped,
     SearchOptions,
 )
+from fedresearch.federation.pages import PageReader
 from fedresearch.federation.resilience import Guard, Guarded, failure_reason
 from fedresearch.library.embedded import Library
 
@@ -52,6 +53,7 @@ class Deps:
     library: Library | None = None
     guard: Guard | None = None
     metrics: Metrics | None = None
+    pages: PageReader | None = None  # reads the pages behind results
 
 
 class DeadlineExceeded(RetrieverFailed):

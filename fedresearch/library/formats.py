@@ -314,13 +314,13 @@ def read_json(path: Path) -> list[Document]:
     return documents
 
 
-def read_pdf(path: Path, kind: str) -> list[Document]:
-    """One section per page, page numbers kept (pypdfium2: permissive licence, fast and exact)."""
+def pdf_sections(source: Path | bytes) -> list[Section]:
+    """One section per page with text, page numbers kept (pypdfium2: permissive licence, fast and exact)."""
     try:
-        pdf = pdfium.PdfDocument(str(path))
+        pdf = pdfium.PdfDocument(source if isinstance(source, bytes) else str(source))
     except pdfium.PdfiumError as error:
         reason = "encrypted (password protected)" if "password" in str(error).lower() else f"unreadable ({error})"
-        raise UnsupportedFile(f"{path}: PDF {reason}") from error
+        raise UnsupportedFile(f"PDF {reason}") from error
     try:
         sections = []
         for number in range(len(pdf)):
@@ -331,11 +331,23 @@ def read_pdf(path: Path, kind: str) -> list[Document]:
             page.close()
             if text:
                 sections.append(Section(text=text, page=number + 1))
-        metadata = pdf.get_metadata_dict()
     finally:
         pdf.close()
     if not sections:
-        raise UnsupportedFile(f"{path}: PDF has no extractable text (scanned or image-only; OCR it first)")
+        raise UnsupportedFile("PDF has no extractable text (scanned or image-only; OCR it first)")
+    return sections
+
+
+def read_pdf(path: Path, kind: str) -> list[Document]:
+    try:
+        sections = pdf_sections(path)
+        pdf = pdfium.PdfDocument(str(path))
+        try:
+            metadata = pdf.get_metadata_dict()
+        finally:
+            pdf.close()
+    except UnsupportedFile as error:
+        raise UnsupportedFile(f"{path}: {error}") from error
     title = (metadata.get("Title") or "").strip() or path.stem.replace("_", " ")
     return [
         Document(

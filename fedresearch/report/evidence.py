@@ -1,17 +1,28 @@
-"""Pick the sentences of the fused evidence that best answer the question (the extractive writer)."""
+"""Evidence for a report: passages from library hits, fetched pages and snippets, ranked against the
+question, diversified, and cut into the sentences (claims) the extractive writer cites."""
 
 from __future__ import annotations
 
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from fedresearch.core.models import FusedResult
+from fedresearch.core.ranking import rrf
 from fedresearch.core.text import STOPWORDS, cjk_bigrams, split_sentences
+from fedresearch.library.chunking import chunk_sections
+from fedresearch.library.formats import Section
 
 _WORD = re.compile(r"[a-z0-9]+")
 _CITATION_LIKE = re.compile(r"\[(\d+(?:\s*[,–-]\s*\d+)*)\]")
+_EMBEDDED_PASSAGES = 48  # dense scoring costs ~10-50 ms a passage on 2 cores: only the lexical best
+_PAGE_PASSAGE_TOKENS = 120
+
+Embed = Callable[[list[str]], np.ndarray]  # texts -> unit vectors (the library's encoder)
 
 
 def _stem(word: str) -> str:
@@ -29,7 +40,8 @@ def terms(text: str) -> list[str]:
 def clean_sentence(text: str) -> str:
     """One line of prose that cannot break the report: no headings, no stray citation markers."""
     text = " ".join(text.split())
-    text = re.sub(r"^[#>*\-\s]+", "", text)
+    text = re.sub(r"^[#>*\-|\s]+", "", text)
+    text = text.replace("[", "(").replace("]", ")").replace("|", "/")
     return _CITATION_LIKE.sub(r"(\1)", text)
 
 
@@ -46,52 +58,152 @@ def claim_sentences(text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Claim:
+class Evidence:
+    """One passage of evidence, where it came from, and where in its source it stands."""
+
     text: str
     source: FusedResult
-    score: float
+    origin: str  # library, snippet, or page (the fetched page behind the result)
+    page: int | None = None
     position: int = 0
+
+
+def gather(sources: Sequence[FusedResult], pages: dict[str, list[Section]]) -> list[Evidence]:
+    """Passages: a fetched page's text in ~120-token passages (page numbers kept), else the result's body."""
+    found: list[Evidence] = []
+    for source in sources:
+        sections = pages.get(source.key)
+        if sections:
+            for chunk in chunk_sections(sections, size=_PAGE_PASSAGE_TOKENS, overlap=0):
+                found.append(Evidence(chunk.text, source, "page", chunk.page, chunk.position))
+            if source.body and source.body not in (s.text for s in sections):
+                found.append(Evidence(source.body, source, "snippet", source.metadata.get("page"), 0))
+            continue
+        origin = "library" if source.kind == "library" else "snippet"
+        found.append(Evidence(source.body, source, origin, source.metadata.get("page"), 0))
+    return found
+
+
+@dataclass
+class Ranked:
+    evidence: Evidence
+    score: float
+    vector: np.ndarray | None = field(default=None, repr=False)
+
+
+def _lexical(question: str, passages: Sequence[Evidence]) -> list[float]:
+    wanted = set(terms(question))
+    bags = [terms(passage.text) for passage in passages]
+    frequency = Counter(term for bag in bags for term in set(bag))
+    total = len(passages)
+    scores = []
+    for bag in bags:
+        present = wanted.intersection(bag)
+        score = sum(math.log(1 + total / frequency[term]) for term in present)
+        scores.append(score / math.sqrt(max(len(set(bag)), 1)) ** 0.5)
+    return scores
+
+
+def rank(question: str, passages: Sequence[Evidence], embed: Embed | None = None) -> list[Ranked]:
+    """Passages best first: a lexical ranking and, with an encoder, a dense one, fused with the
+    library's RRF; the fused source's own standing (retrievers agreeing on it) breaks ties."""
+    if not passages:
+        return []
+    lexical = _lexical(question, passages)
+    order = sorted(range(len(passages)), key=lambda i: lexical[i], reverse=True)
+    fused = {i: rrf(rank + 1) for rank, i in enumerate(order)}
+    vectors: dict[int, np.ndarray] = {}
+    if embed is not None:
+        head = order[:_EMBEDDED_PASSAGES]
+        matrix = embed([question, *(passages[i].text[:1500] for i in head)])
+        cosines = matrix[1:] @ matrix[0]
+        for dense_rank, j in enumerate(np.argsort(-cosines), start=1):
+            fused[head[j]] += rrf(dense_rank)
+            vectors[head[j]] = matrix[1 + j]
+    best_source = max(p.source.score for p in passages) or 1.0
+    return sorted(
+        (Ranked(p, fused[i] + 0.002 * p.source.score / best_source, vectors.get(i)) for i, p in enumerate(passages)),
+        key=lambda r: r.score,
+        reverse=True,
+    )
+
+
+def _similarity(a: Ranked, b: Ranked) -> float:
+    if a.vector is not None and b.vector is not None:
+        return float(a.vector @ b.vector)
+    x, y = set(terms(a.evidence.text)), set(terms(b.evidence.text))
+    return len(x & y) / len(x | y) if x and y else 0.0
+
+
+def diversify(ranked: Sequence[Ranked], k: int, per_source: int = 3, balance: float = 0.7) -> list[Ranked]:
+    """Maximal marginal relevance: each pick trades relevance against likeness to what is already
+    picked, so one source (or one point made five times) cannot fill the report."""
+    if not ranked:
+        return []
+    top = ranked[0].score or 1.0
+    pool, used = list(ranked[: k * 4]), Counter[str]()
+    chosen: list[Ranked] = []
+    while pool and len(chosen) < k:
+        best, best_value = None, -math.inf
+        for candidate in pool:
+            if used[candidate.evidence.source.key] >= per_source:
+                continue
+            likeness = max((_similarity(candidate, other) for other in chosen), default=0.0)
+            value = balance * candidate.score / top - (1 - balance) * likeness
+            if value > best_value:
+                best, best_value = candidate, value
+        if best is None:
+            break
+        pool.remove(best)
+        chosen.append(best)
+        used[best.evidence.source.key] += 1
+    return chosen
+
+
+@dataclass
+class Claim:
+    """A sentence the report states, the sources that support it (agreeing ones cited together)."""
+
+    text: str
+    sources: list[FusedResult]
+    score: float
+    evidence: Evidence
+    position: int = 0
+    vector: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def source(self) -> FusedResult:
+        return self.sources[0]
 
 
 def _too_similar(a: set[str], b: set[str]) -> bool:
     return bool(a and b) and len(a & b) / len(a | b) > 0.6
 
 
-def select_claims(question: str, sources: list[FusedResult], max_claims: int = 10, per_source: int = 2) -> list[Claim]:
-    """The best sentences for the question, diverse across sources, best first."""
-    question_terms = set(terms(question))
-    candidates: list[tuple[str, FusedResult, list[str], int]] = []
-    for source in sources:
-        for position, sentence in enumerate(claim_sentences(source.body)):
-            candidates.append((sentence, source, terms(sentence), position))
-    if not candidates:
-        return []
-    document_frequency = Counter(term for _, _, words, _ in candidates for term in set(words))
-    total = len(candidates)
-    best_fused = max(source.score for source in sources) or 1.0
-
-    scored: list[Claim] = []
-    for sentence, source, words, position in candidates:
-        present = question_terms.intersection(words)
-        relevance = sum(math.log(1 + total / document_frequency[term]) for term in present)
-        relevance /= math.sqrt(max(len(set(words)), 1)) ** 0.5
-        prior = source.score / best_fused  # fused rank: sources several retrievers agree on rise
-        lead = 0.15 if position == 0 else 0.0  # a summary's first sentence usually states its point
-        scored.append(Claim(sentence, source, relevance + 0.5 * prior + lead, position))
-    scored.sort(key=lambda claim: claim.score, reverse=True)
-
-    chosen: list[Claim] = []
-    chosen_terms: list[set[str]] = []
-    used: Counter[str] = Counter()
-    for claim in scored:
-        if len(chosen) >= max_claims:
-            break
-        if used[claim.source.key] >= per_source:
+def select_claims(question: str, chosen: Sequence[Ranked], max_claims: int, per_passage: int = 2) -> list[Claim]:
+    """The best sentences of the chosen passages; a sentence another source also states cites both."""
+    wanted = set(terms(question))
+    candidates: list[Claim] = []
+    for rank_index, ranked in enumerate(chosen):
+        for position, sentence in enumerate(claim_sentences(ranked.evidence.text)):
+            overlap = len(wanted.intersection(terms(sentence))) / (len(wanted) or 1)
+            lead = 0.1 if position == 0 else 0.0  # a summary's first sentence usually states its point
+            score = ranked.score * 100 + overlap + lead - 0.01 * rank_index
+            candidates.append(
+                Claim(sentence, [ranked.evidence.source], score, ranked.evidence, position, ranked.vector)
+            )
+    candidates.sort(key=lambda claim: claim.score, reverse=True)
+    picked: list[tuple[Claim, set[str]]] = []
+    per: Counter[int] = Counter()
+    for claim in candidates:
+        words = set(terms(claim.text))
+        twin = next((kept for kept, kept_words in picked if _too_similar(words, kept_words)), None)
+        if twin is not None:
+            if claim.source.key not in {s.key for s in twin.sources}:
+                twin.sources.append(claim.source)  # another source states the same: cite it too
             continue
-        distinct = set(terms(claim.text))
-        if any(_too_similar(distinct, other) for other in chosen_terms):
+        if len(picked) >= max_claims or per[id(claim.evidence)] >= per_passage:
             continue
-        chosen.append(claim)
-        chosen_terms.append(distinct)
-        used[claim.source.key] += 1
-    return chosen
+        picked.append((claim, words))
+        per[id(claim.evidence)] += 1
+    return [claim for claim, _ in picked]

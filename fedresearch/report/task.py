@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,11 +16,16 @@ from fedresearch.federation.contract import Adapter
 from fedresearch.federation.fusion import fuse
 from fedresearch.federation.planning import Plan
 from fedresearch.federation.runner import Deps, federate
+from fedresearch.library.formats import Section
 from fedresearch.report.citations import Reference
+from fedresearch.report.planner import sub_questions
+from fedresearch.report.reading import read_pages, url_sources
 from fedresearch.report.store import save_report
-from fedresearch.report.writer import write_report
+from fedresearch.report.writer import Part, Writing, write_report
 
+# retrievers must leave part of the task's time for reading pages, writing and saving the report
 _RETRIEVAL_SHARE = 0.8
+_READING_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,56 @@ class ResearchOutcome:
     references: list[Reference]
     outcomes: list[RetrieverOutcome]
     retrieval_ms: float
+    writing: Writing = field(default_factory=Writing)
+
+
+def writing_for(request: ResearchRequest, deps: Deps, pages: dict[str, list[Section]] | None = None) -> Writing:
+    encoder = deps.library.encoder if deps.library is not None else None
+    embed = (lambda texts: encoder.encode(texts, batch_size=16)) if encoder is not None else None
+    return Writing(pages=pages or {}, embed=embed, language=request.language)
+
+
+async def gather_sources(
+    query: str, plan: Plan, registry: dict[str, Adapter], deps: Deps, emit: Emit
+) -> tuple[list[FusedResult], list[RetrieverOutcome]]:
+    """Every chosen retriever on `query`, fused; the request's own URLs first."""
+    settings = deps.settings
+    started = time.perf_counter()
+    cap = (round(settings.task_timeout_s * _RETRIEVAL_SHARE, 3), "TASK_TIMEOUT_S")
+    options = replace(plan.options, query=query)
+    federated = await federate(plan.names, registry, options, deps, emit, cap) if plan.names else None
+    results = federated.results if federated else []
+    merging = f"🧩 Merging {len(results)} results from {len(plan.names)} retrievers"
+    retrieval_ms = round((time.perf_counter() - started) * 1000, 1)
+    await emit(ProgressEvent("merging", merging, {"results": len(results), "retrieval_ms": retrieval_ms}))
+    own = url_sources(plan.urls)
+    fused = [s for s in fuse(results, settings.retriever_weights) if s.key not in {o.key for o in own}]
+    return own + fused, federated.outcomes if federated else []
+
+
+async def _parts(
+    request: ResearchRequest,
+    plan: Plan,
+    sources: list[FusedResult],
+    registry: dict[str, Adapter],
+    deps: Deps,
+    emit: Emit,
+) -> list[Part]:
+    """Detailed reports: each sub-question sent to every chosen retriever, all at once."""
+    questions = sub_questions(request.task, sources)
+    if not questions or not plan.names:
+        return []
+    listed = "; ".join(q.rsplit(" — ", 1)[-1] for q in questions)
+    await emit(ProgressEvent("planning", f"🗂️ Sub-questions: {listed}", {"sub_questions": questions}))
+    found = await asyncio.gather(*(gather_sources(q, plan, registry, deps, _quiet) for q in questions))
+    return [
+        Part(q.rsplit(" — ", 1)[-1].capitalize(), part_sources)
+        for q, (part_sources, _) in zip(questions, found, strict=True)
+    ]
+
+
+async def _quiet(_: ProgressEvent) -> None:
+    return None
 
 
 async def run_research(
@@ -42,7 +97,8 @@ async def run_research(
     emit: Emit,
 ) -> ResearchOutcome:
     settings: Settings = deps.settings
-    names = ", ".join(plan.names)
+    started = time.perf_counter()
+    names = ", ".join(plan.names) or "the given pages"
     await emit(
         ProgressEvent(
             "starting_research",
@@ -50,24 +106,29 @@ async def run_research(
             {"retrievers": plan.names, "user_id": plan.options.user_id},
         )
     )
-    started = time.perf_counter()
-    # retrievers must leave part of the task's time for writing and saving the report
-    cap = (round(settings.task_timeout_s * _RETRIEVAL_SHARE, 3), "TASK_TIMEOUT_S")
-    federated = await federate(plan.names, registry, plan.options, deps, emit, cap)
+    for note in plan.notes:
+        await emit(ProgressEvent("warning", f"⚠️ {note}"))
+    sources, outcomes = await gather_sources(request.task, plan, registry, deps, emit)
     retrieval_ms = round((time.perf_counter() - started) * 1000, 1)
-
-    merging = f"🧩 Merging {len(federated.results)} results from {len(plan.names)} retrievers"
-    await emit(ProgressEvent("merging", merging, {"results": len(federated.results), "retrieval_ms": retrieval_ms}))
-    sources = fuse(federated.results, settings.retriever_weights)
-
-    writing = f"✍️ Writing the {request.report_type.value} from {len(sources)} sources"
-    await emit(ProgressEvent("writing_report", writing))
-    markdown, references = write_report(request.task, request.report_type, sources, federated.outcomes)
-
+    parts = await _parts(request, plan, sources, registry, deps, emit) if request.report_type.decomposes else []
+    pages: dict[str, list[Section]] = {}
+    if settings.fetch_pages and deps.pages is not None:
+        budget = min(
+            settings.fetch_timeout_s + 1, settings.task_timeout_s * _READING_SHARE - (time.perf_counter() - started)
+        )
+        everything = sources + [s for part in parts for s in part.sources]
+        pages = await read_pages(deps.pages, everything, settings.fetch_max_pages + len(plan.urls), budget, emit)
+    writing = writing_for(request, deps, pages)
+    await emit(
+        ProgressEvent("writing_report", f"✍️ Writing the {request.report_type.value} from {len(sources)} sources")
+    )
+    markdown, references = await asyncio.to_thread(
+        write_report, request.task, request.report_type, sources, outcomes, writing, parts
+    )
     report_id = uuid.uuid4().hex
-    record = _record(report_id, request, markdown, references, federated.outcomes, retrieval_ms)
+    record = _record(report_id, request, markdown, references, outcomes, retrieval_ms)
     files = await asyncio.to_thread(save_report, settings.reports_dir, report_id, markdown, record)
-    return ResearchOutcome(report_id, markdown, files, sources, references, federated.outcomes, retrieval_ms)
+    return ResearchOutcome(report_id, markdown, files, sources, references, outcomes, retrieval_ms, writing)
 
 
 def _record(

@@ -1,15 +1,38 @@
-"""The extractive report writer: fused evidence in, markdown with inline citations out."""
+"""The extractive writer: evidence in, a report out (title, summary, sections by theme, citations).
+
+Offline and deterministic: every sentence is a sentence of a source, cited to it; sentences that
+several sources state cite them together; sections group claims by meaning and take their titles
+from their own words.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from fedresearch.core.identifiers import is_url
 from fedresearch.core.models import SOURCE_KINDS, FusedResult, ReportType, RetrieverOutcome, RetrieverStatus
+from fedresearch.core.text import STOPWORDS, cjk_bigrams
+from fedresearch.library.formats import Section
 from fedresearch.report.citations import Citations, Reference, display_title
-from fedresearch.report.evidence import Claim, claim_sentences, select_claims
+from fedresearch.report.evidence import (
+    Claim,
+    Embed,
+    claim_sentences,
+    clean_sentence,
+    diversify,
+    gather,
+    rank,
+    select_claims,
+    terms,
+)
+from fedresearch.report.language import Labels, labels_for
 
 _TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -19,48 +42,95 @@ _TEMPLATES = Environment(
     lstrip_blocks=True,
     keep_trailing_newline=True,
 )
-
-_HEADINGS = {
-    "library": "From your library",
-    "knowledge": "From your knowledge bases",
-    "scholarly": "From the scholarly record",
-    "web": "From the web",
-}
+_WORDS = re.compile(r"[A-Za-z][A-Za-z0-9\-]+")
+_MAX_THEMES = 5
+_SUMMARY_CLAIMS = 3
 
 
-@dataclass(frozen=True)
+@dataclass
+class Part:
+    """What one section (or, for detailed reports, one sub-question) is written from."""
+
+    title: str
+    sources: list[FusedResult]
+
+
+@dataclass
 class Paragraph:
     text: str
-    citations: list[int]
 
 
-@dataclass(frozen=True)
-class Group:
+@dataclass
+class Theme:
     heading: str
-    paragraphs: list[Paragraph]
+    paragraphs: list[Paragraph] = field(default_factory=list)
 
 
-def _grouped(claims: list[Claim], citations: Citations) -> list[Group]:
-    """One paragraph per source, sources in order of their best claim, the user's own sources first."""
-    groups = []
-    for kind in SOURCE_KINDS:
-        by_source: dict[str, list[Claim]] = {}
-        for claim in claims:
-            if claim.source.kind == kind:
-                by_source.setdefault(claim.source.key, []).append(claim)
-        paragraphs = [
-            Paragraph(
-                " ".join(claim.text for claim in sorted(group, key=lambda c: c.position)),
-                [citations.cite(group[0].source)],
-            )
-            for group in by_source.values()
-        ]
-        if paragraphs:
-            groups.append(Group(_HEADINGS[kind], paragraphs))
+def cite(claim: Claim, citations: Citations) -> str:
+    """The claim followed by its citations, each a link to the source when it has a URL."""
+    marks = []
+    for source in claim.sources:
+        number = citations.cite(source)
+        marks.append(f"[[{number}]]({source.href})" if is_url(source.href) else f"[{number}]")
+    return f"{claim.text} {''.join(marks)}"
+
+
+def _similar(a: Claim, b: Claim) -> float:
+    if a.vector is not None and b.vector is not None:
+        return float(a.vector @ b.vector)
+    x, y = set(terms(a.text)), set(terms(b.text))
+    return 2.5 * len(x & y) / len(x | y) if x and y else 0.0  # Jaccard runs lower than cosine
+
+
+def themes_of(claims: Sequence[Claim], limit: int = _MAX_THEMES, threshold: float = 0.45) -> list[list[Claim]]:
+    """Claims grouped by meaning: each joins the theme whose first claim it is most like, or starts one."""
+    groups: list[list[Claim]] = []
+    for claim in claims:
+        likeness = [_similar(claim, group[0]) for group in groups]
+        best = max(range(len(groups)), key=lambda i: likeness[i], default=None)
+        if best is not None and (likeness[best] >= threshold or len(groups) >= limit):
+            groups[best].append(claim)
+        else:
+            groups.append([claim])
     return groups
 
 
-def _coverage(outcomes: list[RetrieverOutcome]) -> list[str]:
+def _phrases(text: str) -> set[str]:
+    words = [w for w in _WORDS.findall(text) if w.lower() not in STOPWORDS and len(w) > 2]
+    return {f"{a} {b}" for a, b in itertools.pairwise(words)} | set(cjk_bigrams(text))
+
+
+def heading_of(group: Sequence[Claim], question: str, used: set[str]) -> str:
+    """A section title from the theme's own words: a phrase several of its claims (or their sources'
+    titles) share, else the title of its leading source."""
+    asked = {word.lower() for word in _WORDS.findall(question)}
+    shared: Counter[str] = Counter()
+    for claim in group:
+        shared.update(_phrases(f"{claim.text} {claim.source.title}"))
+    for phrase, uses in sorted(shared.items(), key=lambda item: (-item[1], -len(item[0]))):
+        novel = set(phrase.lower().split()) - asked
+        if uses >= 2 and novel and phrase.lower() not in used:
+            used.add(phrase.lower())
+            return phrase[0].upper() + phrase[1:]
+    title = display_title(group[0].source)
+    words = title.split()
+    heading = " ".join(words[:9]) + (" …" if len(words) > 9 else "")
+    used.add(heading.lower())
+    return heading
+
+
+def _paragraphs(group: Sequence[Claim], citations: Citations) -> list[Paragraph]:
+    """One paragraph per source within a theme, its sentences in the source's own order."""
+    by_source: dict[str, list[Claim]] = {}
+    for claim in group:
+        by_source.setdefault(claim.source.key, []).append(claim)
+    return [
+        Paragraph(" ".join(cite(c, citations) for c in sorted(claims, key=lambda c: (c.evidence.position, c.position))))
+        for claims in by_source.values()
+    ]
+
+
+def _coverage(outcomes: Sequence[RetrieverOutcome]) -> list[str]:
     lines = []
     for outcome in outcomes:
         if outcome.status is RetrieverStatus.done:
@@ -70,30 +140,92 @@ def _coverage(outcomes: list[RetrieverOutcome]) -> list[str]:
     return lines
 
 
+@dataclass
+class Writing:
+    """Everything a writer needs besides the sources: fetched pages, the encoder, the language."""
+
+    pages: dict[str, list[Section]] = field(default_factory=dict)
+    embed: Embed | None = None
+    language: str | None = None
+
+
+def _claims(question: str, sources: Sequence[FusedResult], writing: Writing, budget: int) -> list[Claim]:
+    ranked = rank(question, gather(sources, writing.pages), writing.embed)
+    return select_claims(question, diversify(ranked, k=budget, per_source=3), max_claims=budget)
+
+
+def _themes(question: str, claims: list[Claim], citations: Citations, titled: str | None = None) -> list[Theme]:
+    used: set[str] = set()
+    themes = []
+    for group in themes_of(claims) if titled is None else [claims]:
+        heading = titled or heading_of(group, question, used)
+        themes.append(Theme(heading, _paragraphs(group, citations)))
+    return themes
+
+
 def write_report(
     question: str,
     report_type: ReportType,
     sources: list[FusedResult],
-    outcomes: list[RetrieverOutcome],
+    outcomes: Sequence[RetrieverOutcome],
+    writing: Writing | None = None,
+    parts: Sequence[Part] | None = None,
 ) -> tuple[str, list[Reference]]:
-    """The report's markdown and the references it cites, in citation order."""
+    """The report's markdown and the references it cites, in citation order.
+
+    `parts` (detailed reports) gives one section per sub-question, each from its own sources.
+    """
+    writing = writing or Writing()
+    labels = labels_for(question, writing.language)
     citations = Citations()
-    context: dict[str, object] = {"question": question, "coverage": _coverage(outcomes)}
+    context: dict[str, object] = {"question": question, "coverage": _coverage(outcomes), "labels": labels}
     if report_type is ReportType.resource_report:
-        entries = []
-        for source in sources[:20]:
-            summary = " ".join(claim_sentences(source.body)[:2]) or source.body[:300]
-            entries.append(
-                {"number": citations.cite(source), "title": display_title(source), "summary": summary, "source": source}
-            )
-        context["entries"] = entries
+        context["entries"] = _resources(sources, citations, labels)
     elif report_type is ReportType.outline_report:
-        claims = select_claims(question, sources, max_claims=8, per_source=1)
-        context["groups"] = _grouped(claims, citations)
+        claims = _claims(question, sources, writing, budget=12)
+        context["themes"] = _themes(question, claims, citations)
     else:
-        claims = select_claims(question, sources)
-        context["groups"] = _grouped(claims, citations)
-        context["source_count"] = len(sources)
+        _research(question, sources, writing, parts, citations, context, detailed=report_type.decomposes)
+        report_type = ReportType.research_report
     context["references"] = citations.references
     markdown = _TEMPLATES.get_template(f"{report_type.value}.md.j2").render(**context)
     return markdown, citations.references
+
+
+def _research(
+    question: str,
+    sources: list[FusedResult],
+    writing: Writing,
+    parts: Sequence[Part] | None,
+    citations: Citations,
+    context: dict[str, object],
+    detailed: bool,
+) -> None:
+    budget = 14 if detailed else 24
+    claims = _claims(question, sources, writing, budget=budget)
+    summary, rest = claims[:_SUMMARY_CLAIMS], claims[_SUMMARY_CLAIMS:]
+    context["summary"] = " ".join(cite(claim, citations) for claim in summary)
+    themes = _themes(question, rest, citations) if rest else []
+    for part in parts or ():
+        part_claims = _claims(part.title, part.sources, writing, budget=10)
+        fresh = [c for c in part_claims if c.text not in {x.text for x in claims}]
+        if fresh:
+            themes.extend(_themes(part.title, fresh, citations, titled=part.title))
+    context["themes"] = themes
+    context["source_count"] = len(sources)
+
+
+def _resources(sources: Sequence[FusedResult], citations: Citations, labels: Labels) -> list[dict[str, object]]:
+    """Sources grouped by the kind of upstream that found them (`About.kind`), the user's own first."""
+    entries = []
+    listed = sorted(sources[:20], key=lambda source: SOURCE_KINDS.index(source.kind))
+    for source in listed:
+        summary = " ".join(claim_sentences(source.body)[:2]) or clean_sentence(source.body[:300])
+        number = citations.cite(source)
+        link = source.href if is_url(source.href) else None
+        entry = {"number": number, "title": display_title(source), "summary": summary, "source": source, "link": link}
+        entries.append({**entry, "group": labels.kinds[source.kind]})
+    return entries
+
+
+__all__ = ["Labels", "Part", "Writing", "write_report"]

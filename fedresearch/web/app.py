@@ -10,10 +10,12 @@ from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractResolver
 
 from fedresearch.core.auth import ApiKeys, check_bind
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.settings import Settings
+from fedresearch.federation.pages import PageReader
 from fedresearch.federation.registry import AdapterFactory, build_registry
 from fedresearch.federation.resilience import Guard
 from fedresearch.federation.runner import Deps
@@ -28,6 +30,7 @@ from fedresearch.web.keys import (
     KNOWLEDGE_BASES,
     METRICS,
     REGISTRY,
+    RESOLVER,
     RUNNING,
     SETTINGS,
     SOCKETS,
@@ -47,12 +50,21 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     library = await asyncio.to_thread(open_library, settings)
     connector = aiohttp.TCPConnector(limit=200, limit_per_host=50)
     timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
+    pages = PageReader(settings, resolver=app.get(RESOLVER))
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
         app[REGISTRY] = registry
         app[DEPS] = Deps(
-            session=session, settings=settings, library=library, guard=Guard(settings), metrics=app[METRICS]
+            session=session,
+            settings=settings,
+            library=library,
+            guard=Guard(settings),
+            metrics=app[METRICS],
+            pages=pages,
         )
-        yield
+        try:
+            yield
+        finally:
+            await pages.close()
 
 
 async def _close_sockets(app: web.Application) -> None:
@@ -61,10 +73,17 @@ async def _close_sockets(app: web.Application) -> None:
     await asyncio.gather(*(socket.shut_down() for socket in sockets), return_exceptions=True)
 
 
-def create_app(settings: Settings | None = None, adapters: Sequence[AdapterFactory] = ADAPTERS) -> web.Application:
-    """The app; `adapters` is the registry tuple (a test may pass one with an adapter of its own)."""
+def create_app(
+    settings: Settings | None = None,
+    adapters: Sequence[AdapterFactory] = ADAPTERS,
+    resolver: AbstractResolver | None = None,
+) -> web.Application:
+    """The app; `adapters` is the registry tuple (a test may pass one with an adapter of its own),
+    `resolver` resolves the hosts of pages to read (tests inject one; the SSRF check wraps it)."""
     settings = settings or Settings()
     app = web.Application(client_max_size=1 << 20)
+    if resolver is not None:
+        app[RESOLVER] = resolver
     app[SETTINGS] = settings
     app[ADAPTER_FACTORIES] = tuple(adapters)
     app[KEYS] = ApiKeys.from_settings(settings)

@@ -6,6 +6,7 @@ import collections
 from typing import Protocol
 
 from aiohttp import web
+from aiohttp.abc import AbstractResolver
 
 from fedresearch.core.auth import ApiKeys
 from fedresearch.core.metrics import Metrics
@@ -31,3 +32,4 @@ DEPS = web.AppKey("deps", Deps)
 KNOWLEDGE_BASES = web.AppKey[dict[str, KnowledgeBase]]("knowledge_bases")
 SOCKETS = web.AppKey[set[OpenSocket]]("sockets")
 RUNNING = web.AppKey[collections.Counter[str]]("running_per_key")
+RESOLVER = web.AppKey("resolver", AbstractResolver)

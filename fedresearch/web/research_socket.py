@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
+import uuid
 from typing import Any
 
 import aiohttp
@@ -21,13 +23,31 @@ from fedresearch.core.errors import RequestError
 from fedresearch.core.events import ProgressEvent
 from fedresearch.core.models import ResearchRequest
 from fedresearch.federation.planning import Plan, plan_request
-from fedresearch.report.task import run_research
+from fedresearch.report.chat import ChatSession
+from fedresearch.report.store import save_report
+from fedresearch.report.task import ResearchOutcome, run_research
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, METRICS, REGISTRY, RUNNING, SETTINGS, SOCKETS
 
 log = logging.getLogger("fedresearch")
 
 _REPORT_CHUNK = 2000
+
+
+def report_chunks(markdown: str, size: int = _REPORT_CHUNK) -> list[str]:
+    """The report in frames that end on paragraph boundaries (GPT-Researcher's page renders each frame
+    as its own block, so a frame must never end inside a word, a link or a table row); a paragraph
+    longer than `size` travels whole. The concatenation is the report."""
+    chunks: list[str] = []
+    current = ""
+    for paragraph in re.split(r"(?<=\n\n)", markdown):
+        if current and len(current) + len(paragraph) > size:
+            chunks.append(current)
+            current = ""
+        current += paragraph
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 def parse_start(payload: str) -> ResearchRequest:
@@ -59,6 +79,8 @@ class ResearchSocket:
         self.app = app
         self.principal = principal
         self.task: asyncio.Task[None] | None = None
+        self.last: ResearchOutcome | None = None
+        self.chat_session: ChatSession | None = None
 
     async def send(self, frame: dict[str, Any]) -> None:
         if self.ws.closed:
@@ -69,10 +91,10 @@ class ResearchSocket:
     async def log_event(self, event: ProgressEvent) -> None:
         await self.send({"type": "logs", "content": event.step, "output": event.output, "metadata": event.metadata})
 
-    async def error(self, message: str) -> None:
+    async def error(self, message: str, metadata: dict[str, Any] | None = None) -> None:
         # GPT-Researcher's page shows only logs frames, so every error is said both ways.
         await self.send({"type": "error", "content": "error", "output": message})
-        await self.send({"type": "logs", "content": "error", "output": message, "metadata": None})
+        await self.send({"type": "logs", "content": "error", "output": message, "metadata": metadata})
 
     async def on_text(self, data: str) -> None:
         limit = self.app[SETTINGS].max_frame_bytes
@@ -86,7 +108,7 @@ class ResearchSocket:
         elif text.startswith("start") or text.startswith("{"):
             await self.start(text.removeprefix("start").strip())
         elif text.startswith("chat"):
-            await self.error("chat is not supported by this server: send start {json} with a task")
+            await self.chat(text.removeprefix("chat").strip())
         else:
             await self.error("Unknown command received by server: send ping, or start {json} with a task")
 
@@ -97,9 +119,13 @@ class ResearchSocket:
                 busy = {"type": "logs", "content": "warning", "output": "Task already running. Please wait."}
                 await self.send({**busy, "metadata": None})
                 return
+        except RequestError as error:
+            await self.error(str(error))  # not a task at all: there is nothing to report on
+            return
+        try:
             plan = self._admit(request)
         except RequestError as error:
-            await self.error(str(error))
+            await self.cannot_run(request, str(error))
             return
         self.app[RUNNING][self.principal.key_id] += 1  # counted now, so two sockets cannot both slip under the limit
         self.task = asyncio.create_task(self.run(request, plan))
@@ -133,19 +159,52 @@ class ResearchSocket:
             async with asyncio.timeout(settings.task_timeout_s):
                 outcome = await run_research(request, plan, self.app[REGISTRY], self.app[DEPS], self.log_event)
         except TimeoutError:
-            await self.error(f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)")
+            late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"
+            await self.cannot_run(request, late)
             return
         except Exception:
             log.exception("research task failed")
-            await self.error("internal error while running the task; the server log has the details")
+            await self.cannot_run(request, "internal error while running the task; the server log has the details")
             return
-        markdown = outcome.markdown
-        for start in range(0, len(markdown), _REPORT_CHUNK):
-            await self.send({"type": "report", "output": markdown[start : start + _REPORT_CHUNK]})
-        files = {kind: f"reports/{name}" for kind, name in outcome.files.items()}
+        self.last = outcome
+        self.chat_session = ChatSession(request, plan, outcome)
         saved = f"📄 Report saved with {len(outcome.references)} references"
-        await self.log_event(ProgressEvent("report_written", saved, {"files": files}))
+        await self.deliver(outcome.markdown, outcome.files, saved)
+
+    async def deliver(self, markdown: str, saved: dict[str, str], message: str) -> None:
+        for chunk in report_chunks(markdown):
+            await self.send({"type": "report", "output": chunk})
+        files = {kind: f"reports/{name}" for kind, name in saved.items()}
+        await self.log_event(ProgressEvent("report_written", message, {"files": files}))
         await self.send({"type": "path", "output": files})
+
+    async def cannot_run(self, request: ResearchRequest, reason: str) -> None:
+        """A task that cannot run ends as a finished one does on GPT-Researcher's page: the error,
+        then a short report saying why, then `path`, so no client is left waiting."""
+        await self.error(reason, {"then": "report"})  # a report and `path` follow
+        markdown = f"# {request.task}\n\nThis research could not run: {reason}\n"
+        report_id = uuid.uuid4().hex
+        record = {"id": report_id, "question": request.task, "error": reason, "report": markdown}
+        saved = await asyncio.to_thread(save_report, self.app[SETTINGS].reports_dir, report_id, markdown, record)
+        await self.deliver(markdown, saved, "📄 Report saved: the research could not run")
+
+    async def chat(self, payload: str) -> None:
+        """GPT-Researcher's chat: answered from the last report's evidence, searching again if needed."""
+        try:
+            body = json.loads(payload) if payload else {}
+        except json.JSONDecodeError as error:
+            await self.error(f"invalid JSON after chat: {error.msg} at position {error.pos}")
+            return
+        message = body.get("message") if isinstance(body, dict) else None
+        if not isinstance(message, str) or not message.strip():
+            await self.error('chat expects {"message": "..."}')
+            return
+        if self.chat_session is None:
+            content = "Ask a research question first; then chat about its report here."
+            await self.send({"type": "chat", "content": content, "role": "assistant", "metadata": None})
+            return
+        answer = await self.chat_session.answer(message.strip(), self.app[REGISTRY], self.app[DEPS])
+        await self.send({"type": "chat", "content": answer.content, "role": "assistant", "metadata": answer.metadata})
 
     async def shut_down(self) -> None:
         """The server is stopping: say so, stop the task, close with 1001 (going away)."""

@@ -1,0 +1,104 @@
+"""Main-text extraction from web pages: candidates side by side on the same pages.
+
+Pages are built from real abstracts (../shared/datasets/med) wrapped in the boilerplate real sites
+carry (navigation, cookie banner, sidebar of related links, comments, footer, scripts and styles).
+For each extractor: ms per page, recall of the article's sentences, and how much boilerplate leaks.
+
+    python -m bench.extract [--pages 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+DATASET = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "med" / "corpus.jsonl"
+BOILERPLATE = [
+    "Subscribe to our newsletter for weekly updates",
+    "We use cookies to improve your experience",
+    "Copyright 2026 Example Health Media Group",
+    "Related articles you may have missed",
+    "Sign in to leave a comment on this story",
+    "Advertise with us and reach millions of readers",
+]
+
+
+def page(title: str, paragraphs: list[str], rng: random.Random) -> str:
+    nav = "".join(f'<li><a href="/section/{i}">Section {i} news</a></li>' for i in range(25))
+    related = "".join(f'<li><a href="/story/{rng.randint(1, 10**6)}">{BOILERPLATE[3]} {i}</a></li>' for i in range(8))
+    comments = "".join(f'<div class="comment"><p>{BOILERPLATE[4]}: great read {i}!</p></div>' for i in range(3))
+    body = "".join(f"<p>{p}</p>" for p in paragraphs)
+    return f"""<!doctype html><html><head><title>{title} | Example Health</title>
+<style>body{{font-family:sans-serif}} .nav li{{display:inline}}</style>
+<script>window.analytics = {{track: function(){{}}}}; var ads = "{BOILERPLATE[5]}";</script></head>
+<body><div class="cookie-banner">{BOILERPLATE[1]}. <button>Accept</button></div>
+<header><nav class="nav"><ul>{nav}</ul></nav><div class="promo">{BOILERPLATE[0]}</div></header>
+<main><article><h1>{title}</h1><p class="byline">By Staff Writer, 3 May 2026</p>{body}</article>
+<aside class="sidebar"><h3>Related</h3><ul>{related}</ul></aside><section class="comments">{comments}</section></main>
+<footer><p>{BOILERPLATE[2]}. All rights reserved.</p><p>{BOILERPLATE[5]}</p></footer></body></html>"""
+
+
+def extractors() -> dict[str, Callable[[str], str]]:
+    found: dict[str, Callable[[str], str]] = {}
+    try:
+        import trafilatura
+
+        found["trafilatura"] = lambda html: (
+            trafilatura.extract(html, include_comments=False, favor_precision=True) or ""
+        )
+    except ImportError:
+        pass
+    try:
+        from lxml import html as lxml_html
+        from readability import Document
+
+        def readability_text(markup: str) -> str:
+            return lxml_html.fromstring(Document(markup).summary()).text_content()
+
+        found["readability-lxml"] = readability_text
+    except ImportError:
+        pass
+    try:
+        from resiliparse.extract.html2text import extract_plain_text
+        from resiliparse.parse.html import HTMLTree
+
+        found["resiliparse"] = lambda html: extract_plain_text(HTMLTree.parse(html), main_content=True)
+    except ImportError:
+        pass
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pages", type=int, default=200)
+    args = parser.parse_args()
+    rng = random.Random(7)
+    records = [json.loads(line) for line in DATASET.read_text().splitlines()[: args.pages * 3]]
+    pages = []
+    for i in range(args.pages):
+        chosen = records[i * 3 : i * 3 + 3]
+        paragraphs = [r["text"] for r in chosen if r.get("text")]
+        pages.append((page(chosen[0].get("title") or f"Study {i}", paragraphs, rng), paragraphs))
+    print(f"{len(pages)} pages, {statistics.mean(len(h) for h, _ in pages) / 1000:.1f} kB each on average")
+    for name, extract in extractors().items():
+        times, recalls, leaks = [], [], []
+        for markup, paragraphs in pages:
+            started = time.perf_counter()
+            text = " ".join(extract(markup).split())
+            times.append((time.perf_counter() - started) * 1000)
+            words = [" ".join(p.split()[:8]) for p in paragraphs]
+            recalls.append(sum(w in text for w in words) / len(words))
+            leaks.append(sum(b in text for b in BOILERPLATE) / len(BOILERPLATE))
+        print(
+            f"{name:<17} {statistics.median(times):6.2f} ms/page (p90 {statistics.quantiles(times, n=10)[-1]:.2f})"
+            f"  article recall {statistics.mean(recalls):.3f}  boilerplate leaked {statistics.mean(leaks):.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""Reading the pages behind results: fetched under SSRF rules, their main text extracted.
+
+A URL is fetched only if every address its host resolves to is public (not loopback, private,
+link-local, CGNAT, multicast, reserved, unspecified, or a cloud metadata address), unless the host
+is in FETCH_ALLOWED_HOSTS. The check runs in the connector's resolver, so it holds for the address
+actually connected to (no DNS rebinding between check and use) and for every redirect hop; IP
+literals, which aiohttp never resolves, are checked before the request. Redirects are followed by
+hand, at most five, each re-checked. Bodies and time are capped, hosts get a concurrency cap, and
+answers are cached. HTML goes through trafilatura (bench/extract.py: it and readability-lxml keep
+every article sentence and leak no boilerplate on the test pages; resiliparse is 100x faster but
+leaks a third of it), PDFs through the library's PDF parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import re
+import socket
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+import trafilatura
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from fedresearch.core.settings import Settings
+from fedresearch.library.formats import Section, UnsupportedFile, pdf_sections
+
+_MAX_REDIRECTS = 5
+_CACHE_ENTRIES = 512
+_METADATA_HOSTS = {"metadata.google.internal", "metadata", "instance-data"}
+_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+_LEGACY_IPV4 = re.compile(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}")
+
+
+class PageSkipped(Exception):
+    """The page was not read; the message says why (safe to show)."""
+
+
+class UnsafeAddress(OSError):
+    """Raised by the resolver; aiohttp wraps OSErrors from resolvers into its connection errors."""
+
+
+def public(address: _Address) -> bool:
+    """Whether connecting to `address` can only reach the public internet."""
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = address.ipv4_mapped or address.sixtofour or (address.teredo[1] if address.teredo else None)
+        if embedded is not None:
+            return public(embedded)
+    return address.is_global and not address.is_multicast
+
+
+def literal_address(host: str) -> _Address | None:
+    """The address a host names by itself: standard literals, and the decimal, octal, hex and short
+    IPv4 forms (2130706433, 0177.0.0.1, 0x7f.1, 127.1) that C resolvers also accept."""
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        pass
+    if _LEGACY_IPV4.fullmatch(host):
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    return None
+
+
+class GuardedResolver(AbstractResolver):
+    """Resolves with `inner` and refuses a host any of whose addresses is not public."""
+
+    def __init__(self, inner: AbstractResolver, allowed: frozenset[str]) -> None:
+        self.inner = inner
+        self.allowed = allowed
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self.inner.resolve(host, port, family)
+        if host.lower().rstrip(".") in self.allowed:
+            return found
+        for entry in found:
+            address = ipaddress.ip_address(entry["host"])
+            if not public(address):
+                raise UnsafeAddress(f"{host} resolves to {address}, which is not a public address")
+        return found
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@dataclass(frozen=True)
+class Page:
+    url: str
+    final_url: str
+    title: str
+    sections: list[Section]
+    kind: str  # html, pdf or text
+    elapsed_ms: float = 0.0
+
+    @property
+    def chars(self) -> int:
+        return sum(len(section.text) for section in self.sections)
+
+
+@dataclass
+class PageReader:
+    """One per app: the guarded session, per-host caps and the page cache shared by every task."""
+
+    settings: Settings
+    resolver: AbstractResolver | None = None
+    _session: aiohttp.ClientSession | None = field(default=None, init=False)
+    _hosts: dict[str, asyncio.Semaphore] = field(default_factory=dict, init=False)
+    _cache: OrderedDict[str, tuple[float, Page]] = field(default_factory=OrderedDict, init=False)
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        return frozenset(host.lower() for host in self.settings.fetch_allowed_hosts)
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            resolver = GuardedResolver(self.resolver or aiohttp.DefaultResolver(), self.allowed)
+            connector = aiohttp.TCPConnector(resolver=resolver, limit=64, limit_per_host=self.settings.fetch_per_host)
+            headers = {"User-Agent": "fedresearch (research report; +https://github.com/fedresearch)"}
+            timeout = aiohttp.ClientTimeout(total=None, connect=5.0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers=headers, timeout=timeout, trust_env=False
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def read(self, url: str) -> Page:
+        """The page's main text, or PageSkipped saying why it was not read."""
+        self.check(url)
+        cached = self._cache.get(url)
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        host = (urlsplit(url).hostname or "").lower()
+        started = time.perf_counter()
+        async with self._hosts.setdefault(host, asyncio.Semaphore(self.settings.fetch_per_host)):
+            try:
+                async with asyncio.timeout(self.settings.fetch_timeout_s):
+                    final_url, content_type, body = await self._fetch(url)
+            except TimeoutError:
+                raise PageSkipped(f"no answer within {self.settings.fetch_timeout_s:g} s (FETCH_TIMEOUT_S)") from None
+        page = await asyncio.to_thread(extract, url, final_url, content_type, body)
+        page = Page(
+            url, final_url, page.title, page.sections, page.kind, round((time.perf_counter() - started) * 1000, 1)
+        )
+        self._remember(url, page)
+        return page
+
+    def check(self, url: str) -> None:
+        """The checks a URL must pass before any connection: scheme, host, and an IP literal's address."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PageSkipped("not an http(s) URL")
+        host = parts.hostname.lower().rstrip(".")
+        if host in self.allowed:
+            return
+        address = literal_address(host)
+        if address is not None and not public(address):
+            raise PageSkipped(f"{address} is not a public address (FETCH_ALLOWED_HOSTS)")
+        if host in _METADATA_HOSTS:
+            raise PageSkipped(f"{host} is a cloud metadata host")
+
+    async def _fetch(self, url: str) -> tuple[str, str, bytes]:
+        for _ in range(_MAX_REDIRECTS + 1):
+            try:
+                async with self.session().get(url, allow_redirects=False) as response:
+                    if response.status in (301, 302, 303, 307, 308):
+                        url = self._redirect(url, response.headers.get("Location"))
+                        continue
+                    if response.status >= 400:
+                        raise PageSkipped(f"HTTP {response.status}")
+                    return url, response.content_type, await _capped(response, self.settings.fetch_max_bytes)
+            except aiohttp.ClientConnectorError as error:
+                if isinstance(error.os_error, UnsafeAddress):
+                    raise PageSkipped(f"{error.os_error} (FETCH_ALLOWED_HOSTS)") from None
+                raise PageSkipped(f"unreachable ({type(error).__name__})") from None
+            except aiohttp.ClientError as error:
+                raise PageSkipped(f"failed ({type(error).__name__})") from None
+        raise PageSkipped(f"more than {_MAX_REDIRECTS} redirects")
+
+    def _redirect(self, url: str, location: str | None) -> str:
+        if not location:
+            raise PageSkipped("a redirect without Location")
+        following = urljoin(url, location)
+        try:
+            self.check(following)
+        except PageSkipped as refused:
+            raise PageSkipped(f"redirected to {following}, refused: {refused}") from None
+        return following
+
+    def _remember(self, url: str, page: Page) -> None:
+        self._cache[url] = (time.monotonic() + self.settings.upstream_cache_ttl_s, page)
+        self._cache.move_to_end(url)
+        while len(self._cache) > _CACHE_ENTRIES:
+            self._cache.popitem(last=False)
+
+
+async def _capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        raise PageSkipped(f"{declared} bytes, over FETCH_MAX_BYTES ({limit})")
+    chunks, size = [], 0
+    async for chunk in response.content.iter_chunked(65536):
+        size += len(chunk)
+        if size > limit:
+            raise PageSkipped(f"more than FETCH_MAX_BYTES ({limit} bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def extract(url: str, final_url: str, content_type: str, body: bytes) -> Page:
+    """The main text of an answer (CPU work: run it in a thread)."""
+    if content_type == "application/pdf" or body.startswith(b"%PDF-"):
+        try:
+            sections = pdf_sections(body)
+        except UnsupportedFile as error:
+            raise PageSkipped(str(error)) from None
+        return Page(url, final_url, "", sections, "pdf")
+    if content_type in ("text/html", "application/xhtml+xml"):
+        return _html(url, final_url, body)
+    if content_type.startswith("text/"):
+        text = body.decode("utf-8", errors="replace").strip()
+        if not text:
+            raise PageSkipped("an empty text page")
+        return Page(url, final_url, "", [Section(text=text)], "text")
+    raise PageSkipped(f"neither HTML, PDF nor text ({content_type or 'no content type'})")
+
+
+def _html(url: str, final_url: str, body: bytes) -> Page:
+    extracted: Any = trafilatura.bare_extraction(
+        body.decode("utf-8", errors="replace"),
+        url=final_url,
+        include_comments=False,
+        favor_precision=True,
+        with_metadata=True,
+    )
+    text = str(getattr(extracted, "text", "") or "").strip() if extracted is not None else ""
+    if not text:
+        raise PageSkipped("no main text found in the HTML")
+    title = str(getattr(extracted, "title", "") or "").strip()
+    return Page(url, final_url, title, [Section(text=text)], "html")

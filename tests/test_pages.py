@@ -1,0 +1,190 @@
+"""Reading the pages behind results: main text as evidence, and the SSRF rules (every resolved address
+public unless allow-listed, redirects re-checked, bodies and time capped), against local fake pages."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+
+import pytest
+import websockets
+from aiohttp import web
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from fedresearch.federation.pages import PageReader, PageSkipped, public
+from tests.conftest import logs, make_settings, report_of, run_task
+from tests.pdfs import write_pdf
+
+ARTICLE = " ".join(
+    f"Finding {i}: reciprocal rank fusion merged the lexical and dense rankings of our pilot study without tuning."
+    for i in range(12)
+)
+
+
+class StaticResolver(AbstractResolver):
+    """Names to addresses, as a DNS answer would give them; never asks a real resolver."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        if host not in self.names:
+            raise OSError(f"no such host {host}")
+        address = self.names[host]
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        return [{"hostname": host, "host": address, "port": port, "family": family, "proto": 0, "flags": 0}]
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.fixture
+async def pages(tmp_path):
+    pdf = write_pdf(
+        tmp_path / "paper.pdf", ["Page one: fusion of rankings.", "Page two: dense retrieval wins on recall."]
+    )
+
+    async def article(request: web.Request) -> web.Response:
+        html = f"""<html><head><title>Pilot study of fusion</title></head><body>
+        <nav><a href="/">Home</a> Subscribe to our newsletter</nav>
+        <article><h1>Pilot study of fusion</h1><p>{ARTICLE}</p></article>
+        <footer>Copyright Example Media. Advertise with us.</footer></body></html>"""
+        return web.Response(text=html, content_type="text/html")
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/html"})
+        await response.prepare(request)
+        for _ in range(50):
+            await response.write(b"<p>slow</p>")
+            await asyncio.sleep(0.1)
+        return response
+
+    app = web.Application()
+    app.router.add_get("/article", article)
+    app.router.add_get("/paper.pdf", lambda r: web.FileResponse(pdf, headers={"Content-Type": "application/pdf"}))
+    app.router.add_get("/image", lambda r: web.Response(body=b"\x89PNG....", content_type="image/png"))
+    app.router.add_get("/huge", lambda r: web.Response(text="<p>" + "x" * 300_000 + "</p>", content_type="text/html"))
+    app.router.add_get("/slow", slow)
+    app.router.add_get("/to-private", lambda r: web.HTTPFound("http://127.0.0.2/admin"))
+    app.router.add_get("/to-internal-name", lambda r: web.HTTPFound("http://internal.test/"))
+    app.router.add_get("/loop", lambda r: web.HTTPFound("/loop"))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://pages.test:{port}"
+    await runner.cleanup()
+
+
+RESOLVER = StaticResolver(
+    {"pages.test": "127.0.0.1", "evil.test": "127.0.0.1", "internal.test": "10.1.2.3", "v6.test": "::1"}
+)
+
+
+def reader(tmp_path, **settings) -> PageReader:
+    values = {"fetch_allowed_hosts": ["pages.test"], "fetch_timeout_s": 2.0, "fetch_max_bytes": 100_000, **settings}
+    return PageReader(make_settings(tmp_path, **values), resolver=RESOLVER)
+
+
+async def test_main_text_of_html_and_pdf(tmp_path, pages):
+    pages_reader = reader(tmp_path)
+    try:
+        page = await pages_reader.read(f"{pages}/article")
+        text = page.sections[0].text
+        assert "Finding 11" in text and "newsletter" not in text and "Advertise" not in text
+        assert page.kind == "html" and page.title == "Pilot study of fusion"
+        pdf = await pages_reader.read(f"{pages}/paper.pdf")
+        assert pdf.kind == "pdf" and [s.page for s in pdf.sections] == [1, 2]
+    finally:
+        await pages_reader.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://127.0.0.1/", "not a public address"),
+        ("http://[::1]/", "not a public address"),
+        ("http://169.254.169.254/latest/meta-data/", "not a public address"),
+        ("http://10.0.0.1/", "not a public address"),
+        ("http://100.64.0.1/", "not a public address"),  # CGNAT
+        ("http://[::ffff:127.0.0.1]/", "not a public address"),
+        ("http://224.0.0.1/", "not a public address"),
+        ("http://0.0.0.0/", "not a public address"),
+        ("http://metadata.google.internal/", "metadata"),
+        ("http://evil.test/", "resolves to 127.0.0.1"),  # a name pointing at loopback
+        ("http://v6.test/", "resolves to ::1"),
+        ("http://internal.test/", "resolves to 10.1.2.3"),
+        ("file:///etc/passwd", "not an http(s) URL"),
+    ],
+)
+async def test_ssrf_refuses_every_non_public_address(tmp_path, url, reason):
+    pages_reader = reader(tmp_path)
+    try:
+        with pytest.raises(PageSkipped, match=re.escape(reason)):
+            await pages_reader.read(url)
+    finally:
+        await pages_reader.close()
+
+
+@pytest.mark.parametrize("url", ["http://2130706433/", "http://0177.0.0.1/", "http://0x7f.0.0.1/", "http://127.1/"])
+async def test_decimal_octal_and_short_forms_of_loopback_are_refused(tmp_path, url):
+    """aiohttp does not treat these as IP literals; the system resolver turns them into 127.0.0.1
+    (no DNS query), and the guarded resolver refuses that."""
+    pages_reader = PageReader(make_settings(tmp_path, fetch_timeout_s=2.0))
+    try:
+        with pytest.raises(PageSkipped, match=r"127\.0\.0\.1 is not a public address"):
+            await pages_reader.read(url)
+    finally:
+        await pages_reader.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("/to-private", "redirected to http://127.0.0.2/admin, refused"),
+        ("/to-internal-name", "resolves to 10.1.2.3"),
+        ("/loop", "more than 5 redirects"),
+        ("/huge", "FETCH_MAX_BYTES"),
+        ("/slow", "FETCH_TIMEOUT_S"),
+        ("/image", "neither HTML, PDF nor text (image/png)"),
+    ],
+)
+async def test_redirects_sizes_time_and_types(tmp_path, pages, path, reason):
+    pages_reader = reader(tmp_path, fetch_timeout_s=0.5)
+    try:
+        with pytest.raises(PageSkipped, match=re.escape(reason)):
+            await pages_reader.read(f"{pages}{path}")
+    finally:
+        await pages_reader.close()
+
+
+def test_public_addresses():
+    import ipaddress
+
+    assert public(ipaddress.ip_address("93.184.216.34")) and public(ipaddress.ip_address("2606:2800:220:1::1"))
+    for private in ("192.168.1.1", "172.16.0.1", "fd00:ec2::254", "fe80::1", "2002:7f00:1::1", "240.0.0.1"):
+        assert not public(ipaddress.ip_address(private)), private
+
+
+async def test_web_results_are_read_and_become_the_evidence(tmp_path, fakes, pages, start_server):
+    fakes["tavily"].behaviour.items = [
+        {"url": f"{pages}/article", "title": "Pilot", "content": "A short snippet about fusion.", "score": 0.9},
+        {"url": "http://evil.test/", "title": "Evil", "content": "Another snippet about fusion here.", "score": 0.8},
+    ]
+    settings = make_settings(tmp_path, fakes, fetch_pages=True, fetch_allowed_hosts=["pages.test"])
+    server = await start_server(settings, resolver=RESOLVER)
+    async with websockets.connect(server.ws_url) as ws:
+        task = {"task": "reciprocal rank fusion pilot study", "headers": {"retrievers": "tavily"}}
+        task["source_urls"], task["complement_source_urls"] = [f"{pages}/paper.pdf"], True
+        frames = await run_task(ws, task)
+    fetching = {f["metadata"].get("url"): f["metadata"] for f in logs(frames, "fetching") if f["metadata"].get("url")}
+    assert fetching[f"{pages}/article"]["status"] == "fetched" and fetching[f"{pages}/paper.pdf"]["status"] == "fetched"
+    assert (
+        fetching["http://evil.test/"]["status"] == "skipped" and "127.0.0.1" in fetching["http://evil.test/"]["reason"]
+    )
+    report = report_of(frames)
+    assert "Finding" in report and "merged the lexical and dense rankings" in report  # the page, not the snippet
