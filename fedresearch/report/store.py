@@ -1,27 +1,46 @@
-"""Saved reports: `<id>.md` and `<id>.json` under the data directory, served over HTTP."""
+"""Saved reports: `<id>.md` and `<id>.json` under the data directory, and their HTML, PDF and DOCX
+exports, rendered on first request and kept beside them."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
-REPORT_NAME = re.compile(r"^[0-9a-f]{32}\.(md|json)$")
+from fedresearch.report.exports import RENDERERS
+
+REPORT_NAME = re.compile(r"^([0-9a-f]{32})\.(md|json|html|pdf|docx)$")
+FORMATS = ("md", "pdf", "docx", "html", "json")  # what every path frame lists
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    # the report id is a fresh uuid, so its own temporary name is unique without mkstemp's search
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "x", encoding="utf-8") as file:
-        file.write(text)
+def _write_atomic(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(temporary, "xb") as file:
+        file.write(data)
     os.replace(temporary, path)
 
 
 def save_report(directory: Path, report_id: str, markdown: str, record: dict[str, Any]) -> dict[str, str]:
-    """Write both files; return their names relative to the reports directory."""
+    """Write the Markdown and the JSON; return every format's name relative to the reports directory
+    (the exports are rendered when first fetched, so a task never pays for a PDF nobody reads)."""
     directory.mkdir(parents=True, exist_ok=True)
-    _write_atomic(directory / f"{report_id}.md", markdown)
-    _write_atomic(directory / f"{report_id}.json", json.dumps(record, ensure_ascii=False, indent=2))
-    return {"md": f"{report_id}.md", "json": f"{report_id}.json"}
+    _write_atomic(directory / f"{report_id}.md", markdown.encode())
+    _write_atomic(directory / f"{report_id}.json", json.dumps(record, ensure_ascii=False, indent=2).encode())
+    return {kind: f"{report_id}.{kind}" for kind in FORMATS}
+
+
+def export(directory: Path, report_id: str, kind: str) -> Path | None:
+    """The file of one format, rendered now if it does not exist yet; None when the report does not."""
+    path = directory / f"{report_id}.{kind}"
+    if path.is_file():
+        return path
+    source = directory / f"{report_id}.md"
+    if kind not in RENDERERS or not source.is_file():
+        return None
+    markdown = source.read_text(encoding="utf-8")
+    title = next((line[2:].strip() for line in markdown.splitlines() if line.startswith("# ")), "Report")
+    _write_atomic(path, RENDERERS[kind](markdown, title))
+    return path

@@ -1,0 +1,116 @@
+"""A saved report as self-contained HTML, PDF and DOCX, rendered from its Markdown on first request.
+
+Markdown is parsed once by markdown-it-py (CommonMark, the parser GPT-Researcher's clients' viewers
+agree with). HTML comes from a jinja2 template with its CSS inline; PDF is that HTML through
+WeasyPrint (links, headings, lists, tables and, with a CJK font installed, Chinese); DOCX is built
+with python-docx from the same tokens, links kept as Word hyperlinks. Rendering is CPU work: callers
+run it in a thread, and only when someone asks for the file.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import docx
+from docx.opc.constants import RELATIONSHIP_TYPE
+from docx.oxml import OxmlElement
+from docx.oxml.ns import qn
+from docx.text.paragraph import Paragraph
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+
+_MARKDOWN = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
+_TEMPLATES = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape(["html", "j2"])
+)
+EXPORTS = {
+    "html": "text/html; charset=utf-8",
+    "pdf": "application/pdf",
+    "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+}
+
+
+def to_html(markdown: str, title: str) -> str:
+    """A self-contained, printable page: no script, no external asset; raw HTML in the Markdown is escaped."""
+    body = _MARKDOWN.render(markdown)
+    return _TEMPLATES.get_template("report.html.j2").render(title=title, body=body)
+
+
+def to_pdf(markdown: str, title: str) -> bytes:
+    from weasyprint import HTML  # imported on first use: it loads pango and fontconfig
+
+    return bytes(HTML(string=to_html(markdown, title)).write_pdf())
+
+
+def to_docx(markdown: str, title: str) -> bytes:
+    document = docx.Document()
+    document.core_properties.title = title
+    tokens = _MARKDOWN.parse(markdown)
+    style = "Normal"
+    for index, token in enumerate(tokens):
+        if token.type == "heading_open":
+            style = f"Heading {min(int(token.tag[1]), 4)}" if token.tag != "h1" else "Title"
+        elif token.type == "bullet_list_open":
+            style = "List Bullet"
+        elif token.type == "ordered_list_open":
+            style = "List Number"
+        elif token.type in ("bullet_list_close", "ordered_list_close", "heading_close"):
+            style = "Normal"
+        elif token.type == "inline":
+            _inline(document.add_paragraph(style=style), token.children or [])
+            if tokens[index - 1].type == "heading_open":
+                style = "Normal"
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
+
+
+def _inline(paragraph: Paragraph, children: list[Token]) -> None:
+    link: str | None = None
+    bold = italic = False
+    for child in children:
+        if child.type == "link_open":
+            link = str(child.attrs.get("href") or "")
+        elif child.type == "link_close":
+            link = None
+        elif child.type in ("strong_open", "strong_close"):
+            bold = child.type == "strong_open"
+        elif child.type in ("em_open", "em_close"):
+            italic = child.type == "em_open"
+        elif child.type in ("text", "code_inline"):
+            if link:
+                _hyperlink(paragraph, child.content, link)
+            else:
+                run = paragraph.add_run(child.content)
+                run.bold, run.italic = bold, italic
+        elif child.type in ("softbreak", "hardbreak"):
+            paragraph.add_run(" ")
+
+
+def _hyperlink(paragraph: Paragraph, text: str, url: str) -> None:
+    """python-docx has no hyperlink API; this is the element Word itself writes."""
+    relation = paragraph.part.relate_to(url, RELATIONSHIP_TYPE.HYPERLINK, is_external=True)
+    hyperlink: Any = OxmlElement("w:hyperlink")
+    hyperlink.set(qn("r:id"), relation)
+    run: Any = OxmlElement("w:r")
+    properties: Any = OxmlElement("w:rPr")
+    style: Any = OxmlElement("w:rStyle")
+    style.set(qn("w:val"), "Hyperlink")
+    color: Any = OxmlElement("w:color")
+    color.set(qn("w:val"), "1A4D8F")
+    underline: Any = OxmlElement("w:u")
+    underline.set(qn("w:val"), "single")
+    properties.extend([style, color, underline])
+    run.append(properties)
+    content: Any = OxmlElement("w:t")
+    content.text = text
+    content.set(qn("xml:space"), "preserve")
+    run.append(content)
+    hyperlink.append(run)
+    paragraph._p.append(hyperlink)
+
+
+RENDERERS = {"html": lambda md, title: to_html(md, title).encode(), "pdf": to_pdf, "docx": to_docx}
