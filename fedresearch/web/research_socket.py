@@ -101,8 +101,27 @@ class ResearchSocket:
         except RequestError as error:
             await self.error(str(error))
             return
-        self.app[RUNNING][self.principal.key_id] += 1  # counted now, so two sockets cannot both slip under the limit
         self.task = asyncio.create_task(self.run(request, plan))
+        self._hold_slot(self.task)
+
+    def _hold_slot(self, task: asyncio.Task[None]) -> None:
+        """Count `task` against its key from now until it is done, however it ends.
+
+        Counted at once, so two sockets cannot both slip under the limit; released by a done
+        callback, which runs even for a task cancelled before its first step (a finally would not).
+        """
+        key = self.principal.key_id
+        running = self.app[RUNNING]
+        running[key] += 1
+        self.app[METRICS].tasks.inc()
+
+        def release(_: asyncio.Task[None]) -> None:
+            self.app[METRICS].tasks.dec()
+            running[key] -= 1
+            if running[key] <= 0:
+                del running[key]
+
+        task.add_done_callback(release)
 
     def _admit(self, request: ResearchRequest) -> Plan:
         """The plan for `request`, if this caller may run it now."""
@@ -120,14 +139,6 @@ class ResearchSocket:
         return plan_request(request, settings, registry, bound_user=bound)
 
     async def run(self, request: ResearchRequest, plan: Plan) -> None:
-        self.app[METRICS].tasks.inc()
-        try:
-            await self._run(request, plan)
-        finally:
-            self.app[METRICS].tasks.dec()
-            self.app[RUNNING][self.principal.key_id] -= 1
-
-    async def _run(self, request: ResearchRequest, plan: Plan) -> None:
         settings = self.app[SETTINGS]
         try:
             async with asyncio.timeout(settings.task_timeout_s):
