@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 
 import aiohttp
 import websockets
 
 from fedresearch.web.keys import RUNNING
 from tests.conftest import make_settings, run_task
+from tests.test_faults import outcome
 
 TASK = {"task": "How does rank fusion combine lexical and dense retrieval?", "report_type": "research_report"}
 
@@ -43,3 +45,35 @@ async def test_start_then_close_at_once_never_leaks_a_task_slot(tmp_path, fakes,
 async def _start_and_close(url: str, task: dict[str, object]) -> None:
     async with websockets.connect(url) as ws:
         await ws.send("start " + json.dumps(task))
+
+
+async def _ask(server, question: str, headers: dict[str, str]) -> list[dict[str, object]]:
+    async with websockets.connect(server.ws_url) as ws:
+        return await run_task(ws, {"task": question, "headers": headers})
+
+
+async def test_questions_tavily_rejects_never_suspend_it_for_others(tmp_path, fakes, start_server):
+    settings = make_settings(tmp_path, fakes, retry_attempts=0, breaker_error_threshold=2)
+    server = await start_server(settings)
+    for attempt in range(4):
+        step, metadata = outcome(await _ask(server, f"{attempt} " + "why " * 150, {"retrievers": "tavily"}), "tavily")
+        assert step == "retriever_failed" and "400" in str(metadata["error"]), metadata
+    assert outcome(await _ask(server, "rank fusion", {"retrievers": "tavily"}), "tavily")[0] == "retriever_done"
+
+
+async def test_a_dead_client_supplied_base_url_never_suspends_the_library_for_others(tmp_path, start_server):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    settings = make_settings(
+        tmp_path, retry_attempts=0, breaker_error_threshold=2, internal_api_allowed_hosts=["127.0.0.1"]
+    )
+    server = await start_server(settings)
+    headers = {"retrievers": "internal_biblio", "user_id": "alice"}
+    for _ in range(2):
+        frames = await _ask(server, "rank fusion", {**headers, "internal_api_base_url": dead})
+        assert outcome(frames, "internal_biblio")[0] == "retriever_failed"
+    # the dead URL is its own circuit: it is suspended, the embedded library is not
+    skipped = await _ask(server, "rank fusion", {**headers, "internal_api_base_url": dead})
+    assert outcome(skipped, "internal_biblio")[0] == "retriever_skipped"
+    assert outcome(await _ask(server, "rank fusion", headers), "internal_biblio")[0] == "retriever_done"
