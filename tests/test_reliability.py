@@ -77,3 +77,26 @@ async def test_a_dead_client_supplied_base_url_never_suspends_the_library_for_ot
     skipped = await _ask(server, "rank fusion", {**headers, "internal_api_base_url": dead})
     assert outcome(skipped, "internal_biblio")[0] == "retriever_skipped"
     assert outcome(await _ask(server, "rank fusion", headers), "internal_biblio")[0] == "retriever_done"
+
+
+KEYS = "admin-key:*,alice-key:alice,bob-key:bob"
+
+
+async def test_a_saved_report_is_read_only_by_its_owner_and_admins(tmp_path, fakes, start_server):
+    server = await start_server(make_settings(tmp_path, fakes, api_keys=KEYS))
+    async with websockets.connect(server.ws_url + "?token=alice-key") as ws:
+        frames = await run_task(ws, {**TASK, "headers": {"retrievers": "tavily"}})
+    files = frames[-1]["output"]
+    async with aiohttp.ClientSession() as session:
+
+        async def status_of(name: str, key: str) -> int:
+            headers = {"Authorization": f"Bearer {key}"}
+            async with session.get(f"{server.url}/{name}", headers=headers) as response:
+                return response.status
+
+        for name in (files["md"], files["json"]):
+            assert await status_of(name, "bob-key") == 404  # not 403: another user's ids are not confirmed
+            assert await status_of(name, "alice-key") == 200
+            assert await status_of(name, "admin-key") == 200
+        async with session.get(f"{server.url}/{files['json']}", headers={"Authorization": "Bearer alice-key"}) as r:
+            assert (await r.json(content_type=None))["owner"] == "alice"

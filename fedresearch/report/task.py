@@ -40,7 +40,9 @@ async def run_research(
     registry: dict[str, Adapter],
     deps: Deps,
     emit: Emit,
+    owner: str | None = None,
 ) -> ResearchOutcome:
+    """`owner`: the user whose key asked, the only one (with admins) who may read the saved report."""
     settings: Settings = deps.settings
     names = ", ".join(plan.names)
     await emit(
@@ -65,7 +67,7 @@ async def run_research(
     markdown, references = write_report(request.task, request.report_type, sources, federated.outcomes)
 
     report_id = uuid.uuid4().hex
-    record = _record(report_id, request, markdown, references, federated.outcomes, retrieval_ms)
+    record = {"owner": owner} | _record(report_id, request, markdown, references, federated.outcomes, retrieval_ms)
     files = await asyncio.to_thread(save_report, settings.reports_dir, report_id, markdown, record)
     return ResearchOutcome(report_id, markdown, files, sources, references, federated.outcomes, retrieval_ms)
 

@@ -142,7 +142,9 @@ class ResearchSocket:
         settings = self.app[SETTINGS]
         try:
             async with asyncio.timeout(settings.task_timeout_s):
-                outcome = await run_research(request, plan, self.app[REGISTRY], self.app[DEPS], self.log_event)
+                owner = self.principal.user_id or plan.options.user_id
+                registry, deps = self.app[REGISTRY], self.app[DEPS]
+                outcome = await run_research(request, plan, registry, deps, self.log_event, owner=owner)
         except TimeoutError:
             await self.error(f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)")
             return
