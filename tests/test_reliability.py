@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import socket
 
@@ -100,3 +101,33 @@ async def test_a_saved_report_is_read_only_by_its_owner_and_admins(tmp_path, fak
             assert await status_of(name, "admin-key") == 200
         async with session.get(f"{server.url}/{files['json']}", headers={"Authorization": "Bearer alice-key"}) as r:
             assert (await r.json(content_type=None))["owner"] == "alice"
+
+
+async def test_keys_sent_in_the_query_never_reach_the_access_log(tmp_path, fakes, caplog):
+    from aiohttp import web
+
+    from fedresearch.web.access_log import RedactingAccessLogger
+    from fedresearch.web.app import create_app
+
+    runner = web.AppRunner(
+        create_app(make_settings(tmp_path, fakes, api_keys=KEYS)), access_log_class=RedactingAccessLogger
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        with caplog.at_level(logging.INFO, logger="aiohttp.access"):
+            async with websockets.connect(url.replace("http", "ws") + "/ws?token=alice-key"):
+                pass
+            async with aiohttp.ClientSession() as session:
+                query = "?x=1&api_key=admin-key&X-Api-Key=bob-key"
+                headers = {"Referer": url + "/?token=alice-key"}
+                async with session.get(url + "/api/retrievers" + query, headers=headers) as response:
+                    assert response.status == 401
+    finally:
+        await runner.cleanup()
+    lines = [record.getMessage() for record in caplog.records if record.name == "aiohttp.access"]
+    assert any("GET /ws?token=REDACTED" in line for line in lines), lines
+    assert any("x=1&api_key=REDACTED&X-Api-Key=REDACTED" in line for line in lines), lines
+    assert not any(key in line for line in lines for key in ("alice-key", "admin-key", "bob-key")), lines
