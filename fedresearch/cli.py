@@ -58,6 +58,9 @@ def _library(args: argparse.Namespace) -> int:
     from fedresearch.library.embedded import Library
 
     library = Library(Settings().library_dir)  # listing and deleting need no embedding model
+    if args.action == "check":
+        print(library.index.health(library.records))
+        return 0
     if args.action == "list":
         documents = library.list_documents(args.user)
         for doc in documents:
@@ -134,8 +137,9 @@ def _add_ask(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _add_library(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    library = commands.add_parser("library", help="list or delete a user's documents")
+    library = commands.add_parser("library", help="list or delete a user's documents, or check the index")
     actions = library.add_subparsers(dest="action", required=True)
+    actions.add_parser("check", help="check the full-text index against SQLite; rebuild what is missing")
     listing = actions.add_parser("list")
     listing.add_argument("--user", required=True)
     delete = actions.add_parser("delete")

@@ -113,6 +113,10 @@ class FakeTavily(FakeUpstream):
                 status=429,
                 headers=self._headers(),
             )
+        if len(str(body.get("query", ""))) > 400:
+            return web.json_response(
+                {"detail": {"error": "Query is too long. Max query length is 400 characters."}}, status=400
+            )
         if mode == "432":
             return web.json_response(
                 {"detail": {"error": "This request exceeds your plan's set usage limit. Please upgrade your plan."}},

@@ -2,8 +2,10 @@
 
 In the spirit of SearxNG's engine suspension: an upstream that rate-limits or refuses (429, 401,
 403, 432, 433) is suspended for BREAKER_SUSPEND_S, and one that keeps failing for a short while;
-while suspended it is skipped at once, with its reason, instead of waited for. State is per
-(upstream, credential), so one client's bad per-request key never suspends the upstream for others.
+while suspended it is skipped at once, with its reason, instead of waited for. Only the upstream's
+own faults count: a 4xx caused by the request (a 400 on an over-long question) says nothing about
+the upstream's health, so it never suspends it for others. State is per (upstream, credential,
+client-supplied base URL), so one client's bad key or dead URL never suspends the upstream for others.
 Transient failures (5xx, connection errors, timeouts) are retried with jittered exponential
 backoff, and a 429 once after its Retry-After, but only while the retriever's deadline leaves room.
 """
@@ -59,6 +61,20 @@ def credential_of(credentials: tuple[str, ...], options: SearchOptions) -> str:
     return hashlib.sha256("\0".join(sent).encode()).hexdigest()[:16] if sent else "operator"
 
 
+def circuit_of(name: str, credentials: tuple[str, ...], options: SearchOptions) -> tuple[str, str]:
+    """The breaker state a call shares: per upstream and credential, and per base URL a client chose."""
+    credential = credential_of(credentials, options)
+    if options.internal_api_base_url is None:
+        return (name, credential)
+    return (name, credential + "@" + hashlib.sha256(options.internal_api_base_url.encode()).hexdigest()[:16])
+
+
+def upstream_fault(failure: RetrieverFailed) -> bool:
+    """Whether a failure is the upstream's (or its key's) rather than the request's own doing."""
+    status = failure.status
+    return status is None or status == 429 or status in _REFUSED or not 400 <= status < 500
+
+
 @dataclass
 class _Circuit:
     failures: int = 0
@@ -83,6 +99,8 @@ class CircuitBreaker:
 
     def failed(self, key: tuple[str, str], failure: RetrieverFailed) -> str | None:
         """Record a failure; the suspension's reason when this one opens the circuit."""
+        if not upstream_fault(failure):
+            return None
         circuit = self._circuits.setdefault(key, _Circuit())
         circuit.failures += 1
         if failure.status == 429 or failure.status in _REFUSED:
@@ -164,7 +182,7 @@ class Guard:
         """`others_done` set: the task's other retrievers have all answered, so a retry would only
         make the task wait; one still pending is then abandoned and the failure reported."""
         credential = credential_of(credentials, options)
-        circuit = (name, credential)
+        circuit = circuit_of(name, credentials, options)
         self.breaker.check(circuit)
         cache_key = UpstreamCache.key(name, credential, options)
         if cacheable and (hit := self.cache.get(cache_key)) is not None:

@@ -8,6 +8,7 @@ across users.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -18,13 +19,14 @@ import numpy as np
 from fedresearch.library.chunking import chunk_sections
 from fedresearch.library.embeddings import Encoder
 from fedresearch.library.formats import KINDS, Document
-from fedresearch.library.fulltext import FullTextIndex
+from fedresearch.library.fulltext import FullTextIndex, IndexBusy
 from fedresearch.library.query_vectors import QueryVectors
 from fedresearch.library.records import DocumentInfo, Prepared, Records
 from fedresearch.library.search import Mode, Passage, SearchFilters, fuse_rankings
 from fedresearch.library.vectors import UserVectors, VectorCache
 
 Progress = Callable[[int], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,11 @@ class Library:
         self._vectors = VectorCache(encoder.dims) if encoder is not None else None
         self._query_vectors = QueryVectors(encoder) if encoder is not None else None
         self._write_lock = threading.Lock()
+        if self.records.unindexed():  # left by a crash, another process, or a rebuilt index
+            try:
+                self.index.catch_up(self.records)
+            except IndexBusy as busy:
+                log.warning("%s", busy)
 
     # -- writing ------------------------------------------------------------------------------
 

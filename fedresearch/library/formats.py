@@ -118,6 +118,8 @@ def read_jsonl(path: Path) -> list[Document]:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise UnsupportedFile(f"{path}:{number}: not JSON ({error.msg})") from error
+        except RecursionError:
+            raise UnsupportedFile(f"{path}:{number}: JSON nested too deeply") from None
         if not isinstance(record, dict):
             raise UnsupportedFile(f"{path}:{number}: a JSON {type(record).__name__}, not an object")
         key = _doi(record.get("doi")) or record.get("id") or f"line{number}"
@@ -191,7 +193,7 @@ def read_markdown(path: Path, kind: str) -> list[Document]:
     extra = {}
     if paper := _doi(fields.get("paper")):
         extra["paper_doi"] = paper
-    if fields.get("page", "").isdigit():
+    if fields.get("page", "").isdecimal():  # not isdigit: "²" is a digit int() refuses
         for section in sections:
             section.page = int(fields["page"])
     return [
@@ -245,7 +247,11 @@ def read_ris(path: Path) -> list[Document]:
 def _csl_record(item: dict[str, Any]) -> dict[str, Any]:
     issued = item.get("issued") or {}
     parts = issued.get("date-parts") if isinstance(issued, dict) else None
-    year = parts[0][0] if parts and parts[0] else (issued.get("raw") if isinstance(issued, dict) else None)
+    # CSL says [[2021, 3]]; files in the wild also hold [2021], [[]] or a bare string
+    first = parts[0] if isinstance(parts, list) and parts else None
+    year = first[0] if isinstance(first, list) and first else first
+    if year is None and isinstance(issued, dict):
+        year = issued.get("raw")
     keywords = item.get("keyword")
     return {
         "title": item.get("title"),
@@ -280,7 +286,7 @@ def _highlight_documents(path: Path, payload: Any) -> list[Document]:
                 kind="highlight",
                 source=f"{path}#{entry.get('id') or number}",
                 title=f"Highlight in {paper_title}" + (f", p. {page}" if page else ""),
-                sections=[Section(text=body, page=int(str(page)) if str(page or "").isdigit() else None)],
+                sections=[Section(text=body, page=int(str(page)) if str(page or "").isdecimal() else None)],
                 tags=_tags(entry.get("tags")),
                 extra={"paper_doi": paper_doi, "paper_title": paper_title}
                 if paper_doi
@@ -296,6 +302,8 @@ def read_json(path: Path) -> list[Document]:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise UnsupportedFile(f"{path}: not JSON ({error.msg})") from error
+    except RecursionError:
+        raise UnsupportedFile(f"{path}: JSON nested too deeply") from None
     items = payload if isinstance(payload, list) else [payload]
     is_highlights = (isinstance(payload, dict) and "highlights" in payload) or all(
         isinstance(i, dict) and ("text" in i or "highlight" in i) and "title" not in i for i in items
@@ -314,6 +322,9 @@ def read_json(path: Path) -> list[Document]:
     return documents
 
 
+MAX_PDF_PAGES = 5000  # a page tree claiming millions of pages is an attack, not a book
+
+
 def pdf_sections(source: Path | bytes) -> list[Section]:
     """One section per page with text, page numbers kept (pypdfium2: permissive licence, fast and exact)."""
     try:
@@ -322,6 +333,8 @@ def pdf_sections(source: Path | bytes) -> list[Section]:
         reason = "encrypted (password protected)" if "password" in str(error).lower() else f"unreadable ({error})"
         raise UnsupportedFile(f"PDF {reason}") from error
     try:
+        if len(pdf) > MAX_PDF_PAGES:
+            raise UnsupportedFile(f"PDF of {len(pdf)} pages, over the {MAX_PDF_PAGES} read")
         sections = []
         for number in range(len(pdf)):
             page = pdf[number]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,13 @@ from fedresearch.core.text import STOPWORDS, cjk_bigrams
 from fedresearch.library.records import Records
 from fedresearch.library.search import SearchFilters
 
+WRITER_WAIT_S = 60.0
 INDEX_VERSION = "3"  # bump when the schema changes: the index is then rebuilt from SQLite
 _FAR = 2**62
+
+
+class IndexBusy(RuntimeError):
+    """Another process holds the index's writer lock for longer than we wait."""
 
 
 def _schema() -> tantivy.Schema:
@@ -50,20 +56,52 @@ def _analyzers() -> dict[str, tantivy.TextAnalyzer]:
 
 
 class FullTextIndex:
+    """`repaired` says what opening had to fix (None: the index was whole), for the caller to log."""
+
     def __init__(self, directory: Path, records: Records) -> None:
         self.directory = directory
         self.schema = _schema()
         self._english = _analyzers()["en_stem"]
+        self.repaired: str | None = None
         self._index = self._open(records)
 
     def _open(self, records: Records) -> tantivy.Index:
+        """The index, rebuilt from SQLite (the store of record) when it is missing, stale or unreadable."""
+        if (problem := self._unusable()) is not None:
+            self._reset(records, problem)
+        try:
+            index = self._create()
+        except ValueError as error:  # tantivy's "Data corrupted" for a garbage meta.json, and the like
+            self._reset(records, f"the index could not be opened ({error})")
+            index = self._create()
+        found, expected = index.searcher().num_docs, records.indexed_chunk_count()
+        if found < expected:  # more is harmless: reads join against the store
+            self._reset(records, f"the index holds {found} of the {expected} passages SQLite marks indexed")
+            index = self._create()
+        return index
+
+    def _unusable(self) -> str | None:
+        if not self.directory.exists() and not self.directory.is_symlink():
+            return None  # a new library, or a deleted index: the count check below tells which
+        if not self.directory.is_dir():
+            return "a file stands where the index folder belongs"
         version = self.directory / "VERSION"
-        if self.directory.exists() and (not version.exists() or version.read_text().strip() != INDEX_VERSION):
-            shutil.rmtree(self.directory)  # derived data: rebuilt from SQLite by catch_up
-            records.mark_all_unindexed()
+        if not version.is_file() or version.read_text(errors="replace").strip() != INDEX_VERSION:
+            return f"the index is not version {INDEX_VERSION}"
+        return None
+
+    def _reset(self, records: Records, problem: str) -> None:
+        if self.directory.is_dir():
+            shutil.rmtree(self.directory)
+        elif self.directory.exists() or self.directory.is_symlink():
+            self.directory.unlink()
+        records.mark_all_unindexed()  # derived data: rebuilt from SQLite by catch_up
+        self.repaired = f"{problem}: rebuilding it from SQLite"
+
+    def _create(self) -> tantivy.Index:
         self.directory.mkdir(exist_ok=True)
         index = tantivy.Index(self.schema, path=str(self.directory))
-        version.write_text(INDEX_VERSION)
+        (self.directory / "VERSION").write_text(INDEX_VERSION)
         for name, analyzer in _analyzers().items():
             index.register_tokenizer(name, analyzer)
         return index
@@ -77,7 +115,7 @@ class FullTextIndex:
         pending = records.unindexed()
         if not pending:
             return
-        writer = self._index.writer(heap_size=128_000_000, num_threads=1)
+        writer = self._writer(128_000_000)
         for document in pending:
             writer.delete_documents_by_term("document", document["id"])
             for chunk in records.chunks_of(document["id"]):
@@ -85,6 +123,33 @@ class FullTextIndex:
         writer.commit()
         writer.wait_merging_threads()
         records.mark_indexed([document["id"] for document in pending])
+
+    def health(self, records: Records) -> str:
+        """What opening found and did, and whether the index now holds every indexed passage."""
+        self._index.reload()
+        found, expected = self._index.searcher().num_docs, records.indexed_chunk_count()
+        pending = len(records.unindexed())
+        state = "repaired: " + self.repaired if self.repaired else "whole when opened"
+        lines = [f"full-text index: {state}", f"passages in SQLite marked indexed: {expected}; in the index: {found}"]
+        if pending:
+            lines.append(f"{pending} documents still wait to be indexed (another process holds the index?)")
+        return "\n".join(lines)
+
+    def _writer(self, heap_size: int) -> tantivy.IndexWriter:
+        """The index's one writer, waiting up to WRITER_WAIT_S while another process (an ingest) holds it."""
+        deadline = time.monotonic() + WRITER_WAIT_S
+        while True:
+            try:
+                return self._index.writer(heap_size=heap_size, num_threads=1)
+            except ValueError as error:
+                if "LockBusy" not in str(error):
+                    raise
+                if time.monotonic() > deadline:
+                    raise IndexBusy(
+                        f"another process (an ingest?) has been writing the full-text index for over "
+                        f"{WRITER_WAIT_S:g} s; what is stored in SQLite is indexed by the next write or restart"
+                    ) from None
+            time.sleep(0.2)
 
     @staticmethod
     def _entry(document: Any, chunk: Any) -> tantivy.Document:
@@ -107,7 +172,7 @@ class FullTextIndex:
         return entry
 
     def delete_document(self, document_id: int) -> None:
-        writer = self._index.writer(heap_size=16_000_000, num_threads=1)
+        writer = self._writer(16_000_000)
         writer.delete_documents_by_term("document", document_id)
         writer.commit()
         writer.wait_merging_threads()

@@ -1,13 +1,22 @@
-"""Walk files and folders into a user's library, reporting what was added, skipped and why."""
+"""Walk files and folders into a user's library, reporting what was added, skipped and why.
+
+One bad file never stops a run: whatever reading it raises, it is reported in `skipped` and the
+walk goes on. Links that lead outside the roots given are not followed.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedresearch.library.embedded import Library
 from fedresearch.library.formats import READERS, UnsupportedFile, read_file
+from fedresearch.library.fulltext import IndexBusy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -20,14 +29,24 @@ class IngestReport:
 
 
 def walk(paths: Iterable[Path]) -> Iterator[Path]:
-    """Every readable file under `paths`, folders recursively, in a stable order."""
+    """Every readable file under `paths`, folders recursively, in a stable order.
+
+    Links are yielded too: `ingest` reads one found in a folder only when its target lies inside the
+    folders given, and reports the others as skipped.
+    """
     for path in paths:
         if path.is_dir():
             for child in sorted(path.rglob("*")):
-                if child.is_file() and child.suffix.lower() in READERS and not child.name.startswith("."):
+                readable = child.suffix.lower() in READERS and not child.name.startswith(".")
+                if readable and (child.is_file() or child.is_symlink()):
                     yield child
         else:
             yield path
+
+
+def shown(path: Path) -> str:
+    """`path` as printable text, even when its name is not valid UTF-8."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def ingest(
@@ -40,18 +59,20 @@ def ingest(
     max_bytes: int | None = None,
 ) -> IngestReport:
     report = IngestReport()
+    paths = list(paths)
+    roots = [path.resolve() for path in paths if path.is_dir()]
     for path in walk(paths):
         report.files += 1
         try:
-            if not path.is_file():
-                raise UnsupportedFile(f"{path}: no such file")
-            size = path.stat().st_size
-            if max_bytes is not None and size > max_bytes:
-                raise UnsupportedFile(f"{path}: {size / 1e6:.1f} MB is over INGEST_MAX_FILE_MB ({max_bytes / 1e6:g})")
-            documents = read_file(path, kind)
-            outcome = library.add_documents(user_id, documents, on_progress)
+            _refuse_unreadable(path, max_bytes, None if path in paths else roots)
+            outcome = library.add_documents(user_id, read_file(path, kind), on_progress)
         except UnsupportedFile as error:
             report.skipped.append(str(error))
+        except IndexBusy:
+            raise  # the library's state, not this file's: every next file would wait as long
+        except Exception as error:  # a reader's bug on a hostile file must not end the run
+            log.exception("ingest of %s failed", shown(path))
+            report.skipped.append(f"{shown(path)}: could not be read ({type(error).__name__}: {error})"[:500])
         else:
             report.added += outcome.added
             report.replaced += outcome.replaced
@@ -59,3 +80,17 @@ def ingest(
         if on_file is not None:
             on_file(path)
     return report
+
+
+def _refuse_unreadable(path: Path, max_bytes: int | None, roots: list[Path] | None) -> None:
+    """Raise UnsupportedFile for a file not to read; `roots`: the folders it was found in (None: named outright)."""
+    name = shown(path)
+    if name != str(path):
+        raise UnsupportedFile(f"{name}: the file name is not UTF-8; rename it")
+    if roots is not None and path.is_symlink() and not any(path.resolve().is_relative_to(r) for r in roots):
+        raise UnsupportedFile(f"{name}: a link to {path.resolve()}, outside the folders given; not followed")
+    if not path.is_file():
+        raise UnsupportedFile(f"{name}: no such file")
+    size = path.stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        raise UnsupportedFile(f"{name}: {size / 1e6:.1f} MB is over INGEST_MAX_FILE_MB ({max_bytes / 1e6:g})")

@@ -174,6 +174,11 @@ class Records:
             .fetchall()
         )
 
+    def indexed_chunk_count(self) -> int:
+        """How many passages the full-text index must hold: those of documents marked indexed."""
+        query = "SELECT COUNT(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.indexed = 1"
+        return int(self.db().execute(query).fetchone()[0])
+
     def unindexed(self) -> list[sqlite3.Row]:
         return self.db().execute("SELECT id, title, authors, year, tags FROM documents WHERE indexed = 0").fetchall()
 

@@ -95,7 +95,9 @@ async def run_research(
     registry: dict[str, Adapter],
     deps: Deps,
     emit: Emit,
+    owner: str | None = None,
 ) -> ResearchOutcome:
+    """`owner`: the user whose key asked, the only one (with admins) who may read the saved report."""
     settings: Settings = deps.settings
     started = time.perf_counter()
     names = ", ".join(plan.names) or "the given pages"
@@ -126,7 +128,7 @@ async def run_research(
         write_report, request.task, request.report_type, sources, outcomes, writing, parts
     )
     report_id = uuid.uuid4().hex
-    record = _record(report_id, request, markdown, references, outcomes, retrieval_ms)
+    record = {"owner": owner} | _record(report_id, request, markdown, references, outcomes, retrieval_ms)
     files = await asyncio.to_thread(save_report, settings.reports_dir, report_id, markdown, record)
     return ResearchOutcome(report_id, markdown, files, sources, references, outcomes, retrieval_ms, writing)
 

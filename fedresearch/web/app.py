@@ -23,6 +23,7 @@ from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_base
 from fedresearch.library.open import open_library
 from fedresearch.retrievers import ADAPTERS
 from fedresearch.web import dify, literature, reports, research_socket, status
+from fedresearch.web.access_log import RedactingAccessLogger
 from fedresearch.web.keys import (
     ADAPTER_FACTORIES,
     DEPS,
@@ -119,5 +120,10 @@ def serve(settings: Settings | None = None, host: str | None = None, port: int |
         log.warning("no API keys configured (FEDRESEARCH_API_KEYS): listening on %s only", host)
     # SIGTERM/SIGINT: stop accepting, tell clients (on_shutdown), then give handlers 10 s at most
     web.run_app(
-        create_app(settings), host=host, port=port, shutdown_timeout=10, print=lambda text: log.info(text.strip())
+        create_app(settings),
+        host=host,
+        port=port,
+        shutdown_timeout=10,
+        access_log_class=RedactingAccessLogger,  # keys sent as ?token= must not reach the log
+        print=lambda text: log.info(text.strip()),
     )

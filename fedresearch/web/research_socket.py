@@ -127,8 +127,27 @@ class ResearchSocket:
         except RequestError as error:
             await self.cannot_run(request, str(error))
             return
-        self.app[RUNNING][self.principal.key_id] += 1  # counted now, so two sockets cannot both slip under the limit
         self.task = asyncio.create_task(self.run(request, plan))
+        self._hold_slot(self.task)
+
+    def _hold_slot(self, task: asyncio.Task[None]) -> None:
+        """Count `task` against its key from now until it is done, however it ends.
+
+        Counted at once, so two sockets cannot both slip under the limit; released by a done
+        callback, which runs even for a task cancelled before its first step (a finally would not).
+        """
+        key = self.principal.key_id
+        running = self.app[RUNNING]
+        running[key] += 1
+        self.app[METRICS].tasks.inc()
+
+        def release(_: asyncio.Task[None]) -> None:
+            self.app[METRICS].tasks.dec()
+            running[key] -= 1
+            if running[key] <= 0:
+                del running[key]
+
+        task.add_done_callback(release)
 
     def _admit(self, request: ResearchRequest) -> Plan:
         """The plan for `request`, if this caller may run it now."""
@@ -146,18 +165,12 @@ class ResearchSocket:
         return plan_request(request, settings, registry, bound_user=bound)
 
     async def run(self, request: ResearchRequest, plan: Plan) -> None:
-        self.app[METRICS].tasks.inc()
-        try:
-            await self._run(request, plan)
-        finally:
-            self.app[METRICS].tasks.dec()
-            self.app[RUNNING][self.principal.key_id] -= 1
-
-    async def _run(self, request: ResearchRequest, plan: Plan) -> None:
         settings = self.app[SETTINGS]
         try:
             async with asyncio.timeout(settings.task_timeout_s):
-                outcome = await run_research(request, plan, self.app[REGISTRY], self.app[DEPS], self.log_event)
+                owner = self.principal.user_id or plan.options.user_id
+                registry, deps = self.app[REGISTRY], self.app[DEPS]
+                outcome = await run_research(request, plan, registry, deps, self.log_event, owner=owner)
         except TimeoutError:
             late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"
             await self.cannot_run(request, late)
@@ -184,7 +197,8 @@ class ResearchSocket:
         await self.error(reason, {"then": "report"})  # a report and `path` follow
         markdown = f"# {request.task}\n\nThis research could not run: {reason}\n"
         report_id = uuid.uuid4().hex
-        record = {"id": report_id, "question": request.task, "error": reason, "report": markdown}
+        owner = self.principal.user_id or request.header("user_id") or self.app[SETTINGS].default_user
+        record = {"owner": owner, "id": report_id, "question": request.task, "error": reason, "report": markdown}
         saved = await asyncio.to_thread(save_report, self.app[SETTINGS].reports_dir, report_id, markdown, record)
         await self.deliver(markdown, saved, "📄 Report saved: the research could not run")
 

@@ -1,0 +1,51 @@
+"""Issue 16: hostile files never abort an ingest run, never escape the tree, never make a huge passage."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from fedresearch.library.embedded import Library
+from fedresearch.library.ingest import ingest
+
+
+def test_one_bad_file_never_aborts_the_run(tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a_csl.json").write_text(json.dumps([{"title": "Odd date", "issued": {"date-parts": [5]}}]))
+    (notes / "b_nested.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    (notes / "c_superscript.md").write_text("---\ntitle: Sup\npage: ²\n---\n# Sup\n\nA note with a superscript page.\n")
+    (notes / "d_highlight.json").write_text(json.dumps([{"text": "a quote", "page": "³"}]))
+    os.close(os.open(bytes(notes) + b"/e_latin1_\xe9.md", os.O_CREAT | os.O_WRONLY))
+    (notes / "z_good.md").write_text("# Good\n\nThe last file is read although the ones before it are hostile.\n")
+    library = Library(tmp_path / "lib")
+    report = ingest(library, "alice", [notes])
+    titles = {document.title for document in library.list_documents("alice")}
+    assert "Good" in titles and "Odd date" in titles and "Sup" in titles, (titles, report.skipped)
+    assert any("b_nested.jsonl" in reason and "nested too deeply" in reason for reason in report.skipped)
+    assert any("not UTF-8" in reason and "\\xe9" in reason for reason in report.skipped), report.skipped
+    assert report.files == 6
+
+
+def test_links_out_of_the_tree_are_not_followed(tmp_path):
+    outside = tmp_path / "secret.md"
+    outside.write_text("# Secret\n\nroot:x:0:0:root:/root:/bin/bash\n")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "passwd.md").symlink_to(outside)
+    (notes / "inside.md").write_text("# Inside\n\nAn ordinary note.\n")
+    (notes / "alias.md").symlink_to(notes / "inside.md")
+    library = Library(tmp_path / "lib")
+    report = ingest(library, "alice", [notes])
+    titles = {document.title for document in library.list_documents("alice")}
+    assert "Secret" not in titles and "Inside" in titles
+    assert any("passwd.md" in reason and "outside the folders given" in reason for reason in report.skipped)
+
+
+def test_text_without_sentence_ends_is_split_into_bounded_passages(tmp_path):
+    huge = tmp_path / "dump.txt"
+    huge.write_text("token " * 400_000 + "x" * 100_000)  # 2.5 MB, no sentence end, one 100k-character word
+    library = Library(tmp_path / "lib")
+    assert ingest(library, "alice", [huge]).added == 1
+    longest = library.records.db().execute("SELECT MAX(LENGTH(text)), COUNT(*) FROM chunks").fetchone()
+    assert longest[0] <= 220 * 12 and longest[1] > 1000, tuple(longest)
