@@ -41,6 +41,10 @@ def make_settings(tmp_path: Path, fakes: dict[str, FakeUpstream] | None = None, 
         "pubmed_email": None,
         "searxng_url": None,
         "brave_api_key": None,
+        # nothing in tests may reach the internet: unless a test points them at fakes, the keyless
+        # scholarly upstreams are a closed local port
+        **{f"{name}_api_base_url": "http://127.0.0.1:9" for name in ("crossref", "arxiv", "pubmed", "europepmc")},
+        "semantic_scholar_api_base_url": "http://127.0.0.1:9",
         "internal_api_base_url": None,
         "default_user": None,
         "api_keys": None,
