@@ -25,6 +25,9 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 _MAX_BACKOFF_S = 60.0
+# spacing a little wider than the published rate: the network's jitter may bunch arrivals, and an
+# upstream counts arrivals (measured: at exactly 1/rate, 21 of 50 requests reached a 20/s fake within one second)
+_HEADROOM = 1.05
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class Rate:
 
     @property
     def interval_s(self) -> float:
-        return self.per_s / self.requests
+        return self.per_s / self.requests * _HEADROOM
 
     def __str__(self) -> str:
         unit = "request" if self.requests == 1 else "requests"
