@@ -94,3 +94,21 @@ def test_a_web_snippet_never_overrides_scholarly_metadata_whatever_the_order():
     for results in ([web, scholarly], [scholarly, web]):
         (source,) = fuse(results)
         assert source.metadata["year"] == 2020 and source.metadata["authors"] == ["V. Karpukhin"]
+
+
+async def test_the_report_cites_the_four_way_paper_as_one_reference(tmp_path, fakes, upstreams, start_server):
+    from tests.conftest import report_of, run_task, websockets
+
+    settings = make_settings(
+        tmp_path, fakes, internal_api_base_url=fakes["internal"].url, **scholarly_settings(upstreams)
+    )
+    fakes["internal"].behaviour.items = [
+        {"content": "Dense passage retrieval notes.", "metadata": {"structured_data": {"doi": DPR_DOI}}}
+    ]
+    server = await start_server(settings)
+    async with websockets.connect(server.ws_url) as ws:
+        headers = {"retrievers": ",".join(FOUR), "user_id": "alice"}
+        frames = await run_task(ws, {"task": "dense passage retrieval for question answering", "headers": headers})
+    references = report_of(frames).split("## References", 1)[1]
+    lines = [line for line in references.splitlines() if DPR_DOI in line or DPR_ARXIV in line]
+    assert len(lines) == 1, references
