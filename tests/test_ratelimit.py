@@ -137,3 +137,21 @@ async def test_crossref_polite_pool_answers_tune_the_limiter(tmp_path, upstreams
 def test_rates_read_as_their_documentation_says():
     assert str(Rate(1, per_s=3, connections=1)) == "1 request per 3 s, 1 at a time"
     assert str(Rate(10)) == "10 requests per s"
+
+
+async def test_a_wait_cancelled_by_its_deadline_spends_no_slot():
+    limiter = LocalRateLimiter()
+    rate = Rate(1, per_s=1)
+
+    async def take():
+        async with limiter.slot("slow", rate):
+            return asyncio.get_running_loop().time()
+
+    first = await take()
+    waiters = [asyncio.create_task(take()) for _ in range(5)]
+    await asyncio.sleep(0.2)
+    for waiter in waiters:
+        waiter.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    # the five abandoned waits left no reservations: the next request goes at the next slot, not 5 s on
+    assert await take() - first < 2.0

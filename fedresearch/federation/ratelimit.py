@@ -2,8 +2,8 @@
 
 Each adapter declares its upstream's published limit in `About.rate`; the runner takes a slot from
 the limiter before every request to that upstream, so fifty concurrent tasks together never send
-arXiv more than one request per three seconds. Requests are spaced (a meter, not a bursting
-bucket): a window of `per_s` seconds never holds more than `requests` starts, which is what
+arXiv more than one request per three seconds. Requests are spaced (a token bucket of depth one:
+no bursts), so a window of `per_s` seconds never holds more than `requests` starts, which is what
 upstreams that ban addresses count. An upstream that announces its own limit in answer headers
 (Crossref's `x-rate-limit-limit`, `x-rate-limit-interval`, `x-concurrency-limit`) is held to the
 announced one, and a 429 pauses the upstream for every task (its Retry-After, or a backoff that
@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 _MAX_BACKOFF_S = 60.0
@@ -92,6 +92,7 @@ class _Upstream:
     next_start: float = 0.0
     paused_until: float = 0.0
     strikes: int = 0
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
     gate: asyncio.Semaphore | None = None
     gate_size: int = 0
     announced: Rate | None = None
@@ -123,11 +124,12 @@ class LocalRateLimiter:
             state.gate, state.gate_size = asyncio.Semaphore(current.connections), current.connections
         gate = state.gate if current.connections else None
         async with gate if gate is not None else contextlib.nullcontext():
-            # reserve the next start before sleeping, so that concurrent waiters queue behind it
-            start = max(self.clock(), state.next_start, state.paused_until)
-            state.next_start = start + current.interval_s
-            if (delay := start - self.clock()) > 0:
-                await asyncio.sleep(delay)
+            async with state.turn:
+                # one waiter at a time (FIFO), and a slot is spent only when its request starts: a task
+                # whose deadline cancels its wait leaves no gap; a 429 meanwhile extends the wait
+                while (delay := max(state.next_start, state.paused_until) - self.clock()) > 0:
+                    await asyncio.sleep(delay)
+                state.next_start = self.clock() + current.interval_s
             yield
 
     def observe(self, upstream: str, status: int, headers: Mapping[str, str]) -> float | None:
