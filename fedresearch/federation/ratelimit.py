@@ -127,9 +127,12 @@ class LocalRateLimiter:
             async with state.turn:
                 # one waiter at a time (FIFO), and a slot is spent only when its request starts: a task
                 # whose deadline cancels its wait leaves no gap; a 429 meanwhile extends the wait
-                while (delay := max(state.next_start, state.paused_until) - self.clock()) > 0:
-                    await asyncio.sleep(delay)
-                state.next_start = self.clock() + current.interval_s
+                target = max(state.next_start, state.paused_until, self.clock())
+                while target > self.clock():
+                    await asyncio.sleep(target - self.clock())
+                    target = max(target, state.paused_until)
+                # from the scheduled start, not the wake-up: a late wake-up must not slow the meter
+                state.next_start = target + current.interval_s
             yield
 
     def observe(self, upstream: str, status: int, headers: Mapping[str, str]) -> float | None:
