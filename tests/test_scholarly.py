@@ -268,3 +268,33 @@ def test_recorded_answers_parse_without_a_server():
     assert openalex.abstract_of({"b": [1], "a": [0, 2]}) == "a b a"
     with pytest.raises(RetrieverFailed, match=r"without message\.items"):
         crossref.parse_response({"status": "ok"})
+
+
+def test_recorded_pubmed_europepmc_searxng_and_brave_answers_parse_without_a_server():
+    from fedresearch.federation.contract import HttpRequest
+    from tests.scholarly_fakes import EFETCH_HEAD, ESEARCH_HEAD, alphafold_europepmc, pubmed_article, searxng_results
+
+    search = HttpRequest("GET", "https://e.example/entrez/eutils/esearch.fcgi", params={"tool": "t", "term": "q"})
+    found = pubmed.parse_response(f"{ESEARCH_HEAD}<eSearchResult><IdList><Id>1</Id></IdList></eSearchResult>", search)
+    (fetch,) = found.follow
+    assert fetch.url == "https://e.example/entrez/eutils/efetch.fcgi" and fetch.params == {
+        "db": "pubmed",
+        "id": "1",
+        "retmode": "xml",
+        "rettype": "abstract",
+        "tool": "t",
+    }
+    fetched = pubmed.parse_response(
+        f"{EFETCH_HEAD}<PubmedArticleSet>{pubmed_article('1', 'T')}</PubmedArticleSet>", fetch
+    )
+    assert fetched.results[0].metadata["pmid"] == "1" and fetched.results[0].metadata["pmcid"] == "PMC8371605"
+    with pytest.raises(RetrieverFailed, match="unexpected XML <html>"):
+        pubmed.parse_response("<html/>", search)
+    assert (
+        europepmc.parse_response({"resultList": {"result": [alphafold_europepmc()]}}).results[0].metadata["year"]
+        == 2021
+    )
+    assert searxng.parse_response({"results": searxng_results()}, 1).results[0].href.endswith(DPR_ARXIV)
+    assert brave.parse_response({"type": "search", "web": {"results": [{"url": "https://a.example"}]}}).warnings == [
+        "skipped a Brave result without url or description"
+    ]
