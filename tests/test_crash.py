@@ -21,15 +21,6 @@ def count(db: Path, sql: str) -> int:
         return connection.execute(sql).fetchone()[0]
 
 
-def documents_so_far(db: Path) -> int:
-    """Documents stored so far; 0 while the ingest has created the file but not yet its tables (a
-    race a loaded machine loses)."""
-    try:
-        return count(db, "SELECT COUNT(*) FROM documents")
-    except sqlite3.OperationalError:
-        return 0
-
-
 def test_sigkill_mid_ingest_then_rerun(tmp_path, encoder):
     notes = tmp_path / "notes"
     notes.mkdir()
@@ -45,7 +36,7 @@ def test_sigkill_mid_ingest_then_rerun(tmp_path, encoder):
     ingest = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if db.exists() and documents_so_far(db) >= 20:
+        if db.exists() and count(db, "SELECT COUNT(*) FROM documents") >= 20:
             break
         time.sleep(0.05)
     ingest.send_signal(signal.SIGKILL)

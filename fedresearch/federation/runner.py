@@ -21,7 +21,7 @@ from fedresearch.core.events import Emit, ProgressEvent
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.models import RetrieverOutcome, RetrieverStatus, SearchResult
 from fedresearch.core.settings import Settings
-from fedresearch.federation import http
+from fedresearch.federation import http, ratelimit
 from fedresearch.federation.contract import (
     Adapter,
     Answer,
@@ -34,7 +34,6 @@ from fedresearch.federation.contract import (
     RetrieverSkipped,
     SearchOptions,
 )
-from fedresearch.federation.ratelimit import LocalRateLimiter, RateLimiter
 from fedresearch.federation.resilience import Guard, Guarded, failure_reason
 from fedresearch.library.embedded import Library
 
@@ -52,11 +51,11 @@ class Deps:
 
     session: aiohttp.ClientSession
     settings: Settings
+    # one per app, like the guard: every task's requests to an upstream share its rate limit
+    limiter: ratelimit.RateLimiter = field(default_factory=ratelimit.LocalRateLimiter)
     library: Library | None = None
     guard: Guard | None = None
     metrics: Metrics | None = None
-    # one per app, like the guard: every task's requests to an upstream share its rate limit
-    limiter: RateLimiter = field(default_factory=LocalRateLimiter)
 
 
 class DeadlineExceeded(RetrieverFailed):
