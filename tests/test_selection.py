@@ -37,8 +37,13 @@ LIBRARY = ["internal_biblio", "internal_highlight", "internal_file"]
 
 def test_report_source_picks_defaults_only_when_none_named(tmp_path):
     assert plan(tmp_path, {"user_id": "u"}, report_source="local").names == LIBRARY
-    assert plan(tmp_path, {}, report_source="web").names == ["tavily", "google"]  # none configured: all, to say why
+    # none configured: all, to say why
+    assert plan(tmp_path, {}, report_source="web").names == ["tavily", "google", "searxng", "brave"]
     assert plan(tmp_path, {}, report_source="web", tavily_api_key="k").names == ["tavily"]
+    assert plan(tmp_path, {}, report_source="web", brave_api_key="k", searxng_url="http://s.example").names == [
+        "searxng",
+        "brave",
+    ]
     assert plan(tmp_path, {"user_id": "u"}, report_source="hybrid", tavily_api_key="k").names == [*LIBRARY, "tavily"]
     assert plan(tmp_path, {"user_id": "u"}).names == LIBRARY  # DEFAULT_RETRIEVERS is `library`
     assert plan(tmp_path, {"user_id": "u"}, default_retrievers=["tavily", "internal_file"]).names == [

@@ -1,12 +1,21 @@
-"""Identifiers: DOI recognition and the canonical key under which duplicates merge."""
+"""Identifiers: DOI and arXiv id recognition, and the keys under which duplicates merge."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 _DOI_BODY = r"10\.\d{4,9}/\S+"
 _DOI_FORMS = re.compile(rf"^(?:doi:\s*|https?://(?:dx\.)?doi\.org/|(?:dx\.)?doi\.org/)?({_DOI_BODY})$", re.IGNORECASE)
+# new-style (2101.00001) and old-style (hep-th/9901001) arXiv ids; the version is not part of the paper
+_ARXIV_ID = r"(\d{4}\.\d{4,5}|[a-z][a-z-]*(?:\.[a-z]{2})?/\d{7})(?:v\d+)?"
+_ARXIV_FORMS = re.compile(
+    rf"^(?:arxiv:\s*|https?://(?:www\.|export\.)?arxiv\.org/(?:abs|pdf)/|(?:https?://(?:dx\.)?doi\.org/)?"
+    rf"10\.48550/arxiv\.){_ARXIV_ID}(?:\.pdf)?/?$",
+    re.IGNORECASE,
+)
 _TRACKING_PARAMS = {
     "fbclid",
     "gclid",
@@ -44,6 +53,13 @@ def doi_of(identifier: str) -> str | None:
     return match.group(1).rstrip(".,;").lower()
 
 
+def arxiv_id_of(identifier: str) -> str | None:
+    """The versionless arXiv id if `identifier` names one: `arXiv:2101.00001v2`, an
+    arxiv.org/abs or /pdf URL, or arXiv's own DOI `10.48550/arXiv.2101.00001`."""
+    match = _ARXIV_FORMS.match(identifier.strip())
+    return match.group(1).lower() if match else None
+
+
 def doi_url(doi: str) -> str:
     bare = doi_of(doi) or doi.strip()
     return f"https://doi.org/{bare}"
@@ -73,10 +89,29 @@ def canonical_url(url: str) -> str:
 
 
 def canonical_key(href: str, kind: str | None = None) -> str:
-    """One key per source: every DOI form collapses, URLs lose their noise, ids keep their kind."""
+    """One key per source: every DOI form collapses, every arXiv form too, URLs lose their noise,
+    ids keep their kind."""
+    arxiv = arxiv_id_of(href)
+    if arxiv:
+        return f"arxiv:{arxiv}"
     doi = doi_of(href)
     if doi:
         return f"doi:{doi}"
     if is_url(href):
         return canonical_url(href)
     return f"id:{kind}:{href.strip()}" if kind else f"id:{href.strip()}"
+
+
+def identity_keys(href: str, metadata: Mapping[str, Any]) -> list[str]:
+    """Every key one result is known by: its link's, and those of the DOI, arXiv id and PubMed id its
+    metadata names. Two results sharing any key are one source (a preprint carrying its journal DOI
+    is the published paper)."""
+    keys = [canonical_key(href, metadata.get("type"))]
+    for name in ("doi", "arxiv_id"):
+        value = metadata.get(name)
+        if isinstance(value, str) and value.strip():
+            keys.append(canonical_key(value if name == "doi" or ":" in value else f"arxiv:{value}"))
+    pmid = metadata.get("pmid")
+    if isinstance(pmid, str | int) and str(pmid).strip().isdigit():
+        keys.append(f"pmid:{str(pmid).strip()}")
+    return [key for key in dict.fromkeys(keys) if key.startswith(("doi:", "arxiv:", "pmid:")) or key == keys[0]]

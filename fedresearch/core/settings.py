@@ -78,6 +78,26 @@ class Settings(BaseSettings):
     google_cx_key: SecretStr | None = Field(None, validation_alias="GOOGLE_CX_KEY")
     google_api_base_url: str = Field("https://www.googleapis.com", validation_alias="GOOGLE_API_BASE_URL")
 
+    # scholarly sources and the web defaults that outlive Google's Custom Search JSON API
+    openalex_api_key: SecretStr | None = Field(None, validation_alias="OPENALEX_API_KEY")
+    openalex_api_base_url: str = Field("https://api.openalex.org", validation_alias="OPENALEX_API_BASE_URL")
+    crossref_mailto: str | None = Field(None, validation_alias="CROSSREF_MAILTO")
+    crossref_api_base_url: str = Field("https://api.crossref.org", validation_alias="CROSSREF_API_BASE_URL")
+    arxiv_api_base_url: str = Field("https://export.arxiv.org", validation_alias="ARXIV_API_BASE_URL")
+    semantic_scholar_api_key: SecretStr | None = Field(None, validation_alias="SEMANTIC_SCHOLAR_API_KEY")
+    semantic_scholar_api_base_url: str = Field(
+        "https://api.semanticscholar.org", validation_alias="SEMANTIC_SCHOLAR_API_BASE_URL"
+    )
+    pubmed_api_key: SecretStr | None = Field(None, validation_alias="PUBMED_API_KEY")
+    pubmed_email: str | None = Field(None, validation_alias="PUBMED_EMAIL")
+    pubmed_tool: str = Field("fedresearch", validation_alias="PUBMED_TOOL")
+    pubmed_api_base_url: str = Field("https://eutils.ncbi.nlm.nih.gov", validation_alias="PUBMED_API_BASE_URL")
+    europepmc_api_base_url: str = Field("https://www.ebi.ac.uk", validation_alias="EUROPEPMC_API_BASE_URL")
+    searxng_url: str | None = Field(None, validation_alias="SEARXNG_URL")
+    brave_api_key: SecretStr | None = Field(None, validation_alias="BRAVE_API_KEY")
+    brave_api_base_url: str = Field("https://api.search.brave.com", validation_alias="BRAVE_API_BASE_URL")
+    brave_requests_per_s: float = Field(1.0, gt=0, validation_alias="BRAVE_REQUESTS_PER_S")
+
     api_keys: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS")
     api_keys_file: Path | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS_FILE")
     knowledge_bases: Path | None = Field(None, validation_alias="FEDRESEARCH_KNOWLEDGE_BASES")
@@ -119,6 +139,9 @@ class Settings(BaseSettings):
         "api_keys_file",
         "knowledge_bases",
         "dify_upstreams",
+        "crossref_mailto",
+        "pubmed_email",
+        "searxng_url",
         mode="before",
     )
     @classmethod
@@ -132,6 +155,10 @@ class Settings(BaseSettings):
         "google_cx_key",
         "api_keys",
         "webhook_api_key",
+        "openalex_api_key",
+        "semantic_scholar_api_key",
+        "pubmed_api_key",
+        "brave_api_key",
         mode="before",
     )
     @classmethod

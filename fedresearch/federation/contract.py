@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 
 from fedresearch.core.models import SearchResult, SourceKind
 from fedresearch.core.settings import Settings
+from fedresearch.federation.ratelimit import Rate
 from fedresearch.library.search import Passage
 
 
@@ -21,7 +22,9 @@ class About:
     """What an upstream is. Every field is read: `kind` groups results in reports and decides how a
     score is calibrated and whether answers are cached; `credentials` names the per-request headers
     the adapter may read; `needs_user` makes `user_id` required; `results` is how the runner decodes
-    the answer; `website` and `needs_key` are shown to operators (GET /api/retrievers)."""
+    the answer; `rate` is the upstream's published limit, which the runner keeps every task of the
+    process under (ratelimit.py; None: no limit to keep); `website` and `needs_key` are shown to
+    operators (GET /api/retrievers)."""
 
     website: str
     kind: SourceKind
@@ -29,6 +32,7 @@ class About:
     needs_user: bool
     results: Literal["JSON", "XML", "text"] = "JSON"
     credentials: tuple[str, ...] = ()
+    rate: Rate | None = None
 
 
 class RetrieverFailed(Exception):

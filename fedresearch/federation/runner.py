@@ -9,8 +9,10 @@ the cache and retries (resilience.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -19,7 +21,7 @@ from fedresearch.core.events import Emit, ProgressEvent
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.models import RetrieverOutcome, RetrieverStatus, SearchResult
 from fedresearch.core.settings import Settings
-from fedresearch.federation import http
+from fedresearch.federation import http, ratelimit
 from fedresearch.federation.contract import (
     Adapter,
     Answer,
@@ -50,6 +52,8 @@ class Deps:
 
     session: aiohttp.ClientSession
     settings: Settings
+    # one per app, like the guard: every task's requests to an upstream share its rate limit
+    limiter: ratelimit.RateLimiter = field(default_factory=ratelimit.LocalRateLimiter)
     library: Library | None = None
     guard: Guard | None = None
     metrics: Metrics | None = None
@@ -57,8 +61,31 @@ class Deps:
 
 
 class DeadlineExceeded(RetrieverFailed):
-    def __init__(self, deadline: Deadline) -> None:
-        super().__init__(f"no answer within {deadline[0]:g} s ({deadline[1]})", transient=True)
+    def __init__(self, deadline: Deadline, waiting_for: str | None = None) -> None:
+        message = f"no answer within {deadline[0]:g} s ({deadline[1]})"
+        if waiting_for is not None:
+            message += f" while waiting for {waiting_for}"
+        super().__init__(message, transient=True)
+
+
+@dataclass
+class _Pacing:
+    """What one search is waiting for, if it is queued behind its upstream's rate limit."""
+
+    waiting_for: str | None = None
+
+
+@contextlib.asynccontextmanager
+async def _paced(adapter: Adapter, deps: Deps, pacing: _Pacing) -> AsyncIterator[None]:
+    rate = adapter.about.rate
+    if rate is None:
+        yield
+        return
+    # left set if the deadline cancels the wait, so that the failure can say why it came
+    pacing.waiting_for = f"the rate limit of {adapter.label} ({rate})"
+    async with deps.limiter.slot(adapter.name, rate):
+        pacing.waiting_for = None
+        yield
 
 
 @dataclass
@@ -67,12 +94,16 @@ class Federated:
     results: list[SearchResult] = field(default_factory=list)
 
 
-async def send(adapter: Adapter, request: Request, deps: Deps) -> Answer:
+async def send(adapter: Adapter, request: Request, deps: Deps, pacing: _Pacing | None = None) -> Answer:
     if isinstance(request, HttpRequest):
         limit = deps.settings.upstream_max_bytes
-        answer = await http.send(deps.session, request, label=adapter.label, limit=limit, results=adapter.about.results)
+        async with _paced(adapter, deps, pacing or _Pacing()):
+            answer = await http.send(
+                deps.session, request, label=adapter.label, limit=limit, results=adapter.about.results
+            )
+        paused = deps.limiter.observe(adapter.name, answer.status, answer.headers) if adapter.about.rate else None
         if answer.status >= 400:
-            raise _http_failure(adapter, answer)
+            raise _http_failure(adapter, answer, paused)
         return answer
     if deps.library is None:
         raise RetrieverFailed("the embedded library is not open on this server")
@@ -80,18 +111,21 @@ async def send(adapter: Adapter, request: Request, deps: Deps) -> Answer:
     return LibraryAnswer(request, passages)
 
 
-def _http_failure(adapter: Adapter, answer: HttpAnswer) -> RetrieverFailed:
-    retry_after = http.retry_after_seconds(answer.headers.get("Retry-After"))
+def _http_failure(adapter: Adapter, answer: HttpAnswer, paused: float | None) -> RetrieverFailed:
+    # a 429 without Retry-After still says when to try again: when the limiter's backoff ends
+    retry_after = http.retry_after_seconds(answer.headers.get("Retry-After")) or paused
     return RetrieverFailed(adapter.describe_error(answer), status=answer.status, retry_after=retry_after)
 
 
-async def exchange(adapter: Adapter, first: Request, options: SearchOptions, deps: Deps) -> Hits:
+async def exchange(
+    adapter: Adapter, first: Request, options: SearchOptions, deps: Deps, pacing: _Pacing | None = None
+) -> Hits:
     """Send `first` and every follow-up its answers call for; results ranked 1..n, at most max_results."""
     hits, pending, sent = Hits(), [first], 0
     while pending and sent < _MAX_REQUESTS and len(hits.results) < options.max_results:
         batch, pending = pending[: _MAX_REQUESTS - sent], []
         sent += len(batch)
-        answers = await asyncio.gather(*(send(adapter, request, deps) for request in batch))
+        answers = await asyncio.gather(*(send(adapter, request, deps, pacing) for request in batch))
         for answer in answers:
             page = adapter.parse_response(answer, options)
             hits.results.extend(page.results)
@@ -123,22 +157,23 @@ async def search_one(
     options = options.for_adapter(adapter.about)
     first = adapter.build_request(options, deps.settings)
     deadline = deadline_of(first, deps.settings, cap)
+    pacing = _Pacing()
     try:
         async with asyncio.timeout(deadline[0]):
             if deps.guard is None:
-                return Guarded(await exchange(adapter, first, options, deps), cached=False, attempts=1)
+                return Guarded(await exchange(adapter, first, options, deps, pacing), cached=False, attempts=1)
             return await deps.guard.call(
                 adapter.name,
                 cacheable=adapter.about.kind != "library",  # remote upstreams spend quota or rate limits
                 credentials=adapter.about.credentials,
                 options=options,
                 deadline_s=deadline[0],
-                search=lambda: exchange(adapter, first, options, deps),
+                search=lambda: exchange(adapter, first, options, deps, pacing),
                 on_suspended=lambda reason: _count_suspension(deps.metrics, adapter.name, reason),
                 others_done=others_done,
             )
     except TimeoutError:
-        raise DeadlineExceeded(deadline) from None
+        raise DeadlineExceeded(deadline, pacing.waiting_for) from None
 
 
 def _count_suspension(metrics: Metrics | None, name: str, reason: str) -> None:

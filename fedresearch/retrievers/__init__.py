@@ -6,11 +6,32 @@
 from __future__ import annotations
 
 from fedresearch.federation.registry import AdapterFactory
-from fedresearch.retrievers import dify, google, internal_api, tavily
+from fedresearch.retrievers import (
+    arxiv,
+    brave,
+    crossref,
+    dify,
+    europepmc,
+    google,
+    internal_api,
+    openalex,
+    pubmed,
+    searxng,
+    semantic_scholar,
+    tavily,
+)
 
 ADAPTERS: tuple[AdapterFactory, ...] = (
     internal_api.adapters,
     tavily.adapters,
     google.adapters,
     dify.adapters,
+    openalex.adapters,
+    crossref.adapters,
+    arxiv.adapters,
+    semantic_scholar.adapters,
+    pubmed.adapters,
+    europepmc.adapters,
+    searxng.adapters,
+    brave.adapters,
 )

@@ -33,10 +33,15 @@ PATH = "/customsearch/v1"
 _PAGE = 10  # the API's largest `num`
 
 
+def with_sites(options: SearchOptions) -> str:
+    """The query limited to `query_domains` with the `site:` operator web engines share."""
+    if not options.query_domains:
+        return options.query
+    return options.query + " (" + " OR ".join(f"site:{domain}" for domain in options.query_domains) + ")"
+
+
 def build_request(base_url: str, api_key: str, cx: str, options: SearchOptions, start: int = 1) -> HttpRequest:
-    query = options.query
-    if options.query_domains:
-        query += " (" + " OR ".join(f"site:{domain}" for domain in options.query_domains) + ")"
+    query = with_sites(options)
     num = max(1, min(_PAGE, options.max_results - start + 1))
     params = {"key": api_key, "cx": cx, "q": query, "num": str(num), "start": str(start)}
     return HttpRequest("GET", base_url.rstrip("/") + PATH, params=params)
