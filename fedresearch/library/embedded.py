@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from sqlite3 import Row
 
 import numpy as np
 
@@ -21,7 +22,16 @@ from fedresearch.library.formats import KINDS, Document
 from fedresearch.library.fulltext import FullTextIndex
 from fedresearch.library.query_vectors import QueryVectors
 from fedresearch.library.records import DocumentInfo, Prepared, Records
-from fedresearch.library.search import Mode, Passage, SearchFilters, fuse_rankings
+from fedresearch.library.search import (
+    DEFAULT_AGGREGATION,
+    Aggregation,
+    Mode,
+    Passage,
+    Ranked,
+    SearchFilters,
+    fuse_documents,
+    fuse_rankings,
+)
 from fedresearch.library.vectors import UserVectors, VectorCache
 
 Progress = Callable[[int], None]
@@ -118,12 +128,32 @@ class Library:
         mode: Mode = "hybrid",
         filters: SearchFilters | None = None,
         candidates: int = 100,
+        documents: bool = False,
+        aggregation: Aggregation = DEFAULT_AGGREGATION,
     ) -> list[Passage]:
-        """The user's best passages for `query`: BM25, exact vectors, or both fused with RRF."""
+        """The user's best passages for `query`: BM25, exact vectors, or both fused with RRF.
+
+        With `documents`, each hit is a document (its best passage, scored as the document) and
+        `top_k` counts documents: a paper's passages never take two places.
+        """
         filters = filters or SearchFilters()
         if top_k < 1 or not query.strip():
             return []
-        limit = max(candidates, top_k)
+        limit = max(candidates, top_k * 3 if documents else top_k)
+        bm25, dense, query_vector = self.rankings(user_id, query, kind, mode, filters, limit)
+        if documents:
+            found = self.records.passages(user_id, list({chunk for chunk, _ in (*bm25, *dense)}))
+            document_of = {chunk: row["document_id"] for chunk, row in found.items()}
+            best = fuse_documents(bm25, dense, document_of, top_k, aggregation)
+        else:
+            best = fuse_rankings(bm25, dense, top_k)
+            found = self.records.passages(user_id, [hit.chunk_id for hit in best])
+        return self._passages(best, found, query_vector)
+
+    def rankings(
+        self, user_id: str, query: str, kind: str | None, mode: Mode, filters: SearchFilters, limit: int
+    ) -> tuple[list[tuple[int, float]], list[tuple[int, float]], np.ndarray | None]:
+        """The BM25 and the vector ranking of the user's passages (chunk id, score), and the query vector."""
         bm25 = self.index.search(user_id, kind, query, filters, limit) if mode != "dense" else []
         dense: list[tuple[int, float]] = []
         query_vector = None
@@ -133,8 +163,10 @@ class Library:
             dense = rows.search(query_vector, self._allowed(user_id, rows, kind, filters), limit)
         elif mode == "dense":
             raise RuntimeError("dense search needs the embedding model; see the README's install notes")
-        best = fuse_rankings(bm25, dense, top_k)
-        found = self.records.passages(user_id, [hit.chunk_id for hit in best])
+        return bm25, dense, query_vector
+
+    @staticmethod
+    def _passages(best: list[Ranked], found: dict[int, Row], query_vector: np.ndarray | None) -> list[Passage]:
         passages = []
         for hit in best:
             row = found.get(hit.chunk_id)
