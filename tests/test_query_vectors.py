@@ -63,3 +63,18 @@ def test_a_failed_pass_fails_only_its_askers_and_the_next_pass_runs(encoder):
             bad.result()
         assert later.result().shape == (encoder.dims,)
     assert vectors("a second good question").shape == (encoder.dims,)
+
+
+def test_past_the_deadline_texts_not_started_come_back_empty_and_leave_the_queue(encoder):
+    recording = Recording(encoder)
+    vectors = QueryVectors(recording, batch=2)
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(vectors, "the first pass holds the encoder")
+        time.sleep(0.1)
+        texts = ["snippet one", "snippet two", "snippet three"]
+        got = vectors.many(texts, deadline=time.monotonic() + 0.2)
+        slow.result()
+    assert got == [None, None, None]  # the encoder was busy until after the deadline
+    assert len(recording.calls) == 1 and not vectors._queue and not vectors._pending
+    again = vectors.many(texts, deadline=time.monotonic() + 30)
+    assert all(v is not None for v in again) and [len(c) for c in recording.calls[1:]] == [2, 1]

@@ -52,6 +52,8 @@ class Library:
         self.index = FullTextIndex(directory / "index", self.records)
         self._vectors = VectorCache(encoder.dims) if encoder is not None else None
         self._query_vectors = QueryVectors(encoder) if encoder is not None else None
+        # snippets of records found elsewhere, scored against questions (knowledge/retrieval.py)
+        self._text_vectors = QueryVectors(encoder, entries=8192) if encoder is not None else None
         self._write_lock = threading.Lock()
 
     # -- writing ------------------------------------------------------------------------------
@@ -118,6 +120,13 @@ class Library:
         if self._query_vectors is None:
             raise RuntimeError("no embedding model: query vectors need it; see the README's install notes")
         return self._query_vectors(query)
+
+    def text_vectors(self, texts: list[str], deadline: float | None = None) -> list[np.ndarray | None]:
+        """Vectors of short texts, cached and batched across callers; None for those whose pass had
+        not started by `deadline` (time.monotonic())."""
+        if self._text_vectors is None:
+            raise RuntimeError("no embedding model: text vectors need it; see the README's install notes")
+        return self._text_vectors.many(texts, deadline)
 
     def search(
         self,
