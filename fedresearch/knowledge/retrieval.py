@@ -32,7 +32,7 @@ _MAX_EMBEDDED = 20
 _SCORED_CHARS = 600
 # Past this many seconds into a request, records still waiting for the shared encoder are scored
 # without it (see calibrated_scores): 20 questions at once stay well inside Dify's 5 s.
-_EMBED_UNTIL_S = 1.0
+_EMBED_UNTIL_S = 0.75
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,8 @@ class Library:
         self._vectors = VectorCache(encoder.dims) if encoder is not None else None
         self._query_vectors = QueryVectors(encoder) if encoder is not None else None
         # snippets of records found elsewhere, scored against questions (knowledge/retrieval.py)
-        self._text_vectors = QueryVectors(encoder, entries=8192) if encoder is not None else None
+        # (passes of 8: a question, or a request past its deadline, waits for at most one short pass)
+        self._text_vectors = QueryVectors(encoder, entries=8192, batch=8) if encoder is not None else None
         self._write_lock = threading.Lock()
 
     # -- writing ------------------------------------------------------------------------------
