@@ -1,6 +1,6 @@
 """Retrieval quality of the embedded library on the BEIR-layout collections in ../shared/datasets.
 
-    python -m bench.quality [--datasets DIR] [--collections med,cisi] [--keep DIR]
+    python -m bench.quality [--datasets DIR] [--collections med,cisi] [--keep DIR] [--index-choices]
 
 Ingests each collection as biblio records of one user (with --keep, into DIR/<name> once, reused
 by later runs), computes each query's BM25 and vector passage rankings once, then scores every
@@ -10,12 +10,17 @@ fusion and aggregation choice at document level (nDCG@10, Recall@100 with pytrec
 - `documents`: the library's documents mode (`Library.search(documents=True)`) for each choice;
 - a leave-one-collection-out table: the choice that scores best on one collection, measured on
   the other, so no figure is tuned on the collection it reports.
+
+--index-choices also rebuilds the full-text index with stopwords on/off and the title in the body
+field or not, and scores BM25 and hybrid (the shipped fusion) for each, with their own table.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,6 +29,8 @@ from typing import Any
 
 import pytrec_eval
 
+from fedresearch.core.text import cjk_bigrams
+from fedresearch.library import fulltext
 from fedresearch.library.embedded import Library
 from fedresearch.library.embeddings import load_encoder
 from fedresearch.library.formats import Document, Section
@@ -124,10 +131,61 @@ def score_choices(library: Library, queries: dict[str, str], qrels: dict[str, di
     return results
 
 
-def leave_one_out(results: dict[str, dict[str, dict]]) -> list[str]:
-    """For each collection, the hybrid choice best on the others, and what it scores on this one."""
+def index_choices(library: Library, queries: dict[str, str], qrels: dict[str, dict[str, int]]) -> dict[str, dict]:
+    """BM25 and hybrid for each way of building the full-text index, on a scratch copy of the index.
+
+    The variants are made by swapping what fulltext.py reads when it builds an index (its stopword
+    list and its entry builder): a benchmark-only switch, not a setting.
+    """
+    rows = library.records.db().execute("SELECT id, document_id FROM chunks WHERE user_id = ?", (USER,))
+    document_of = {int(chunk): int(document) for chunk, document in rows}
+    source_of = {info.id: info.source for info in library.list_documents(USER)}
+    dense = {
+        q: library.rankings(USER, text, "biblio", "dense", SearchFilters(), DEPTH)[1] for q, text in queries.items()
+    }
+    shipped_stopwords, shipped_entry = fulltext.STOPWORDS, fulltext.FullTextIndex._entry
+    results: dict[str, dict] = {}
+    try:
+        for stopwords, title in itertools.product((True, False), repeat=2):
+            fulltext.STOPWORDS = shipped_stopwords if stopwords else frozenset()
+            fulltext.FullTextIndex._entry = staticmethod(shipped_entry if title else _entry_without_title)  # type: ignore[method-assign]
+            scratch = Path(tempfile.mkdtemp(prefix="bench-index-"))
+            library.records.mark_all_unindexed()
+            index = fulltext.FullTextIndex(scratch / "index", library.records)
+            index.catch_up(library.records)
+            label = f"stopwords {'on' if stopwords else 'off'}, title {'in body' if title else 'left out'}"
+            for mode in ("bm25", "hybrid"):
+                run: Run = {}
+                for query_id, text in queries.items():
+                    bm25 = index.search(USER, "biblio", text, SearchFilters(), DEPTH)
+                    kept = dense[query_id] if mode == "hybrid" else []
+                    hits = fuse_documents(bm25, kept, document_of, 100)
+                    run[query_id] = {source_of[document_of[h.chunk_id]]: 100.0 - i for i, h in enumerate(hits)}
+                results[f"{mode} {label}"] = measure(qrels, run)
+            shutil.rmtree(scratch)
+    finally:
+        fulltext.STOPWORDS, fulltext.FullTextIndex._entry = shipped_stopwords, shipped_entry  # type: ignore[method-assign]
+    return results
+
+
+def _entry_without_title(document: Any, chunk: Any) -> Any:
+    import tantivy
+
+    return tantivy.Document(
+        user=chunk["user_id"],
+        kind=chunk["kind"],
+        document=document["id"],
+        chunk=chunk["id"],
+        body=chunk["text"],
+        cjk=" ".join(cjk_bigrams(chunk["text"])),
+        year=document["year"] or 0,
+    )
+
+
+def leave_one_out(results: dict[str, dict[str, dict]], prefix: str = "hybrid rrf") -> list[str]:
+    """For each collection, the choice (named `prefix`...) best on the others, and what it scores on this one."""
     lines = []
-    tuned = [name for name in next(iter(results.values())) if name.startswith("hybrid rrf")]
+    tuned = [name for name in next(iter(results.values())) if name.startswith(prefix)]
     for held_out, scores in results.items():
         others = [name for name in results if name != held_out]
         if not others:
@@ -147,19 +205,26 @@ def main() -> None:
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
     parser.add_argument("--collections", default="med,cisi")
     parser.add_argument("--keep", type=Path, help="ingest into DIR/<collection> once and reuse it")
+    parser.add_argument("--index-choices", action="store_true", help="also score stopword and title choices")
     args = parser.parse_args()
     encoder = load_encoder()
     if encoder is None:
         raise SystemExit("the embedding model is not installed (make installs it)")
     results: dict[str, dict[str, dict]] = {}
+    indexing: dict[str, dict[str, dict]] = {}
     for name in args.collections.split(","):
         corpus, queries, qrels = load_collection(args.datasets / name)
         library = open_library(name, corpus, encoder, args.keep)
         results[name] = score_choices(library, queries, qrels)
-        for choice, scores in results[name].items():
+        if args.index_choices:
+            indexing[name] = index_choices(library, queries, qrels)
+        for choice, scores in (results[name] | indexing.get(name, {})).items():
             print(f"  {choice:<42} nDCG@10 {scores['ndcg@10']:.3f}  Recall@100 {scores['recall@100']:.3f}")
     print("\nleave one collection out (hybrid choices: RRF k, aggregation):")
     print("\n".join(leave_one_out(results)))
+    if indexing:
+        print("leave one collection out (index choices: stopwords, title in body):")
+        print("\n".join(leave_one_out(indexing, "bm25") + leave_one_out(indexing, "hybrid")))
     print(json.dumps(results, indent=2))
 
 
