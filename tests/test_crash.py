@@ -36,8 +36,11 @@ def test_sigkill_mid_ingest_then_rerun(tmp_path, encoder):
     ingest = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if db.exists() and count(db, "SELECT COUNT(*) FROM documents") >= 20:
-            break
+        try:
+            if db.exists() and count(db, "SELECT COUNT(*) FROM documents") >= 20:
+                break
+        except sqlite3.OperationalError:
+            pass  # the file exists a moment before its tables do
         time.sleep(0.05)
     ingest.send_signal(signal.SIGKILL)
     ingest.wait()
