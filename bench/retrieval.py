@@ -69,6 +69,7 @@ class WebSearch(FakeTavily):
 
 
 async def concurrent(clients: int, rounds: int, shipped_only: bool) -> None:
+    # over 40 lines: one scenario (web fake, server, rounds, both scorings) read top to bottom
     web_search = await WebSearch().start()
     directory = Path(tempfile.mkdtemp(prefix="bench-retrieval-load-"))
     bases = directory / "kb.toml"
