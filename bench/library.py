@@ -1,6 +1,11 @@
 """The embedded library at scale: ingest rate, disk, peak RSS, and search latency per mode.
 
     python -m bench.library [--sizes 10000,100000] [--queries 200]
+    python -m bench.library --encoders [--queries 200]
+
+--encoders compares the two forward passes of the same model side by side in one process (ONNX
+Runtime and numpy): query encoding alone, ingest with real embeddings, and 16 threads asking
+different questions at once (batched by the query-vector cache, against one pass per question).
 
 Passages are generated from the word distribution of the collections in ../shared/datasets
 (~120 words each). The ingest rate is measured with real embeddings on a sample; the bulk of the
@@ -125,13 +130,61 @@ def run_size(size: int, query_count: int, datasets: Path) -> dict:
     }
 
 
+def compare_encoders(query_count: int, datasets: Path) -> None:
+    words, p, queries = word_distribution(datasets)
+    sample = passages(words, p, 256, seed=1)
+    asked = [queries[i % len(queries)] for i in range(query_count)]
+    print(
+        f"{'backend':<12} {'query encoding':<32} {'ingest passages/s':>18}"
+        f" {'16 at once, batched':>20} {'one pass each':>14}"
+    )
+    for backend in ("onnxruntime", "numpy"):
+        encoder = load_encoder(backend=backend)  # type: ignore[arg-type]
+        assert encoder is not None, "the embedding model is not installed (make installs it)"
+        encoder.encode(asked[:4])
+        timings = []
+        for query in asked:
+            started = time.perf_counter()
+            encoder.encode([query])
+            timings.append((time.perf_counter() - started) * 1000)
+        directory = Path(tempfile.mkdtemp(prefix=f"bench-encoder-{backend}-"))
+        library = Library(directory, encoder=encoder)
+        count = len(sample) if backend == "onnxruntime" else 64  # numpy is slow: a shorter sample
+        started = time.perf_counter()
+        library.add_documents(
+            "u", [Document("biblio", f"s{i}", "", [Section(t)]) for i, t in enumerate(sample[:count])]
+        )
+        rate = count / (time.perf_counter() - started)
+        batched, serial = concurrent_queries(library, encoder, asked[:16])
+        print(f"{backend:<12} {percentiles(timings):<32} {rate:>18.1f} {batched:>17.0f} ms {serial:>11.0f} ms")
+
+
+def concurrent_queries(library: Library, encoder: Encoder, questions: list[str]) -> tuple[float, float]:
+    """Wall time for 16 threads each asking its own question: through the batching cache, and one pass each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(questions)) as pool:
+        library._query_vectors.clear()  # type: ignore[union-attr]
+        started = time.perf_counter()
+        list(pool.map(library.query_vector, questions))
+        batched = (time.perf_counter() - started) * 1000
+        started = time.perf_counter()
+        list(pool.map(lambda q: encoder.encode([q]), questions))
+        serial = (time.perf_counter() - started) * 1000
+    return batched, serial
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
     parser.add_argument("--single", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--encoders", action="store_true", help="compare ONNX Runtime and numpy side by side")
     args = parser.parse_args()
+    if args.encoders:
+        compare_encoders(args.queries, args.datasets)
+        return
     if args.single:
         print(json.dumps(run_size(args.single, args.queries, args.datasets)))
         return

@@ -1,28 +1,47 @@
 """Retrieval quality of the embedded library on the BEIR-layout collections in ../shared/datasets.
 
-    python -m bench.quality [--datasets DIR] [--collections med,cisi]
+    python -m bench.quality [--datasets DIR] [--collections med,cisi] [--keep DIR] [--index-choices]
 
-Prints nDCG@10 and Recall@100 (pytrec_eval) for BM25, dense and hybrid search, and the ingest
-rate with real embeddings. The collections are ingested as biblio records of one user; passages
-are scored per document by their best passage.
+Ingests each collection as biblio records of one user (with --keep, into DIR/<name> once, reused
+by later runs), computes each query's BM25 and vector passage rankings once, then scores every
+fusion and aggregation choice at document level (nDCG@10, Recall@100 with pytrec_eval):
+
+- `before`: the library's passage search (RRF k=60) with each document at its best passage's place;
+- `documents`: the library's documents mode (`Library.search(documents=True)`) for each choice;
+- a leave-one-collection-out table: the choice that scores best on one collection, measured on
+  the other, so no figure is tuned on the collection it reports.
+
+--index-choices also rebuilds the full-text index with stopwords on/off and the title in the body
+field or not, and scores BM25 and hybrid (the shipped fusion) for each, with their own table.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytrec_eval
 
+from fedresearch.core.text import cjk_bigrams
+from fedresearch.library import fulltext
 from fedresearch.library.embedded import Library
 from fedresearch.library.embeddings import load_encoder
 from fedresearch.library.formats import Document, Section
+from fedresearch.library.search import SearchFilters, fuse_documents, fuse_rankings
 
 DEFAULT_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-MODES = ("bm25", "dense", "hybrid")
+USER = "bench"
+DEPTH = 300  # passages taken from each ranking
+Ranking = list[tuple[int, float]]
+Rankings = dict[str, tuple[Ranking, Ranking]]  # query id -> (BM25, dense)
+Run = dict[str, dict[str, float]]
 
 
 def load_collection(directory: Path) -> tuple[list[dict], dict[str, str], dict[str, dict[str, int]]]:
@@ -35,15 +54,18 @@ def load_collection(directory: Path) -> tuple[list[dict], dict[str, str], dict[s
     return corpus, {q: t for q, t in queries.items() if q in qrels}, qrels
 
 
-def evaluate(name: str, directory: Path, encoder) -> dict[str, dict[str, float]]:
-    corpus, queries, qrels = load_collection(directory)
-    library = Library(Path(tempfile.mkdtemp(prefix=f"bench-{name}-")), encoder=encoder)
+def open_library(name: str, corpus: list[dict], encoder: Any, keep: Path | None) -> Library:
+    directory = keep / name if keep is not None else Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    library = Library(directory, encoder=encoder)
+    if len(library.list_documents(USER)) == len(corpus):
+        print(f"{name}: reusing the library ingested in {directory}", flush=True)
+        return library
     documents = [
         Document(kind="biblio", source=doc["_id"], title=doc.get("title") or "", sections=[Section(doc["text"])])
         for doc in corpus
     ]
     started = time.perf_counter()
-    library.add_documents("bench", documents)
+    library.add_documents(USER, documents)
     seconds = time.perf_counter() - started
     passages = library.records.db().execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
     print(
@@ -51,36 +73,158 @@ def evaluate(name: str, directory: Path, encoder) -> dict[str, dict[str, float]]
         f"({passages / seconds:.1f} passages/s with embeddings)",
         flush=True,
     )
-    source_of = {info.id: info.source for info in library.list_documents("bench")}
-    scores: dict[str, dict[str, float]] = {}
-    for mode in MODES:
-        run: dict[str, dict[str, float]] = {}
-        for query_id, text in queries.items():
+    return library
+
+
+def measure(qrels: dict[str, dict[str, int]], run: Run) -> dict[str, float]:
+    measures = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"}).evaluate(run)
+    return {
+        "ndcg@10": sum(m["ndcg_cut_10"] for m in measures.values()) / len(measures),
+        "recall@100": sum(m["recall_100"] for m in measures.values()) / len(measures),
+    }
+
+
+def choices() -> dict[str, Callable[[Ranking, Ranking, dict[int, int]], list[int]]]:
+    """Each measured choice: (BM25, dense, chunk -> document) to chunk ids of the best 100 documents."""
+
+    def documents(mode: str, aggregation: Any, k: int) -> Callable[[Ranking, Ranking, dict[int, int]], list[int]]:
+        def rank(bm25: Ranking, dense: Ranking, document_of: dict[int, int]) -> list[int]:
+            kept = (bm25 if mode != "dense" else [], dense if mode != "bm25" else [])
+            return [hit.chunk_id for hit in fuse_documents(*kept, document_of, 100, aggregation, k)]
+
+        return rank
+
+    def before(mode: str) -> Callable[[Ranking, Ranking, dict[int, int]], list[int]]:
+        def rank(bm25: Ranking, dense: Ranking, document_of: dict[int, int]) -> list[int]:
+            kept = (bm25 if mode != "dense" else [], dense if mode != "bm25" else [])
+            return [hit.chunk_id for hit in fuse_rankings(*kept, DEPTH)]
+
+        return rank
+
+    found: dict[str, Callable[[Ranking, Ranking, dict[int, int]], list[int]]] = {}
+    for mode in ("bm25", "dense", "hybrid"):
+        found[f"before {mode}"] = before(mode)
+        found[f"documents {mode}"] = documents(mode, "max", 60)
+    for k in (10, 30, 60, 100):
+        for aggregation in ("max", "top2", "rrf"):
+            found[f"hybrid rrf k={k} aggregation={aggregation}"] = documents("hybrid", aggregation, k)
+    return found
+
+
+def score_choices(library: Library, queries: dict[str, str], qrels: dict[str, dict[str, int]]) -> dict[str, dict]:
+    rows = library.records.db().execute("SELECT id, document_id FROM chunks WHERE user_id = ?", (USER,))
+    document_of = {int(chunk): int(document) for chunk, document in rows}
+    source_of = {info.id: info.source for info in library.list_documents(USER)}
+    rankings: Rankings = {}
+    for query_id, text in queries.items():
+        bm25, dense, _ = library.rankings(USER, text, "biblio", "hybrid", SearchFilters(), DEPTH)
+        rankings[query_id] = (bm25, dense)
+    results = {}
+    for name, rank in choices().items():
+        run: Run = {}
+        for query_id, (bm25, dense) in rankings.items():
             ranked: dict[str, float] = {}
-            for position, passage in enumerate(library.search("bench", text, "biblio", 300, mode)):
-                ranked.setdefault(source_of[passage.document_id], 1000.0 - position)
+            for chunk_id in rank(bm25, dense, document_of):
+                ranked.setdefault(source_of[document_of[chunk_id]], 1000.0 - len(ranked))
             run[query_id] = dict(list(ranked.items())[:100])
-        measures = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"}).evaluate(run)
-        scores[mode] = {
-            "ndcg@10": sum(m["ndcg_cut_10"] for m in measures.values()) / len(measures),
-            "recall@100": sum(m["recall_100"] for m in measures.values()) / len(measures),
-        }
-        print(
-            f"  {mode:<7} nDCG@10 {scores[mode]['ndcg@10']:.3f}  Recall@100 {scores[mode]['recall@100']:.3f}",
-            flush=True,
+        results[name] = measure(qrels, run)
+    return results
+
+
+def index_choices(library: Library, queries: dict[str, str], qrels: dict[str, dict[str, int]]) -> dict[str, dict]:
+    """BM25 and hybrid for each way of building the full-text index, on a scratch copy of the index.
+
+    The variants are made by swapping what fulltext.py reads when it builds an index (its stopword
+    list and its entry builder): a benchmark-only switch, not a setting.
+    """
+    rows = library.records.db().execute("SELECT id, document_id FROM chunks WHERE user_id = ?", (USER,))
+    document_of = {int(chunk): int(document) for chunk, document in rows}
+    source_of = {info.id: info.source for info in library.list_documents(USER)}
+    dense = {
+        q: library.rankings(USER, text, "biblio", "dense", SearchFilters(), DEPTH)[1] for q, text in queries.items()
+    }
+    shipped_stopwords, shipped_entry = fulltext.STOPWORDS, fulltext.FullTextIndex._entry
+    results: dict[str, dict] = {}
+    try:
+        for stopwords, title in itertools.product((True, False), repeat=2):
+            fulltext.STOPWORDS = shipped_stopwords if stopwords else frozenset()
+            fulltext.FullTextIndex._entry = staticmethod(shipped_entry if title else _entry_without_title)  # type: ignore[method-assign]
+            scratch = Path(tempfile.mkdtemp(prefix="bench-index-"))
+            library.records.mark_all_unindexed()
+            index = fulltext.FullTextIndex(scratch / "index", library.records)
+            index.catch_up(library.records)
+            label = f"stopwords {'on' if stopwords else 'off'}, title {'in body' if title else 'left out'}"
+            for mode in ("bm25", "hybrid"):
+                run: Run = {}
+                for query_id, text in queries.items():
+                    bm25 = index.search(USER, "biblio", text, SearchFilters(), DEPTH)
+                    kept = dense[query_id] if mode == "hybrid" else []
+                    hits = fuse_documents(bm25, kept, document_of, 100)
+                    run[query_id] = {source_of[document_of[h.chunk_id]]: 100.0 - i for i, h in enumerate(hits)}
+                results[f"{mode} {label}"] = measure(qrels, run)
+            shutil.rmtree(scratch)
+    finally:
+        fulltext.STOPWORDS, fulltext.FullTextIndex._entry = shipped_stopwords, shipped_entry  # type: ignore[method-assign]
+    return results
+
+
+def _entry_without_title(document: Any, chunk: Any) -> Any:
+    import tantivy
+
+    return tantivy.Document(
+        user=chunk["user_id"],
+        kind=chunk["kind"],
+        document=document["id"],
+        chunk=chunk["id"],
+        body=chunk["text"],
+        cjk=" ".join(cjk_bigrams(chunk["text"])),
+        year=document["year"] or 0,
+    )
+
+
+def leave_one_out(results: dict[str, dict[str, dict]], prefix: str = "hybrid rrf") -> list[str]:
+    """For each collection, the choice (named `prefix`...) best on the others, and what it scores on this one."""
+    lines = []
+    tuned = [name for name in next(iter(results.values())) if name.startswith(prefix)]
+    for held_out, scores in results.items():
+        others = [name for name in results if name != held_out]
+        if not others:
+            continue
+        pick = max(tuned, key=lambda name: sum(results[other][name]["ndcg@10"] for other in others))
+        best_here = max(tuned, key=lambda name: scores[name]["ndcg@10"])
+        lines.append(
+            f"  held out {held_out:<5} tuned on {'+'.join(others):<5} picks [{pick}]: "
+            f"nDCG@10 {scores[pick]['ndcg@10']:.3f}  Recall@100 {scores[pick]['recall@100']:.3f}"
+            f"  (best possible here {scores[best_here]['ndcg@10']:.3f} with [{best_here}])"
         )
-    return scores
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
     parser.add_argument("--collections", default="med,cisi")
+    parser.add_argument("--keep", type=Path, help="ingest into DIR/<collection> once and reuse it")
+    parser.add_argument("--index-choices", action="store_true", help="also score stopword and title choices")
     args = parser.parse_args()
     encoder = load_encoder()
     if encoder is None:
         raise SystemExit("the embedding model is not installed (make installs it)")
-    results = {name: evaluate(name, args.datasets / name, encoder) for name in args.collections.split(",")}
+    results: dict[str, dict[str, dict]] = {}
+    indexing: dict[str, dict[str, dict]] = {}
+    for name in args.collections.split(","):
+        corpus, queries, qrels = load_collection(args.datasets / name)
+        library = open_library(name, corpus, encoder, args.keep)
+        results[name] = score_choices(library, queries, qrels)
+        if args.index_choices:
+            indexing[name] = index_choices(library, queries, qrels)
+        for choice, scores in (results[name] | indexing.get(name, {})).items():
+            print(f"  {choice:<42} nDCG@10 {scores['ndcg@10']:.3f}  Recall@100 {scores['recall@100']:.3f}")
+    print("\nleave one collection out (hybrid choices: RRF k, aggregation):")
+    print("\n".join(leave_one_out(results)))
+    if indexing:
+        print("leave one collection out (index choices: stopwords, title in body):")
+        print("\n".join(leave_one_out(indexing, "bm25") + leave_one_out(indexing, "hybrid")))
     print(json.dumps(results, indent=2))
 
 

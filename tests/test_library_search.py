@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fedresearch.library.embedded import Library
+from fedresearch.library.embeddings import load_encoder
 from fedresearch.library.ingest import ingest
 from fedresearch.library.search import SearchFilters
 from tests.conftest import EXAMPLES
@@ -16,8 +17,16 @@ from tests.conftest import EXAMPLES
 REFERENCE = json.loads((Path(__file__).parent / "data" / "minilm_reference.json").read_text())
 
 
-def test_numpy_encoder_matches_sentence_transformers(encoder):
-    vectors = encoder.encode(REFERENCE["texts"], batch_size=4)  # mixed lengths: padding, truncation, Chinese
+@pytest.fixture(scope="module")
+def numpy_encoder():
+    return load_encoder(backend="numpy")
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "numpy"])
+def test_both_encoders_match_sentence_transformers(encoder, numpy_encoder, backend):
+    chosen = encoder if backend == "onnxruntime" else numpy_encoder
+    assert chosen.backend == backend
+    vectors = chosen.encode(REFERENCE["texts"], batch_size=4)  # mixed lengths: padding, truncation, Chinese
     reference = np.array(REFERENCE["vectors"], dtype=np.float32)
     assert np.abs(vectors - reference).max() < 1e-5
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)

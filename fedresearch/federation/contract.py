@@ -96,6 +96,7 @@ class LibraryRequest:
     kind: str | None
     query: str
     top_k: int
+    documents: bool = False  # one hit per document (a paper), top_k counting documents
 
 
 Request = HttpRequest | LibraryRequest

@@ -107,7 +107,9 @@ async def send(adapter: Adapter, request: Request, deps: Deps, pacing: _Pacing |
         return answer
     if deps.library is None:
         raise RetrieverFailed("the embedded library is not open on this server")
-    passages = await asyncio.to_thread(deps.library.search, request.user_id, request.query, request.kind, request.top_k)
+    passages = await asyncio.to_thread(
+        deps.library.search, request.user_id, request.query, request.kind, request.top_k, documents=request.documents
+    )
     return LibraryAnswer(request, passages)
 
 

@@ -12,6 +12,7 @@ record, or else by its RRF score as a fraction of the best attainable one.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,9 @@ from fedresearch.knowledge.bases import KnowledgeBase
 # Embedding records to score them happens after retrieval, inside Dify's 5 s: bound that work.
 _MAX_EMBEDDED = 20
 _SCORED_CHARS = 600
+# Past this many seconds into a request, records still waiting for the shared encoder are scored
+# without it (see calibrated_scores): 20 questions at once stay well inside Dify's 5 s.
+_EMBED_UNTIL_S = 0.75
 
 
 @dataclass(frozen=True)
@@ -74,19 +78,31 @@ def _calibrated(source: FusedResult) -> float | None:
 
 
 def calibrated_scores(
-    query: str, sources: list[FusedResult], deps: Deps, weights: dict[str, float], names: list[str]
+    query: str,
+    sources: list[FusedResult],
+    deps: Deps,
+    weights: dict[str, float],
+    names: list[str],
+    deadline: float | None = None,
 ) -> list[float]:
-    encoder = deps.library.encoder if deps.library is not None else None
-    if encoder is None or deps.library is None:
+    """Each record's cosine to the query. Records whose embedding pass had not started by `deadline`
+    (time.monotonic(); many requests at once share the encoder) are not embedded: their score is
+    their retriever's own 0..1 score (or RRF fraction) capped at the lowest cosine of this answer."""
+    library = deps.library
+    if library is None or library.encoder is None:
         return [_fallback_score(source, weights, names) for source in sources]
     scores: list[float | None] = [_calibrated(source) for source in sources]
     missing = [i for i, score in enumerate(scores) if score is None]
     if missing:
-        query_vector = deps.library.query_vector(query)
+        query_vector = library.query_vector(query)
         texts = [f"{sources[i].title}\n{sources[i].body[:_SCORED_CHARS]}".strip() for i in missing]
-        vectors = encoder.encode(texts, batch_size=16)
-        for i, cosine in zip(missing, vectors @ query_vector, strict=True):
-            scores[i] = float(cosine)
+        for i, vector in zip(missing, library.text_vectors(texts, deadline), strict=True):
+            scores[i] = None if vector is None else float(vector @ query_vector)
+        known = [score for score in scores if score is not None]
+        floor = min(known) if known else 1.0
+        for i in missing:
+            if scores[i] is None:
+                scores[i] = min(floor, _fallback_score(sources[i], weights, names))
     return [float(np.clip(score, 0.0, 1.0)) for score in scores]  # type: ignore[arg-type]
 
 
@@ -101,6 +117,7 @@ async def retrieve(
     registry: dict[str, Adapter],
     deps: Deps,
 ) -> list[Record]:
+    embed_until = time.monotonic() + _EMBED_UNTIL_S
     top_k = request.retrieval_setting.top_k or base.top_k
     threshold = request.retrieval_setting.score_threshold or 0.0
     # Ask for more than top_k so the threshold still leaves enough; conditions are applied to the
@@ -113,7 +130,9 @@ async def retrieve(
     if request.metadata_condition is not None:
         sources = [s for s in sources if request.metadata_condition.holds(_metadata(s))]
     sources = _bounded(sources)
-    scores = await asyncio.to_thread(calibrated_scores, request.query, sources, deps, base.weights, base.retrievers)
+    scores = await asyncio.to_thread(
+        calibrated_scores, request.query, sources, deps, base.weights, base.retrievers, embed_until
+    )
     records = [
         Record(content=source.body, score=score, title=source.title or source.href, metadata=_metadata(source))
         for source, cosine in zip(sources, scores, strict=True)

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from sqlite3 import Row
 
 import numpy as np
 
@@ -22,7 +23,16 @@ from fedresearch.library.formats import KINDS, Document
 from fedresearch.library.fulltext import FullTextIndex, IndexBusy
 from fedresearch.library.query_vectors import QueryVectors
 from fedresearch.library.records import DocumentInfo, Prepared, Records
-from fedresearch.library.search import Mode, Passage, SearchFilters, fuse_rankings
+from fedresearch.library.search import (
+    DEFAULT_AGGREGATION,
+    Aggregation,
+    Mode,
+    Passage,
+    Ranked,
+    SearchFilters,
+    fuse_documents,
+    fuse_rankings,
+)
 from fedresearch.library.vectors import UserVectors, VectorCache
 
 Progress = Callable[[int], None]
@@ -44,6 +54,9 @@ class Library:
         self.index = FullTextIndex(directory / "index", self.records)
         self._vectors = VectorCache(encoder.dims) if encoder is not None else None
         self._query_vectors = QueryVectors(encoder) if encoder is not None else None
+        # snippets of records found elsewhere, scored against questions (knowledge/retrieval.py)
+        # (passes of 8: a question, or a request past its deadline, waits for at most one short pass)
+        self._text_vectors = QueryVectors(encoder, entries=8192, batch=8) if encoder is not None else None
         self._write_lock = threading.Lock()
         if self.records.unindexed():  # left by a crash, another process, or a rebuilt index
             try:
@@ -116,6 +129,13 @@ class Library:
             raise RuntimeError("no embedding model: query vectors need it; see the README's install notes")
         return self._query_vectors(query)
 
+    def text_vectors(self, texts: list[str], deadline: float | None = None) -> list[np.ndarray | None]:
+        """Vectors of short texts, cached and batched across callers; None for those whose pass had
+        not started by `deadline` (time.monotonic())."""
+        if self._text_vectors is None:
+            raise RuntimeError("no embedding model: text vectors need it; see the README's install notes")
+        return self._text_vectors.many(texts, deadline)
+
     def search(
         self,
         user_id: str,
@@ -125,12 +145,32 @@ class Library:
         mode: Mode = "hybrid",
         filters: SearchFilters | None = None,
         candidates: int = 100,
+        documents: bool = False,
+        aggregation: Aggregation = DEFAULT_AGGREGATION,
     ) -> list[Passage]:
-        """The user's best passages for `query`: BM25, exact vectors, or both fused with RRF."""
+        """The user's best passages for `query`: BM25, exact vectors, or both fused with RRF.
+
+        With `documents`, each hit is a document (its best passage, scored as the document) and
+        `top_k` counts documents: a paper's passages never take two places.
+        """
         filters = filters or SearchFilters()
         if top_k < 1 or not query.strip():
             return []
-        limit = max(candidates, top_k)
+        limit = max(candidates, top_k * 3 if documents else top_k)
+        bm25, dense, query_vector = self.rankings(user_id, query, kind, mode, filters, limit)
+        if documents:
+            found = self.records.passages(user_id, list({chunk for chunk, _ in (*bm25, *dense)}))
+            document_of = {chunk: row["document_id"] for chunk, row in found.items()}
+            best = fuse_documents(bm25, dense, document_of, top_k, aggregation)
+        else:
+            best = fuse_rankings(bm25, dense, top_k)
+            found = self.records.passages(user_id, [hit.chunk_id for hit in best])
+        return self._passages(best, found, query_vector)
+
+    def rankings(
+        self, user_id: str, query: str, kind: str | None, mode: Mode, filters: SearchFilters, limit: int
+    ) -> tuple[list[tuple[int, float]], list[tuple[int, float]], np.ndarray | None]:
+        """The BM25 and the vector ranking of the user's passages (chunk id, score), and the query vector."""
         bm25 = self.index.search(user_id, kind, query, filters, limit) if mode != "dense" else []
         dense: list[tuple[int, float]] = []
         query_vector = None
@@ -140,8 +180,10 @@ class Library:
             dense = rows.search(query_vector, self._allowed(user_id, rows, kind, filters), limit)
         elif mode == "dense":
             raise RuntimeError("dense search needs the embedding model; see the README's install notes")
-        best = fuse_rankings(bm25, dense, top_k)
-        found = self.records.passages(user_id, [hit.chunk_id for hit in best])
+        return bm25, dense, query_vector
+
+    @staticmethod
+    def _passages(best: list[Ranked], found: dict[int, Row], query_vector: np.ndarray | None) -> list[Passage]:
         passages = []
         for hit in best:
             row = found.get(hit.chunk_id)

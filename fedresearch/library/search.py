@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from fedresearch.core.ranking import rrf
+from fedresearch.core.ranking import RRF_K, rrf
 
 Mode = Literal["hybrid", "bm25", "dense"]
+# How a document's passages make one document score (bench/quality.py measures each):
+# "max" its best fused passage, "top2" the sum of its two best, "rrf" ranks documents by their best
+# passage inside each ranking first and fuses those document rankings.
+Aggregation = Literal["max", "top2", "rrf"]
+DEFAULT_AGGREGATION: Aggregation = "rrf"
 
 # BM25 is unbounded; this saturating map is only used when no vector exists for the passage.
 _BM25_HALF = 10.0
@@ -42,18 +47,62 @@ class Ranked:
     ranks: dict[str, int] = field(default_factory=dict)
 
 
-def fuse_rankings(bm25: Sequence[tuple[int, float]], dense: Sequence[tuple[int, float]], top_k: int) -> list[Ranked]:
+def fuse_rankings(
+    bm25: Sequence[tuple[int, float]], dense: Sequence[tuple[int, float]], top_k: int, k: int = RRF_K
+) -> list[Ranked]:
     """Reciprocal rank fusion of (chunk id, score) rankings, best `top_k` first."""
     found: dict[int, Ranked] = {}
     for rank, (chunk_id, score) in enumerate(bm25, start=1):
         hit = found.setdefault(chunk_id, Ranked(chunk_id))
         hit.bm25, hit.ranks["bm25"] = score, rank
-        hit.rrf += rrf(rank)
+        hit.rrf += rrf(rank, k=k)
     for rank, (chunk_id, cosine) in enumerate(dense, start=1):
         hit = found.setdefault(chunk_id, Ranked(chunk_id))
         hit.cosine, hit.ranks["dense"] = cosine, rank
-        hit.rrf += rrf(rank)
+        hit.rrf += rrf(rank, k=k)
     return sorted(found.values(), key=lambda hit: hit.rrf, reverse=True)[:top_k]
+
+
+def _best_per_document(ranking: Sequence[tuple[int, float]], document_of: dict[int, int]) -> list[tuple[int, float]]:
+    """A passage ranking as a document ranking: each document at the place of its best passage."""
+    seen: dict[int, float] = {}
+    for chunk_id, score in ranking:
+        document = document_of.get(chunk_id)
+        if document is not None and document not in seen:
+            seen[document] = score
+    return list(seen.items())
+
+
+def fuse_documents(
+    bm25: Sequence[tuple[int, float]],
+    dense: Sequence[tuple[int, float]],
+    document_of: dict[int, int],
+    top_k: int,
+    aggregation: Aggregation = DEFAULT_AGGREGATION,
+    k: int = RRF_K,
+) -> list[Ranked]:
+    """The best `top_k` documents, each as its best fused passage carrying the document's score.
+
+    Passages whose document is unknown (left in the index by a removed document) are dropped.
+    """
+    passages = fuse_rankings(bm25, dense, len(document_of) or 1, k)
+    best: dict[int, Ranked] = {}
+    scores: dict[int, list[float]] = {}
+    for hit in passages:
+        document = document_of.get(hit.chunk_id)
+        if document is not None:
+            best.setdefault(document, hit)
+            scores.setdefault(document, []).append(hit.rrf)
+    if aggregation == "rrf":
+        documents = fuse_rankings(
+            _best_per_document(bm25, document_of), _best_per_document(dense, document_of), len(best), k
+        )
+        total = {ranked.chunk_id: ranked.rrf for ranked in documents}
+    else:
+        kept = 2 if aggregation == "top2" else 1
+        total = {document: sum(values[:kept]) for document, values in scores.items()}
+    ordered = sorted(best, key=lambda document: total[document], reverse=True)[:top_k]
+    return [replace(best[document], rrf=total[document]) for document in ordered]
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ class LiteratureApi:
             raise RetrieverFailed("no user_id: the literature API is always searched for one user")
         base_url = options.internal_api_base_url or settings.internal_api_base_url
         if base_url is None:
-            return LibraryRequest(options.user_id, kind, options.query, options.max_results)
+            return LibraryRequest(options.user_id, kind, options.query, options.max_results, documents=kind == "biblio")
         api_key = secret(settings.internal_api_key)
         return HttpRequest(
             "POST",

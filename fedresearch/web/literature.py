@@ -77,5 +77,9 @@ async def literature_api(request: web.Request) -> web.Response:
     library = request.app[DEPS].library
     if library is None:
         raise json_error(web.HTTPServiceUnavailable, "the embedded library is not open on this server")
-    passages = await asyncio.to_thread(library.search, body.user_id, body.query, body.type, body.top_k)
+    # a paper is one result however many of its passages match; notes' sections and files' pages
+    # are sources of their own
+    passages = await asyncio.to_thread(
+        library.search, body.user_id, body.query, body.type, body.top_k, documents=body.type == "biblio"
+    )
     return web.json_response([item_of(passage) for passage in passages])
