@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 _DOI_BODY = r"10\.\d{4,9}/\S+"
@@ -80,3 +81,16 @@ def canonical_key(href: str, kind: str | None = None) -> str:
     if is_url(href):
         return canonical_url(href)
     return f"id:{kind}:{href.strip()}" if kind else f"id:{href.strip()}"
+
+
+def string_ids(metadata: dict[str, Any]) -> dict[str, Any]:
+    """`metadata` with every id (a key named `id` or ending in `_id`) as a string: ids that leave the
+    server in JSON are strings (Dify's RetrievalSourceMetadata rejects an integer document_id)."""
+    return {
+        key: str(value) if _is_id(key) and isinstance(value, int | float) and not isinstance(value, bool) else value
+        for key, value in metadata.items()
+    }
+
+
+def _is_id(key: str) -> bool:
+    return key == "id" or key.endswith("_id")
