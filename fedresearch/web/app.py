@@ -20,7 +20,7 @@ from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_bases
 from fedresearch.library.open import open_library
 from fedresearch.retrievers import ADAPTERS
-from fedresearch.web import dify, literature, reports, research_socket, status
+from fedresearch.web import dify, documents, literature, reports, research_socket, status
 from fedresearch.web.keys import (
     ADAPTER_FACTORIES,
     DEPS,
@@ -84,6 +84,7 @@ def create_app(settings: Settings | None = None, adapters: Sequence[AdapterFacto
     # Dify appends /retrieval to the endpoint a user typed, so a trailing slash there gives //retrieval
     app.router.add_post("/retrieval", dify.retrieval)
     app.router.add_post("//retrieval", dify.retrieval)
+    documents.register(app)
     return app
 
 
