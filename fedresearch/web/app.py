@@ -20,7 +20,7 @@ from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_bases
 from fedresearch.library.open import open_library
 from fedresearch.retrievers import ADAPTERS
-from fedresearch.web import dify, documents, literature, reports, research_socket, status
+from fedresearch.web import dify, documents, literature, mcp_server, reports, research_socket, status
 from fedresearch.web.keys import (
     ADAPTER_FACTORIES,
     DEPS,
@@ -52,7 +52,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         app[DEPS] = Deps(
             session=session, settings=settings, library=library, guard=Guard(settings), metrics=app[METRICS]
         )
-        yield
+        async with mcp_server.session_manager(app) as manager:
+            app[mcp_server.MCP_MANAGER] = manager
+            yield
 
 
 async def _close_sockets(app: web.Application) -> None:
@@ -85,7 +87,20 @@ def create_app(settings: Settings | None = None, adapters: Sequence[AdapterFacto
     app.router.add_post("/retrieval", dify.retrieval)
     app.router.add_post("//retrieval", dify.retrieval)
     documents.register(app)
+    for method in ("GET", "POST", "DELETE"):
+        app.router.add_route(method, "/mcp", mcp_server.mcp_http)
     return app
+
+
+async def serve_mcp_stdio(settings: Settings | None = None) -> None:
+    """`fedresearch mcp`: the MCP tools over stdin/stdout, with the server's registry and library."""
+    app = create_app(settings or Settings())
+    runner = web.AppRunner(app)
+    await runner.setup()  # opens the library, the HTTP session and the registry; listens nowhere
+    try:
+        await mcp_server.build_server(app).run_stdio_async()
+    finally:
+        await runner.cleanup()
 
 
 def serve(settings: Settings | None = None, host: str | None = None, port: int | None = None) -> None:
