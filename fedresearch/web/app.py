@@ -20,7 +20,7 @@ from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_bases
 from fedresearch.library.open import open_library
 from fedresearch.retrievers import ADAPTERS
-from fedresearch.web import dify, documents, literature, mcp_server, reports, research_socket, status
+from fedresearch.web import dify, documents, literature, mcp_server, openapi, reports, research_socket, status
 from fedresearch.web.keys import (
     ADAPTER_FACTORIES,
     DEPS,
@@ -89,6 +89,7 @@ def create_app(settings: Settings | None = None, adapters: Sequence[AdapterFacto
     documents.register(app)
     for method in ("GET", "POST", "DELETE"):
         app.router.add_route(method, "/mcp", mcp_server.mcp_http)
+    app.router.add_get("/openapi.json", openapi.openapi_json)
     return app
 
 
