@@ -85,7 +85,11 @@ def source_json(number: int, source: FusedResult) -> dict[str, Any]:
 
 
 def build_server(app: web.Application) -> MCPServer:
-    """The MCP server over this app's registry, library and keys."""
+    """The MCP server over this app's registry, library and keys.
+
+    Longer than 40 lines for a reason: the four tools close over the app and are registered by the
+    SDK's decorator, so they are declared here together, each a few lines.
+    """
     server: MCPServer = MCPServer(name="fedresearch", instructions=INSTRUCTIONS)
     owners: dict[str, str | None] = {}  # reports researched here, and whose they are
 
