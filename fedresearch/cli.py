@@ -18,6 +18,16 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mcp(args: argparse.Namespace) -> int:
+    import logging
+
+    from fedresearch.web.app import serve_mcp_stdio
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol
+    asyncio.run(serve_mcp_stdio(Settings()))
+    return 0
+
+
 def _ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -165,6 +175,8 @@ def parser() -> argparse.ArgumentParser:
     )
     ingest.add_argument("paths", nargs="+")
     ingest.set_defaults(run=_ingest)
+    mcp = commands.add_parser("mcp", help="serve the MCP tools (search, research, ...) over stdio")
+    mcp.set_defaults(run=_mcp)
     _add_ask(commands)
     _add_library(commands)
     return root

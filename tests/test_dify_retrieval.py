@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 import aiohttp
 import pytest
+from pydantic import BaseModel
 
 from fedresearch.knowledge.conditions import MetadataCondition
 from fedresearch.library.embedded import Library
@@ -35,6 +39,16 @@ weights = { tavily = 0.8 }
 [knowledge_bases.bobs]
 user_id = "bob"
 retrievers = ["internal_biblio", "internal_highlight"]
+
+[knowledge_bases.web_only]
+user_id = "alice"
+retrievers = ["tavily"]
+timeout_s = 0.5
+
+[knowledge_bases.papers_notes]
+user_id = "alice"
+retrievers = ["internal_highlight"]
+api_keys = ["env:PAPERS_KB_KEY"]
 """
     )
     settings = make_settings(tmp_path, fakes, api_keys=KEYS, knowledge_bases=bases)
@@ -53,6 +67,7 @@ retrievers = ["internal_biblio", "internal_highlight"]
                 text = await response.text()
                 return response.status, json.loads(text) if text else None, text
 
+        call.fakes = fakes  # type: ignore[attr-defined]
         yield call
 
 
@@ -164,16 +179,23 @@ async def test_metadata_condition_over_http(dify):
 async def test_cross_tenant(dify):
     status, answer, _ = await dify(body(knowledge_id="papers"), key="papers-only-key")
     assert status == 200 and answer["records"]
+    # another tenant's knowledge base answers exactly as an unknown id: ids cannot be probed
     status, answer, _ = await dify(body(knowledge_id="papers_and_web"), key="papers-only-key")
-    assert (status, answer["error_code"]) == (403, 1002)
+    assert (status, answer["error_code"]) == (404, 2001)
     status, answer, _ = await dify(body(knowledge_id="bobs"), key="alice-key")
-    assert (status, answer["error_code"]) == (403, 1002)
+    assert (status, answer) == (404, (await dify(body(knowledge_id="nope"), key="alice-key"))[1])
     status, answer, _ = await dify(body("unpublished rank fusion trick", top_k=10), key="alice-key")
     assert all("unpublished" not in r["content"] for r in answer["records"])
     status, answer, _ = await dify(body("unpublished rank fusion trick", "bobs", top_k=10), key="bob-key")
     assert any("unpublished" in r["content"] for r in answer["records"])
     status, answer, _ = await dify(body(knowledge_id="bobs"), key="admin-key")
     assert status == 200
+
+
+async def test_one_key_serves_every_knowledge_base_that_lists_it(dify):
+    for knowledge_id in ("papers", "papers_notes"):
+        status, answer, _ = await dify(body(knowledge_id=knowledge_id), key="papers-only-key")
+        assert status == 200 and answer["records"], knowledge_id
 
 
 RECORD = {
@@ -234,6 +256,13 @@ RECORD = {
         ("year", "before", 2021, True),
         (["missing", "title"], "contains", "bert", True),
         ("year", ">", "not a number", False),
+        ("date", "before", 1640908800, True),  # 2021-12-31 in Unix seconds, as Dify's date picker sends
+        ("date", "before", 1609459200, False),  # 2021-01-01
+        ("date", "after", 1609459200, True),
+        ("year", "after", 1622505600, False),  # 2021-06-01
+        ("year", "before", "1609459200", True),
+        ("title", "contains", None, True),  # a condition without a value is skipped, as Dify's filter does
+        ("title", "is", None, True),
     ],
 )
 def test_every_operator_both_ways(name, operator, value, expected):
@@ -249,3 +278,172 @@ def test_logical_operators():
     assert MetadataCondition.model_validate({"logical_operator": "or", "conditions": [yes, no]}).holds(RECORD)
     assert not MetadataCondition.model_validate({"logical_operator": "and", "conditions": [yes, no]}).holds(RECORD)
     assert MetadataCondition.model_validate({"logical_operator": None, "conditions": []}).holds(RECORD)
+    assert MetadataCondition.model_validate({"logical_operator": "or", "conditions": None}).holds(RECORD)
+
+
+# --- Dify's own client, replayed -------------------------------------------------------------------
+# The shapes below re-declare, field for field, the pydantic models Dify's code builds and reads
+# (langgenius/dify: api/core/rag/entities/metadata_entities.py, citation_metadata.py,
+# context_entities.py, api/core/rag/models/document.py); Dify itself is not imported.
+
+DifyOperator = Literal[
+    "contains", "not contains", "start with", "end with", "is", "is not", "empty", "not empty", "in", "not in",
+    "=", "≠", ">", "<", "≥", "≤", "before", "after",
+]  # fmt: skip
+
+
+class DifyCondition(BaseModel):
+    name: str
+    comparison_operator: DifyOperator
+    value: str | Sequence[str] | Sequence[int] | Sequence[float] | int | float | None = None
+
+
+class DifyMetadataCondition(BaseModel):
+    logical_operator: Literal["and", "or"] | None = "and"
+    conditions: list[DifyCondition] | None = None
+
+
+class DifyRetrievalSourceMetadata(BaseModel):
+    position: int | None = None
+    dataset_id: str | None = None
+    dataset_name: str | None = None
+    document_id: str | None = None
+    document_name: str | None = None
+    data_source_type: str | None = None
+    segment_id: str | None = None
+    retriever_from: str | None = None
+    score: float | None = None
+    content: str | None = None
+    page: int | None = None
+    doc_metadata: dict[str, Any] | None = None
+    title: str | None = None
+
+
+class DifyDocumentContext(BaseModel):
+    content: str
+    score: float | None = None
+
+
+class DifyDocument(BaseModel):
+    page_content: str
+    metadata: dict[str, Any] | None = {}
+    provider: str | None = "dify"
+
+
+def dify_request_params(query: str, knowledge_id: str, parameters: dict[str, Any], condition: Any) -> dict[str, Any]:
+    """ExternalDatasetService.fetch_external_knowledge_retrieval's request body, step for step."""
+    enabled = parameters.get("score_threshold_enabled") or False
+    params: dict[str, Any] = {
+        "retrieval_setting": {
+            "top_k": parameters.get("top_k"),
+            "score_threshold": parameters.get("score_threshold", 0.0) if enabled else 0.0,
+        },
+        "query": query,
+        "knowledge_id": knowledge_id,
+    }
+    if condition:
+        params["metadata_condition"] = condition.model_dump()
+    return params
+
+
+def dify_context(records: list[dict[str, Any]]) -> list[DifyRetrievalSourceMetadata]:
+    """DatasetRetrieval: records -> Document(provider="external") -> RetrievalSourceMetadata."""
+    sources = []
+    for record in records:
+        document = DifyDocument(
+            page_content=record.get("content"), metadata=record.get("metadata"), provider="external"
+        )
+        assert document.metadata is not None
+        document.metadata.update(score=record.get("score"), title=record.get("title"), dataset_id="ds-1")
+        DifyDocumentContext(content=document.page_content, score=document.metadata.get("score"))
+        sources.append(
+            DifyRetrievalSourceMetadata(
+                dataset_id=document.metadata.get("dataset_id"),
+                document_id=document.metadata.get("document_id") or document.metadata.get("title"),
+                document_name=document.metadata.get("title"),
+                data_source_type="external",
+                retriever_from="dev",
+                score=document.metadata.get("score"),
+                content=document.page_content,
+            )
+        )
+    return sources
+
+
+JAN_2020 = int(datetime(2020, 1, 1, tzinfo=UTC).timestamp())
+
+
+async def test_dify_chat_path_reads_our_records(dify):
+    params = dify_request_params("reciprocal rank fusion", "papers", {"top_k": 4}, None)
+    status, answer, _ = await dify(params)
+    assert status == 200 and answer["records"]
+    sources = dify_context(answer["records"])
+    assert all(isinstance(source.document_id, str) and source.document_id for source in sources)
+    for record in answer["records"]:
+        for key, value in record["metadata"].items():
+            if key == "id" or key.endswith("_id"):
+                assert isinstance(value, str), (key, value)
+
+
+async def test_dify_manual_filter_shapes(dify):
+    # the date picker sends Unix seconds; a condition left empty keeps value null and is skipped
+    condition = DifyMetadataCondition(
+        logical_operator="and",
+        conditions=[
+            DifyCondition(name="year", comparison_operator="after", value=JAN_2020),
+            DifyCondition(name="authors", comparison_operator="contains", value=None),
+        ],
+    )
+    params = dify_request_params("passage retrieval with BERT", "papers", {"top_k": 10}, condition)
+    assert params["metadata_condition"]["conditions"][1]["value"] is None
+    status, answer, _ = await dify(params)
+    assert status == 200 and answer["records"]
+    assert all(record["metadata"]["year"] > 2020 for record in answer["records"])
+    before = DifyMetadataCondition(
+        conditions=[DifyCondition(name="year", comparison_operator="before", value=JAN_2020)]
+    )
+    _, answer, _ = await dify(dify_request_params("retrieval", "papers", {"top_k": 10}, before))
+    assert answer["records"] and all(record["metadata"]["year"] < 2020 for record in answer["records"])
+    dify_context(answer["records"])
+
+
+async def test_dify_model_defaults_and_skipped_conditions(dify):
+    unfiltered = (await dify(dify_request_params("rank fusion", "papers", {"top_k": 5}, None)))[1]["records"]
+    empty = DifyMetadataCondition()  # conditions: null, Dify's model default
+    status, answer, _ = await dify(dify_request_params("rank fusion", "papers", {"top_k": 5}, empty))
+    assert status == 200 and answer["records"] == unfiltered
+    all_null = DifyMetadataCondition(
+        logical_operator="or", conditions=[DifyCondition(name="year", comparison_operator="=", value=None)]
+    )
+    _, answer, _ = await dify(dify_request_params("rank fusion", "papers", {"top_k": 5}, all_null))
+    assert answer["records"] == unfiltered
+    listed = {"conditions": [{"name": ["missing", "type"], "comparison_operator": "is", "value": "highlight"}]}
+    _, answer, _ = await dify(body("rank fusion", top_k=5, condition=listed))
+    assert answer["records"] and all(r["metadata"]["type"] == "highlight" for r in answer["records"])
+
+
+async def test_condition_bounds_are_clear_errors(dify):
+    many = {"conditions": [{"name": "year", "comparison_operator": ">", "value": i} for i in range(65)]}
+    status, answer, _ = await dify(body(condition=many))
+    assert status == 400 and "conditions" in answer["error_msg"]
+    huge = {"conditions": [{"name": "title", "comparison_operator": "in", "value": ["x"] * 300}]}
+    status, answer, _ = await dify(body(condition=huge))
+    assert status == 400 and "at most 256 values" in answer["error_msg"]
+    long = {"conditions": [{"name": "title", "comparison_operator": "contains", "value": "x" * 5000}]}
+    status, answer, _ = await dify(body(condition=long))
+    assert status == 400 and "1000 characters" in answer["error_msg"]
+
+
+async def test_partial_answers_and_503_when_nothing_answered(dify):
+    dify.fakes["tavily"].behaviour.delay_s = 4.5  # past the base's 3.5 s
+    status, answer, _ = await dify(body("rank fusion", "papers_and_web", top_k=10))
+    assert status == 200 and answer["records"]  # the library answered in time; tavily is dropped
+    assert all(record["metadata"]["retrievers"] == ["internal_biblio"] for record in answer["records"])
+    status, answer, text = await dify(body("rank fusion", "web_only"))
+    assert status == 503 and answer["error_code"] == 503
+    assert "tavily" in answer["error_msg"] and "0.5 s" in answer["error_msg"]
+    dify.fakes["tavily"].behaviour.delay_s = 0.0
+    dify.fakes["tavily"].behaviour.mode = "500"
+    status, answer, text = await dify(body("rank fusion", "web_only"))
+    assert status == 503 and "tavily" in answer["error_msg"]
+    assert "tvly" not in text  # the upstream key never shows

@@ -115,3 +115,16 @@ def identity_keys(href: str, metadata: Mapping[str, Any]) -> list[str]:
     if isinstance(pmid, str | int) and str(pmid).strip().isdigit():
         keys.append(f"pmid:{str(pmid).strip()}")
     return [key for key in dict.fromkeys(keys) if key.startswith(("doi:", "arxiv:", "pmid:")) or key == keys[0]]
+
+
+def string_ids(metadata: dict[str, Any]) -> dict[str, Any]:
+    """`metadata` with every id (a key named `id` or ending in `_id`) as a string: ids that leave the
+    server in JSON are strings (Dify's RetrievalSourceMetadata rejects an integer document_id)."""
+    return {
+        key: str(value) if _is_id(key) and isinstance(value, int | float) and not isinstance(value, bool) else value
+        for key, value in metadata.items()
+    }
+
+
+def _is_id(key: str) -> bool:
+    return key == "id" or key.endswith("_id")

@@ -54,12 +54,18 @@ def load_knowledge_bases(path: Path | None, known_retrievers: set[str]) -> dict[
 
 
 def knowledge_base_keys(bases: dict[str, KnowledgeBase]) -> dict[str, Principal]:
-    """Each knowledge base's own keys act as its user, for that knowledge base only."""
-    return {
-        key: Principal(base.user_id, knowledge_bases=frozenset({base.id}))
-        for base in bases.values()
-        for key in base.api_keys
-    }
+    """Each knowledge base's own keys, valid on /retrieval for every knowledge base that lists them
+    (one Dify workspace may hold several with one key); such a key reads a base as the base's user."""
+    served: dict[str, set[str]] = {}
+    for base in bases.values():
+        for key in base.api_keys:
+            served.setdefault(key, set()).add(base.id)
+    principals = {}
+    for key, ids in served.items():
+        users = {bases[base_id].user_id for base_id in ids}
+        user = users.pop() if len(users) == 1 else None
+        principals[key] = Principal(user, knowledge_bases=frozenset(ids))
+    return principals
 
 
 def may_read(principal: Principal, base: KnowledgeBase) -> bool:

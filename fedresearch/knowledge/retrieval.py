@@ -12,6 +12,7 @@ record, or else by its RRF score as a fraction of the best attainable one.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,13 +20,20 @@ from typing import Any
 import numpy as np
 
 from fedresearch.core.events import discard
-from fedresearch.core.models import FusedResult
+from fedresearch.core.identifiers import string_ids
+from fedresearch.core.models import FusedResult, RetrieverOutcome, RetrieverStatus
 from fedresearch.core.ranking import rrf
 from fedresearch.federation.contract import Adapter, SearchOptions
 from fedresearch.federation.fusion import fuse
 from fedresearch.federation.runner import Deps, federate
 from fedresearch.knowledge.api import RetrievalRequest
 from fedresearch.knowledge.bases import KnowledgeBase
+from fedresearch.knowledge.conditions import MetadataCondition
+
+log = logging.getLogger(__name__)
+
+# Dify gives up after 5 s and retries: everything after the request arrives fits in this
+ANSWER_WITHIN_S = 4.5
 
 # Embedding records to score them happens after retrieval, inside Dify's 5 s: bound that work.
 _MAX_EMBEDDED = 20
@@ -49,7 +57,35 @@ class Record:
 def _metadata(source: FusedResult) -> dict[str, Any]:
     metadata = {key: value for key, value in source.metadata.items() if value is not None}
     metadata.update(href=source.href, retrievers=list(source.retrievers), retriever=list(source.retrievers))
-    return metadata
+    return string_ids(metadata)
+
+
+class NothingAnswered(Exception):
+    """No retriever of the knowledge base answered: an error for the caller, never an empty answer."""
+
+
+def _answered(base: KnowledgeBase, outcomes: list[RetrieverOutcome]) -> None:
+    if any(outcome.status == RetrieverStatus.done for outcome in outcomes):
+        return
+    reasons = "; ".join(f"{outcome.name}: {outcome.error or outcome.status.value}" for outcome in outcomes)
+    raise NothingAnswered(f"no retriever of knowledge base {base.id!r} answered ({reasons})")
+
+
+def _filtered(sources: list[FusedResult], condition: MetadataCondition) -> list[FusedResult]:
+    return [source for source in sources if condition.holds(_metadata(source))]
+
+
+async def _scores(
+    query: str, sources: list[FusedResult], deps: Deps, base: KnowledgeBase, budget_s: float, embed_until: float
+) -> list[float]:
+    """Calibrated scores if they come within `budget_s`; else each record's own score, so the answer
+    still reaches Dify inside its 5 s with what the retrievers found."""
+    scoring = asyncio.to_thread(calibrated_scores, query, sources, deps, base.weights, base.retrievers, embed_until)
+    try:
+        return await asyncio.wait_for(scoring, max(budget_s, 0.05))
+    except TimeoutError:
+        log.warning("knowledge base %r: scoring passed its budget; answering with the retrievers' scores", base.id)
+        return [_fallback_score(source, base.weights, base.retrievers) for source in sources]
 
 
 def _fallback_score(source: FusedResult, weights: dict[str, float], names: list[str]) -> float:
@@ -125,14 +161,15 @@ async def retrieve(
     wanted = 50 if request.metadata_condition is not None else min(50, max(10, top_k * 2))
     options = SearchOptions(query=request.query, max_results=wanted, user_id=base.user_id)
     cap = (base.timeout_s, f"timeout_s of knowledge base {base.id!r}")
+    started = time.monotonic()
     federated = await federate(base.retrievers, registry, options, deps, discard, cap)
+    _answered(base, federated.outcomes)
     sources = fuse(federated.results, base.weights)
-    if request.metadata_condition is not None:
-        sources = [s for s in sources if request.metadata_condition.holds(_metadata(s))]
+    if request.metadata_condition is not None and request.metadata_condition.active:
+        sources = await asyncio.to_thread(_filtered, sources, request.metadata_condition)
     sources = _bounded(sources)
-    scores = await asyncio.to_thread(
-        calibrated_scores, request.query, sources, deps, base.weights, base.retrievers, embed_until
-    )
+    budget = ANSWER_WITHIN_S - (time.monotonic() - started)
+    scores = await _scores(request.query, sources, deps, base, budget, embed_until)
     records = [
         Record(content=source.body, score=score, title=source.title or source.href, metadata=_metadata(source))
         for source, cosine in zip(sources, scores, strict=True)

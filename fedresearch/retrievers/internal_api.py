@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedresearch.core.identifiers import doi_of, doi_url
+from fedresearch.core.identifiers import doi_of, doi_url, string_ids
 from fedresearch.core.models import SearchResult
 from fedresearch.core.settings import Settings, secret
 from fedresearch.core.text import author_names
@@ -50,7 +50,7 @@ def passage_result(passage: Passage, retriever: str, rank: int) -> SearchResult:
     """A library passage as a normalized result, exactly as the same passage read from the API's JSON."""
     id_field, identifier = passage.source_id
     doi = doi_of(passage.doi) if passage.doi and passage.kind != "highlight" else None
-    metadata: dict[str, Any] = {"type": passage.kind, id_field: identifier, "document_id": passage.document_id}
+    metadata: dict[str, Any] = {"type": passage.kind, id_field: identifier, "document_id": str(passage.document_id)}
     fields = {"page": passage.page, "section": passage.heading or None, "tags": passage.tags, **passage.extra}
     metadata.update({key: fields[key] for key in _KEPT if fields.get(key) not in (None, "", [])})
     if doi:
@@ -121,7 +121,7 @@ def parse_item(item: Any, retriever: str, kind: str, rank: int) -> SearchResult 
     title = first_text(structured, ("title",)) or first_text(metadata, ("title",)) or first_text(item, ("title",))
     href = doi_url(doi) if doi and doi_of(doi) else str(identifier or doi)
     return SearchResult(
-        href=href, body=body, title=title or "", score=score, retriever=retriever, rank=rank, metadata=extra
+        href=href, body=body, title=title or "", score=score, retriever=retriever, rank=rank, metadata=string_ids(extra)
     )
 
 

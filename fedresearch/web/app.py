@@ -22,7 +22,7 @@ from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_bases
 from fedresearch.library.open import open_library
 from fedresearch.retrievers import ADAPTERS
-from fedresearch.web import dify, literature, reports, research_socket, status
+from fedresearch.web import dify, documents, literature, mcp_server, openapi, reports, research_socket, status
 from fedresearch.web.access_log import RedactingAccessLogger
 from fedresearch.web.keys import (
     ADAPTER_FACTORIES,
@@ -63,7 +63,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             pages=pages,
         )
         try:
-            yield
+            async with mcp_server.session_manager(app) as manager:
+                app[mcp_server.MCP_MANAGER] = manager
+                yield
         finally:
             await pages.close()
 
@@ -104,7 +106,22 @@ def create_app(
     # Dify appends /retrieval to the endpoint a user typed, so a trailing slash there gives //retrieval
     app.router.add_post("/retrieval", dify.retrieval)
     app.router.add_post("//retrieval", dify.retrieval)
+    documents.register(app)
+    for method in ("GET", "POST", "DELETE"):
+        app.router.add_route(method, "/mcp", mcp_server.mcp_http)
+    app.router.add_get("/openapi.json", openapi.openapi_json)
     return app
+
+
+async def serve_mcp_stdio(settings: Settings | None = None) -> None:
+    """`fedresearch mcp`: the MCP tools over stdin/stdout, with the server's registry and library."""
+    app = create_app(settings or Settings())
+    runner = web.AppRunner(app)
+    await runner.setup()  # opens the library, the HTTP session and the registry; listens nowhere
+    try:
+        await mcp_server.build_server(app).run_stdio_async()
+    finally:
+        await runner.cleanup()
 
 
 def serve(settings: Settings | None = None, host: str | None = None, port: int | None = None) -> None:

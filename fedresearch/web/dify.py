@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from fedresearch.core.auth import Principal, bearer_token
 from fedresearch.knowledge.api import RetrievalRequest
 from fedresearch.knowledge.bases import may_read
-from fedresearch.knowledge.retrieval import retrieve
+from fedresearch.knowledge.retrieval import NothingAnswered, retrieve
 from fedresearch.web.auth import validation_message
 from fedresearch.web.keys import DEPS, KEYS, KNOWLEDGE_BASES, REGISTRY
 
@@ -53,9 +53,11 @@ async def retrieval(request: web.Request) -> web.Response:
             raise dify_error(web.HTTPForbidden, 1001, _MALFORMED)
         principal = Principal(None, admin=True)
     base = request.app[KNOWLEDGE_BASES].get(body.knowledge_id)
-    if base is None:
+    # one answer for "no such id" and "not yours": a valid key cannot probe for other tenants' ids
+    if base is None or not may_read(principal, base):
         raise dify_error(web.HTTPNotFound, 2001, "The knowledge does not exist")
-    if not may_read(principal, base):
-        raise dify_error(web.HTTPForbidden, 1002, "Authorization failed")
-    records = await retrieve(base, body, request.app[REGISTRY], request.app[DEPS])
+    try:
+        records = await retrieve(base, body, request.app[REGISTRY], request.app[DEPS])
+    except NothingAnswered as failure:
+        raise dify_error(web.HTTPServiceUnavailable, 503, str(failure)) from None
     return web.json_response({"records": [record.as_json() for record in records]})

@@ -50,7 +50,7 @@ def item_of(passage: Passage) -> dict[str, Any]:
         structured["doi"] = passage.doi
     metadata: dict[str, Any] = {
         id_field: identifier,
-        "document_id": passage.document_id,
+        "document_id": str(passage.document_id),
         "title": passage.display_title,
         "structured_data": structured,
         "section": passage.heading or None,

@@ -6,6 +6,8 @@ from typing import Any
 
 from aiohttp import web
 
+from fedresearch.core.settings import Settings
+from fedresearch.federation.contract import Adapter
 from fedresearch.federation.planning import ALIASES
 from fedresearch.web.auth import principal_of
 from fedresearch.web.keys import METRICS, REGISTRY, SETTINGS
@@ -20,12 +22,10 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "retrievers": sorted(registry)})
 
 
-async def retrievers(request: web.Request) -> web.Response:
+def retriever_list(registry: dict[str, Adapter], settings: Settings) -> dict[str, Any]:
     """Each retriever this server offers, what it is, and whether it can run without a per-request key."""
-    principal_of(request)
-    settings = request.app[SETTINGS]
     listed: list[dict[str, Any]] = []
-    for name, adapter in request.app[REGISTRY].items():
+    for name, adapter in registry.items():
         missing = adapter.missing_setup(settings)
         about = adapter.about
         entry: dict[str, Any] = {"name": name, "kind": about.kind, "configured": missing is None}
@@ -38,7 +38,12 @@ async def retrievers(request: web.Request) -> web.Response:
             credentials=list(about.credentials),
         )
         listed.append(entry)
-    return web.json_response({"retrievers": listed, "aliases": {alias: kind for alias, kind in ALIASES.items()}})
+    return {"retrievers": listed, "aliases": {alias: kind for alias, kind in ALIASES.items()}}
+
+
+async def retrievers(request: web.Request) -> web.Response:
+    principal_of(request)
+    return web.json_response(retriever_list(request.app[REGISTRY], request.app[SETTINGS]))
 
 
 async def index(request: web.Request) -> web.Response:

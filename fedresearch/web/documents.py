@@ -1,0 +1,199 @@
+"""A user's documents over HTTP: `POST /api/documents` (multipart upload of one or more files, any
+format `fedresearch ingest` reads), `GET /api/documents` (paged), `GET` and `DELETE
+/api/documents/{id}`. Every route acts as one user: a key bound to a user acts only as that user;
+an admin key (or a server without keys) names the user with `?user_id=`, else FEDRESEARCH_DEFAULT_USER.
+
+Uploads stream to a temporary folder on disk, never whole into memory, each file cut off at
+INGEST_MAX_FILE_MB; reading and embedding run in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import unquote
+
+from aiohttp import BodyPartReader, web
+
+from fedresearch.core.auth import Principal
+from fedresearch.library.embedded import Library
+from fedresearch.library.formats import READERS, UnsupportedFile, read_file
+from fedresearch.library.records import DocumentInfo
+from fedresearch.web.auth import json_error, principal_of
+from fedresearch.web.keys import DEPS, SETTINGS
+
+MAX_FILES = 100
+MAX_PAGE = 200
+_CHUNK = 1 << 16
+_UNSAFE = re.compile(r"[^\w.\- ]+")
+
+
+def acting_user(request: web.Request, principal: Principal) -> str:
+    """The user a documents request acts as (a bound key's user; an admin names one)."""
+    asked = request.query.get("user_id", "").strip() or None
+    if principal.user_id is not None and not principal.admin:
+        if asked is not None and asked != principal.user_id:
+            raise json_error(web.HTTPForbidden, f"this API key acts as user {principal.user_id!r} only")
+        return principal.user_id
+    user = asked or request.app[SETTINGS].default_user
+    if not user:
+        raise json_error(web.HTTPBadRequest, "name the user with ?user_id= (or set FEDRESEARCH_DEFAULT_USER)")
+    return user
+
+
+def _library(request: web.Request) -> Library:
+    library = request.app[DEPS].library
+    if library is None:
+        raise json_error(web.HTTPServiceUnavailable, "the embedded library is not open on this server")
+    return library
+
+
+def document_json(info: DocumentInfo) -> dict[str, Any]:
+    return {
+        "id": str(info.id),
+        "kind": info.kind,
+        "title": info.title,
+        "source": info.source,
+        "chunks": info.chunks,
+        "added_at": info.added_at,
+    }
+
+
+def _document_id(request: web.Request) -> int:
+    raw = request.match_info["id"]
+    if not raw.isdigit() or len(raw) > 18:
+        raise json_error(web.HTTPNotFound, f"no document {raw!r}")
+    return int(raw)
+
+
+def safe_name(filename: str) -> str:
+    """The file's own name, without folders or odd characters (it names the document's source)."""
+    name = _UNSAFE.sub("_", Path(unquote(filename).replace("\\", "/")).name).strip(" .")
+    return name[:200] or "upload"
+
+
+async def _save(part: BodyPartReader, target: Path, limit: int) -> str | None:
+    """Stream one part to `target`; the reason it was refused, or None."""
+    written = 0
+    handle: BinaryIO = await asyncio.to_thread(target.open, "wb")
+    try:
+        while chunk := await part.read_chunk(_CHUNK):
+            written += len(chunk)
+            if written > limit:
+                return f"over INGEST_MAX_FILE_MB ({limit / 1e6:g} MB)"
+            await asyncio.to_thread(handle.write, chunk)
+    finally:
+        await asyncio.to_thread(handle.close)
+    return None
+
+
+async def _receive(
+    request: web.Request, folder: Path, limit: int
+) -> tuple[list[tuple[str, Path]], list[dict[str, Any]]]:
+    """Saved files (name, path) and the parts refused before reading, with why."""
+    if not request.content_type.startswith("multipart/"):
+        raise json_error(web.HTTPBadRequest, "send the files as multipart/form-data (one part per file)")
+    saved: list[tuple[str, Path]] = []
+    refused: list[dict[str, Any]] = []
+    reader = await request.multipart()
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader) or not part.filename:
+            continue  # a plain form field or a nested multipart: nothing to ingest
+        name = safe_name(part.filename)
+        if len(saved) + len(refused) >= MAX_FILES:
+            raise json_error(web.HTTPRequestEntityTooLarge, f"at most {MAX_FILES} files in one upload")
+        if Path(name).suffix.lower() not in READERS:
+            refused.append(_skipped(name, f"unsupported file type; readable: {', '.join(sorted(READERS))}"))
+            await part.release()
+            continue
+        target = folder / f"{len(saved)}-{name}"
+        reason = await _save(part, target, limit)
+        if reason is None:
+            saved.append((name, target))
+        else:
+            refused.append(_skipped(name, reason))
+            await part.release()
+    return saved, refused
+
+
+def _skipped(name: str, reason: str) -> dict[str, Any]:
+    return {"file": name, "status": "skipped", "reason": reason}
+
+
+def ingest_uploads(library: Library, user_id: str, saved: list[tuple[str, Path]], kind: str) -> list[dict[str, Any]]:
+    """Each saved file into the user's library (in a thread): what was added, replaced, left, skipped."""
+    results = []
+    for name, path in saved:
+        try:
+            documents = [
+                dataclasses.replace(document, source=document.source.replace(str(path), f"upload:{name}", 1))
+                for document in read_file(path, kind)
+            ]
+            outcome = library.add_documents(user_id, documents)
+        except UnsupportedFile as error:
+            results.append(_skipped(name, str(error).replace(str(path), name)))
+            continue
+        status = "added" if outcome.added else "replaced" if outcome.replaced else "unchanged"
+        counts = {"added": outcome.added, "replaced": outcome.replaced, "unchanged": outcome.unchanged}
+        results.append({"file": name, "status": status, "documents": len(documents), **counts})
+    return results
+
+
+async def upload(request: web.Request) -> web.Response:
+    user = acting_user(request, principal_of(request))
+    library = _library(request)
+    kind = request.query.get("kind", "highlight")
+    if kind not in ("highlight", "file", "biblio"):
+        raise json_error(web.HTTPBadRequest, "kind must be highlight, file or biblio")
+    limit = int(request.app[SETTINGS].ingest_max_file_mb * 1_000_000)
+    with tempfile.TemporaryDirectory(prefix="fedresearch-upload-") as folder:
+        saved, refused = await _receive(request, Path(folder), limit)
+        if not saved and not refused:
+            raise json_error(web.HTTPBadRequest, "no file in the upload: send each file as a part with a filename")
+        ingested = await asyncio.to_thread(ingest_uploads, library, user, saved, kind)
+    files = ingested + refused
+    totals = {status: sum(1 for f in files if f["status"] == status) for status in ("added", "replaced", "unchanged")}
+    answer = {"user_id": user, "files": files, **totals, "skipped": len(files) - sum(totals.values())}
+    return web.json_response(answer, status=201 if totals["added"] or totals["replaced"] else 200)
+
+
+async def list_documents(request: web.Request) -> web.Response:
+    user = acting_user(request, principal_of(request))
+    try:
+        offset = max(0, int(request.query.get("offset", "0")))
+        limit = min(MAX_PAGE, max(1, int(request.query.get("limit", "50"))))
+    except ValueError:
+        raise json_error(web.HTTPBadRequest, "offset and limit are whole numbers") from None
+    documents = await asyncio.to_thread(_library(request).list_documents, user)
+    page = [document_json(info) for info in documents[offset : offset + limit]]
+    following = offset + limit if offset + limit < len(documents) else None
+    return web.json_response({"documents": page, "total": len(documents), "offset": offset, "next_offset": following})
+
+
+async def get_document(request: web.Request) -> web.Response:
+    user = acting_user(request, principal_of(request))
+    document_id = _document_id(request)
+    documents = await asyncio.to_thread(_library(request).list_documents, user)
+    for info in documents:
+        if info.id == document_id:
+            return web.json_response(document_json(info))
+    raise json_error(web.HTTPNotFound, f"no document {document_id} for this user")
+
+
+async def delete_document(request: web.Request) -> web.Response:
+    user = acting_user(request, principal_of(request))
+    document_id = _document_id(request)
+    if not await asyncio.to_thread(_library(request).delete_document, user, document_id):
+        raise json_error(web.HTTPNotFound, f"no document {document_id} for this user")
+    return web.json_response({"id": str(document_id), "deleted": True})
+
+
+def register(app: web.Application) -> None:
+    app.router.add_post("/api/documents", upload)
+    app.router.add_get("/api/documents", list_documents)
+    app.router.add_get("/api/documents/{id}", get_document)
+    app.router.add_delete("/api/documents/{id}", delete_document)

@@ -1,0 +1,224 @@
+"""fedresearch as a Model Context Protocol server (the official `mcp` SDK): tools `search`,
+`research`, `list_retrievers` and `get_report`, over stdio (`fedresearch mcp`) and streamable
+HTTP at `/mcp` on the same aiohttp server, behind the same API keys.
+
+Over HTTP, the SDK's session manager (an ASGI app) is driven by one ordinary aiohttp route: the key
+is checked there like on every other route, and each tool call checks it again from the request's
+headers, so a tool acts as the key's user. Over stdio the caller is the local user who started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError  # its message reaches the client as is
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from pydantic import ValidationError
+
+from fedresearch.core.auth import Principal, bearer_token
+from fedresearch.core.errors import RequestError
+from fedresearch.core.events import ProgressEvent, discard
+from fedresearch.core.identifiers import string_ids
+from fedresearch.core.models import FusedResult, ResearchRequest
+from fedresearch.federation.fusion import fuse
+from fedresearch.federation.planning import Plan, plan_request
+from fedresearch.federation.runner import federate
+from fedresearch.report.store import REPORT_NAME
+from fedresearch.report.task import run_research
+from fedresearch.web.auth import principal_of
+from fedresearch.web.keys import DEPS, KEYS, REGISTRY, SETTINGS
+from fedresearch.web.status import retriever_list
+
+_BODY_CHARS = 1200
+INSTRUCTIONS = (
+    "fedresearch searches the user's own library (papers, notes, PDFs) federated with scholarly and "
+    "web retrievers. Use `search` for sources, `research` for a cited report, `list_retrievers` to "
+    "see what can be searched, `get_report` to read a saved report."
+)
+
+MCP_MANAGER = web.AppKey("mcp_manager", StreamableHTTPSessionManager)
+
+
+def caller(app: web.Application, ctx: Context) -> Principal:
+    headers = ctx.headers
+    if headers is None:  # stdio: whoever started the process
+        return Principal(None, admin=True)
+    keys = app[KEYS]
+    if not keys.enabled:
+        return Principal(None, admin=True)
+    principal = keys.authenticate(bearer_token(headers.get("authorization")))
+    if principal is None or principal.knowledge_bases is not None:
+        raise ToolError("a valid API key is required: send Authorization: Bearer KEY")
+    return principal
+
+
+def plan_for(
+    app: web.Application, principal: Principal, task: str, retrievers: str, user_id: str, **extra: Any
+) -> Plan:
+    headers = {key: value for key, value in (("retrievers", retrievers), ("user_id", user_id)) if value}
+    registry = app[REGISTRY]
+    try:
+        request = ResearchRequest(task=task, headers=headers, **extra)
+        return plan_request(request, app[SETTINGS], registry, None if principal.admin else principal.user_id)
+    except ValidationError as error:
+        raise ToolError("; ".join(str(issue["msg"]) for issue in error.errors())) from None
+    except RequestError as error:
+        raise ToolError(str(error)) from None
+
+
+def source_json(number: int, source: FusedResult) -> dict[str, Any]:
+    return {
+        "number": number,
+        "title": source.title or source.href,
+        "href": source.href,
+        "content": source.body[:_BODY_CHARS],
+        "score": round(source.score, 6),
+        "retrievers": list(source.retrievers),
+        "metadata": string_ids({k: v for k, v in source.metadata.items() if v is not None}),
+    }
+
+
+def build_server(app: web.Application) -> MCPServer:
+    """The MCP server over this app's registry, library and keys.
+
+    Longer than 40 lines for a reason: the four tools close over the app and are registered by the
+    SDK's decorator, so they are declared here together, each a few lines.
+    """
+    server: MCPServer = MCPServer(name="fedresearch", instructions=INSTRUCTIONS)
+    owners: dict[str, str | None] = {}  # reports researched here, and whose they are
+
+    @server.tool(description="Federated search: ranked sources (title, link, passage, retrievers) for a query.")
+    async def search(
+        query: str, ctx: Context, retrievers: str = "", max_results: int = 10, user_id: str = ""
+    ) -> dict[str, Any]:
+        plan = plan_for(app, caller(app, ctx), query, retrievers, user_id, max_search_results=max_results)
+        federated = await federate(plan.names, app[REGISTRY], plan.options, app[DEPS], discard)
+        sources = fuse(federated.results, app[SETTINGS].retriever_weights)[: max(1, min(max_results, 50))]
+        outcomes = [outcome.model_dump(include={"name", "status", "count", "error"}) for outcome in federated.outcomes]
+        return {"sources": [source_json(n, s) for n, s in enumerate(sources, start=1)], "retrievers": outcomes}
+
+    @server.tool(description="Research a question: a cited Markdown report; progress arrives as notifications.")
+    async def research(
+        task: str, ctx: Context, retrievers: str = "", report_type: str = "research_report", user_id: str = ""
+    ) -> dict[str, Any]:
+        plan = plan_for(app, caller(app, ctx), task, retrievers, user_id, report_type=report_type)
+        steps = 0
+
+        async def progress(event: ProgressEvent) -> None:
+            nonlocal steps
+            steps += 1
+            await ctx.report_progress(steps, None, event.output)  # MCP's progress notifications
+
+        request = ResearchRequest(task=task, report_type=report_type)
+        outcome = await run_research(request, plan, app[REGISTRY], app[DEPS], progress)
+        owners[outcome.report_id] = plan.options.user_id
+        references = [{"number": r.number, "title": r.title, "href": r.link} for r in outcome.references]
+        files = {kind: f"/reports/{name}" for kind, name in outcome.files.items()}
+        return {"research_id": outcome.report_id, "report": outcome.markdown, "references": references, "files": files}
+
+    @server.tool(description="The retrievers this server offers, whether each is configured, and the aliases.")
+    async def list_retrievers(ctx: Context) -> dict[str, Any]:
+        caller(app, ctx)
+        return retriever_list(app[REGISTRY], app[SETTINGS])
+
+    @server.tool(description="A saved report by its research_id: its Markdown, sources and retriever outcomes.")
+    async def get_report(research_id: str, ctx: Context) -> dict[str, Any]:
+        principal = caller(app, ctx)
+        if not REPORT_NAME.match(f"{research_id}.json"):
+            raise ToolError(f"no report {research_id!r}")
+        path = app[SETTINGS].reports_dir / f"{research_id}.json"
+        owner = owners.get(research_id, "")
+        try:
+            record: dict[str, Any] = json.loads(await asyncio.to_thread(path.read_text, encoding="utf-8"))
+        except FileNotFoundError:
+            raise ToolError(f"no report {research_id!r}") from None
+        owner = record.get("user_id", owner)
+        if not principal.admin and (owner == "" or owner != principal.user_id):
+            raise ToolError(f"no report {research_id!r}")  # another user's report is not there for this key
+        return record
+
+    return server
+
+
+@asynccontextmanager
+async def session_manager(app: web.Application) -> AsyncIterator[StreamableHTTPSessionManager]:
+    server = build_server(app)
+    manager = StreamableHTTPSessionManager(server._lowlevel_server)
+    ready, stop = asyncio.Event(), asyncio.Event()
+
+    # the manager's task group must be entered and left by one task; aiohttp starts and cleans up
+    # the app in different ones, so one task of its own holds it for the app's lifetime
+    async def hold() -> None:
+        async with manager.run():
+            ready.set()
+            await stop.wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.wait([holder, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED)
+    if holder.done():
+        holder.result()  # it failed to start: raise why
+    try:
+        yield manager
+    finally:
+        stop.set()
+        await holder
+
+
+async def mcp_http(request: web.Request) -> web.StreamResponse:
+    """Streamable HTTP: this request handed to the SDK's session manager as ASGI."""
+    principal_of(request)  # refused here with 401 like every other route when the key is wrong
+    response = web.StreamResponse()
+    body_done = asyncio.Event()
+    finished = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if body_done.is_set():
+            await finished.wait()
+            return {"type": "http.disconnect"}
+        chunk, end = await request.content.readchunk()
+        more = not end and not request.content.at_eof()
+        if not more:
+            body_done.set()
+        return {"type": "http.request", "body": chunk, "more_body": more}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            response.set_status(message["status"])
+            for name, value in message.get("headers", []):
+                response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
+            await response.prepare(request)
+        elif message["type"] == "http.response.body":
+            await response.write(message.get("body", b""))
+            if not message.get("more_body", False):
+                await response.write_eof()
+
+    try:
+        await request.app[MCP_MANAGER].handle_request(asgi_scope(request), receive, send)
+    finally:
+        finished.set()
+    return response
+
+
+def asgi_scope(request: web.Request) -> dict[str, Any]:
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    host, port = tuple(sockname[:2]) if sockname else ("127.0.0.1", 0)
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": f"{request.version.major}.{request.version.minor}",
+        "method": request.method,
+        "scheme": request.scheme,
+        "path": request.path,
+        "raw_path": request.raw_path.encode(),
+        "query_string": request.query_string.encode(),
+        "root_path": "",
+        "headers": [(name.lower(), value) for name, value in request.raw_headers],
+        "client": (request.remote or "", 0),
+        "server": (host, port),
+    }
