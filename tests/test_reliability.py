@@ -131,3 +131,46 @@ async def test_keys_sent_in_the_query_never_reach_the_access_log(tmp_path, fakes
     assert any("GET /ws?token=REDACTED" in line for line in lines), lines
     assert any("x=1&api_key=REDACTED&X-Api-Key=REDACTED" in line for line in lines), lines
     assert not any(key in line for line in lines for key in ("alice-key", "admin-key", "bob-key")), lines
+
+
+async def _raw_get(url: str, path: str, header: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + header + b"\r\n\r\n")
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    return answer
+
+
+async def test_a_non_ascii_authorization_header_is_refused_not_a_server_error(tmp_path, fakes, start_server):
+    server = await start_server(make_settings(tmp_path, fakes, api_keys=KEYS))
+    for header in ("Bearer clé".encode(), b"Bearer \xff\xfe", "Bearer 鍵".encode()):
+        answer = await _raw_get(server.url, "/api/retrievers", b"Authorization: " + header)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+
+
+async def test_a_deeply_nested_frame_gets_an_error_frame_and_the_socket_stays(tmp_path, fakes, start_server):
+    server = await start_server(make_settings(tmp_path, fakes, max_frame_bytes=200_000))
+    async with websockets.connect(server.ws_url) as ws:
+        await ws.send("start " + "[" * 30_000 + "]" * 30_000)
+        error = json.loads(await ws.recv())
+        assert error["type"] == "error" and "nested too deeply" in error["output"], error
+        await ws.recv()
+        frames = await run_task(ws, {**TASK, "headers": {"retrievers": "tavily"}})
+        assert frames[-1]["type"] == "path"
+
+
+async def test_user_id_must_be_a_bounded_string_of_safe_characters(tmp_path, fakes, start_server):
+    server = await start_server(make_settings(tmp_path, fakes))
+    async with websockets.connect(server.ws_url) as ws:
+        for bad in (7, ["alice"], True, "a" * 129, "alice/../bob", "al ice"):
+            frames = await run_task(ws, {**TASK, "headers": {"retrievers": "tavily", "user_id": bad}})
+            assert frames[-2]["type"] == "error" and "user_id must be" in frames[-2]["output"], (bad, frames[-2])
+        frames = await run_task(ws, {**TASK, "headers": {"retrievers": "tavily", "user_id": "alice@lab.org"}})
+        assert frames[-1]["type"] == "path"
+    async with aiohttp.ClientSession() as session:
+        for body in ({"user_id": 7, "query": "q"}, {"user_id": "alice", "query": "q" * 5000}):
+            async with session.post(server.url + "/internal/biblios/vector_search/", json=body) as response:
+                assert response.status == 400
+                assert "user_id must be" in (text := await response.text()) or "MAX_TASK_CHARS" in text, text

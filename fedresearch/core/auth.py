@@ -45,7 +45,8 @@ class ApiKeys:
     def authenticate(self, token: str | None) -> Principal | None:
         if not token:
             return None
-        digest = hashlib.sha256(token.encode()).digest()
+        # a header aiohttp could not decode holds surrogates: such a token matches no key, it is no error
+        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
         found = None
         for candidate, who in self._digests:
             if hmac.compare_digest(candidate, digest):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -46,6 +47,26 @@ class ReportSource(StrEnum):
     langchain_documents = "langchain_documents"
     langchain_vectorstore = "langchain_vectorstore"
     static = "static"
+
+
+USER_ID_MAX_CHARS = 128
+_USER_ID = re.compile(r"[\w.@:+-]+")
+
+
+def checked_user_id(value: object) -> str:
+    """A user id: a string of letters, digits and . _ - @ : + only, up to USER_ID_MAX_CHARS; else ValueError.
+
+    Typed strictly because it selects whose library is read: 7, ["alice"] or true must not
+    quietly become a user named "7", "['alice']" or "True".
+    """
+    if not isinstance(value, str):
+        raise ValueError(f"user_id must be a string, not {type(value).__name__}")
+    text = value.strip()
+    if not text or len(text) > USER_ID_MAX_CHARS or not _USER_ID.fullmatch(text):
+        raise ValueError(
+            f"user_id must be 1 to {USER_ID_MAX_CHARS} letters, digits or . _ - @ : + (got {len(text)} characters)"
+        )
+    return text
 
 
 class ResearchRequest(BaseModel):
@@ -107,6 +128,8 @@ class ResearchRequest(BaseModel):
     @field_validator("headers", mode="before")
     @classmethod
     def _headers_object(cls, value: object) -> object:
+        if isinstance(value, dict) and value.get("user_id") not in (None, ""):
+            value = {**value, "user_id": checked_user_id(value["user_id"])}
         return {} if value is None else value
 
     def header(self, name: str) -> str | None:

@@ -10,10 +10,10 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from fedresearch.core.models import library_type
+from fedresearch.core.models import checked_user_id, library_type
 from fedresearch.library.search import Passage
 from fedresearch.web.auth import json_error, principal_of, validation_message
-from fedresearch.web.keys import DEPS
+from fedresearch.web.keys import DEPS, SETTINGS
 
 
 class LiteratureQuery(BaseModel):
@@ -32,10 +32,15 @@ class LiteratureQuery(BaseModel):
             raise ValueError("must be biblio, highlight or file")
         return kind
 
-    @field_validator("user_id", "query", mode="before")
+    @field_validator("query", mode="before")
     @classmethod
     def _strip(cls, value: object) -> object:
         return value.strip() if isinstance(value, str) else value
+
+    @field_validator("user_id", mode="before")
+    @classmethod
+    def _user_id(cls, value: object) -> object:
+        return checked_user_id(value)
 
 
 def item_of(passage: Passage) -> dict[str, Any]:
@@ -72,6 +77,9 @@ async def literature_api(request: web.Request) -> web.Response:
         body = LiteratureQuery.model_validate_json(await request.read())
     except ValidationError as error:
         raise json_error(web.HTTPBadRequest, validation_message(error)) from None
+    limit = request.app[SETTINGS].max_task_chars
+    if len(body.query) > limit:
+        raise json_error(web.HTTPBadRequest, f"query is {len(body.query)} characters; MAX_TASK_CHARS is {limit}")
     if not principal.admin and principal.user_id != body.user_id:
         raise json_error(web.HTTPForbidden, f"this API key acts as user {principal.user_id!r} only")
     library = request.app[DEPS].library

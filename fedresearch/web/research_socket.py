@@ -56,6 +56,8 @@ def parse_start(payload: str) -> ResearchRequest:
         body = json.loads(payload)
     except json.JSONDecodeError as error:
         raise RequestError(f"invalid JSON after start: {error.msg} at position {error.pos}") from None
+    except RecursionError:
+        raise RequestError("invalid JSON after start: nested too deeply") from None
     if not isinstance(body, dict):
         raise RequestError(f"start expects a JSON object, got {type(body).__name__}")
     try:
