@@ -78,6 +78,14 @@ class Settings(BaseSettings):
     google_cx_key: SecretStr | None = Field(None, validation_alias="GOOGLE_CX_KEY")
     google_api_base_url: str = Field("https://www.googleapis.com", validation_alias="GOOGLE_API_BASE_URL")
 
+    # the LLM writer (unset: the extractive writer)
+    llm_base_url: str | None = Field(None, validation_alias="LLM_BASE_URL")
+    llm_api_key: SecretStr | None = Field(None, validation_alias="LLM_API_KEY")
+    llm_model: str | None = Field(None, validation_alias="LLM_MODEL")
+    llm_allowed_models: CommaList = Field([], validation_alias="LLM_ALLOWED_MODELS")
+    llm_timeout_s: float = Field(30.0, gt=0, validation_alias="LLM_TIMEOUT_S")
+    llm_max_retries: int = Field(2, ge=0, le=10, validation_alias="LLM_MAX_RETRIES")
+
     api_keys: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS")
     api_keys_file: Path | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS_FILE")
     knowledge_bases: Path | None = Field(None, validation_alias="FEDRESEARCH_KNOWLEDGE_BASES")
@@ -85,9 +93,9 @@ class Settings(BaseSettings):
     webhook_url: str | None = Field(None, validation_alias="WEBHOOK_URL")
     webhook_api_key: SecretStr | None = Field(None, validation_alias="WEBHOOK_API_KEY")
 
-    _split = field_validator("default_retrievers", "internal_api_allowed_hosts", "fetch_allowed_hosts", mode="before")(
-        staticmethod(_split_commas)
-    )
+    _split = field_validator(
+        "default_retrievers", "internal_api_allowed_hosts", "fetch_allowed_hosts", "llm_allowed_models", mode="before"
+    )(staticmethod(_split_commas))
 
     @field_validator("default_retrievers", mode="after")
     @classmethod
@@ -119,6 +127,8 @@ class Settings(BaseSettings):
         "api_keys_file",
         "knowledge_bases",
         "dify_upstreams",
+        "llm_base_url",
+        "llm_model",
         mode="before",
     )
     @classmethod
@@ -132,6 +142,7 @@ class Settings(BaseSettings):
         "google_cx_key",
         "api_keys",
         "webhook_api_key",
+        "llm_api_key",
         mode="before",
     )
     @classmethod
