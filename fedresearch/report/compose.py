@@ -39,6 +39,7 @@ log = logging.getLogger("fedresearch")
 SendReport = Callable[[str], Awaitable[None]]
 _PASSAGES = 12
 _REPORT_CHUNK = 2000
+FALLBACK_NOTE = "The model stopped here; the rest of this report quotes the sources directly."
 
 
 @dataclass
@@ -231,6 +232,8 @@ class LlmReport:
             self.verification.sentences[-len(verification.sentences) :] if verification.sentences else [],
         )
         await _verified(self.verification, self.emit)
+        if self.cited_sentences:
+            await self.put(f"*{FALLBACK_NOTE}*\n\n")
         for chunk in report_chunks(body):
             await self.put(chunk)
         await self.put(self._tail(coverage=False))

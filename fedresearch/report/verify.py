@@ -128,7 +128,10 @@ class Verifier:
         if recite and best is not None and scores[best] >= limit.support:
             return Checked(text, [best], scores[best], "recited" if cited else "cited", asked)
         if not cited:
-            return Checked(text, [], scores[best] if best is not None else 0.0, "uncited", asked)
+            # citing only numbers that name no passage is a fabricated citation: the sentence goes
+            return Checked(
+                text, [], scores[best] if best is not None else 0.0, "dropped" if asked else "uncited", asked
+            )
         verdict = "unsupported" if support >= limit.drop else "dropped"
         return Checked(text, cited, support, verdict, asked)
 
