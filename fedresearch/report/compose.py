@@ -21,7 +21,7 @@ from fedresearch.core.models import FusedResult, ReportType, RetrieverOutcome
 from fedresearch.report.citations import Citations, Reference
 from fedresearch.report.evidence import Evidence, diversify, gather, rank
 from fedresearch.report.language import labels_for
-from fedresearch.report.llm import LlmConfig, WriterFailure, messages_for, stream_paragraphs
+from fedresearch.report.llm import LlmConfig, WriterFailure, messages_for, seen_text, stream_paragraphs
 from fedresearch.report.verify import (
     MARKERS,
     Checked,
@@ -103,7 +103,8 @@ async def write_extractive(
         write_report, question, report_type, sources, outcomes, writing, parts
     )
     texts = _evidence_texts(references, writing)
-    markdown, verification = await asyncio.to_thread(verify_rendered, markdown, texts, writing.embed)
+    # its sentences are quotations, matched word for word: encoding whole pages would buy nothing
+    markdown, verification = await asyncio.to_thread(verify_rendered, markdown, texts, None)
     for checked in verification.sentences:
         checked.numbers = list(checked.cited)
     return markdown, references, verification
@@ -187,7 +188,7 @@ class LlmReport:
         return [r.evidence for r in diversify(ranked, k=_PASSAGES, per_source=3)]
 
     async def _stream(self, passages: list[Evidence]) -> None:
-        numbered = {n: p.text for n, p in enumerate(passages, start=1)}
+        numbered = {n: seen_text(p) for n, p in enumerate(passages, start=1)}
         verifier = await asyncio.to_thread(Verifier, numbered, self.writing.embed)
         language = labels_for(self.question, self.writing.language).code
         outline = self.report_type is ReportType.outline_report

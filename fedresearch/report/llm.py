@@ -51,11 +51,16 @@ def llm_config(settings: Settings, requested: str | None) -> tuple[LlmConfig | N
     return LlmConfig(settings.llm_base_url, key, model, settings.llm_timeout_s, settings.llm_max_retries), note
 
 
+def seen_text(passage: Evidence) -> str:
+    """The passage as the model is shown it (and as its sentences are checked against)."""
+    return " ".join(passage.text.split())[:_PASSAGE_CHARS]
+
+
 def numbered_passages(passages: Sequence[Evidence]) -> str:
     lines = []
     for number, passage in enumerate(passages, start=1):
         title = " ".join(passage.source.title.split())[:160]
-        text = " ".join(passage.text.split())[:_PASSAGE_CHARS]
+        text = seen_text(passage)
         lines.append(f"[{number}] ({title}) {text}" if title else f"[{number}] {text}")
     return "\n\n".join(lines)
 
