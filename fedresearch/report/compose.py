@@ -25,6 +25,7 @@ from fedresearch.report.llm import LlmConfig, WriterFailure, messages_for, seen_
 from fedresearch.report.verify import (
     MARKERS,
     Checked,
+    Thresholds,
     Verification,
     Verifier,
     mark_of,
@@ -104,7 +105,8 @@ async def write_extractive(
     )
     texts = _evidence_texts(references, writing)
     # its sentences are quotations, matched word for word: encoding whole pages would buy nothing
-    markdown, verification = await asyncio.to_thread(verify_rendered, markdown, texts, None)
+    thresholds = Thresholds(support=writing.support_threshold, drop=writing.support_threshold / 2)
+    markdown, verification = await asyncio.to_thread(verify_rendered, markdown, texts, None, thresholds)
     for checked in verification.sentences:
         checked.numbers = list(checked.cited)
     return markdown, references, verification
@@ -189,7 +191,8 @@ class LlmReport:
 
     async def _stream(self, passages: list[Evidence]) -> None:
         numbered = {n: seen_text(p) for n, p in enumerate(passages, start=1)}
-        verifier = await asyncio.to_thread(Verifier, numbered, self.writing.embed)
+        limit = self.writing.support_threshold
+        verifier = await asyncio.to_thread(Verifier, numbered, self.writing.embed, Thresholds(limit, limit / 2))
         language = labels_for(self.question, self.writing.language).code
         outline = self.report_type is ReportType.outline_report
         messages = messages_for(self.question, passages, language, outline)

@@ -46,7 +46,8 @@ class ResearchOutcome:
 def writing_for(request: ResearchRequest, deps: Deps, pages: dict[str, list[Section]] | None = None) -> Writing:
     encoder = deps.library.encoder if deps.library is not None else None
     embed = (lambda texts: encoder.encode(texts, batch_size=16)) if encoder is not None else None
-    return Writing(pages=pages or {}, embed=embed, language=request.language)
+    threshold = deps.settings.report_support_threshold
+    return Writing(pages=pages or {}, embed=embed, language=request.language, support_threshold=threshold)
 
 
 async def gather_sources(

@@ -176,10 +176,12 @@ def mark_of(checked: Checked) -> str:
     return {"unsupported": f" {UNSUPPORTED}", "uncited": f" {UNCITED}"}.get(checked.verdict, "")
 
 
-def verify_rendered(markdown: str, passages: Mapping[int, str], embed: Embed | None) -> tuple[str, Verification]:
+def verify_rendered(
+    markdown: str, passages: Mapping[int, str], embed: Embed | None, thresholds: Thresholds | None = None
+) -> tuple[str, Verification]:
     """A rendered report (citations already numbered as References number them) checked in place:
     unsupported sentences are marked, never re-cited (that would reorder the References)."""
-    verifier = Verifier(passages, embed)
+    verifier = Verifier(passages, embed, thresholds)
     verification = Verification()
     body, sep, tail = markdown.partition("\n## References")
     out = []

@@ -154,6 +154,7 @@ class Writing:
     pages: dict[str, list[Section]] = field(default_factory=dict)
     embed: Embed | None = None
     language: str | None = None
+    support_threshold: float = 0.5  # REPORT_SUPPORT_THRESHOLD: what the verifier counts as supported
 
 
 def _claims(question: str, sources: Sequence[FusedResult], writing: Writing, budget: int) -> list[Claim]:
