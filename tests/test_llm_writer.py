@@ -266,3 +266,10 @@ def passage_line(body: dict[str, Any]) -> str:
 
     text = passages_of(body)[1].split(") ", 1)[-1]
     return text.split(". ")[0].rstrip(".") + ". [1]"
+
+
+async def test_a_reference_list_the_model_writes_is_not_the_report(llm: FakeOpenAI) -> None:
+    llm.script = [said(f"{RRF} [{{rrf}}].\n\n", "## References\n\n", "[1] Made-up paper, https://fake.example\n")]
+    composed, _, _ = await write(llm)
+    assert "fake.example" not in composed.markdown and "Made-up" not in composed.markdown
+    assert composed.markdown.count("## References") == 1
