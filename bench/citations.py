@@ -251,7 +251,9 @@ def main() -> None:
         if encoder is not None:
             embed = cached_encoder(encoder, pairs)
     threshold = verifier_figures(pairs, embed)
-    report_figures(pairs, embed, args.reports, threshold)
+    for support in sorted({threshold, 0.5}):
+        print(f"threshold {support:.2f}:")
+        report_figures(pairs, embed, args.reports, support)
 
 
 if __name__ == "__main__":
