@@ -83,7 +83,11 @@ class FakeOpenAI:
         script = self.script[min(len(self.requests), len(self.script)) - 1]
         answer = script(body)
         if answer.status != 200:
-            error = {"message": f"fake error {answer.status}", "type": "server_error", "param": None, "code": None}
+            message = f"fake error {answer.status}"
+            if answer.status == 401:  # OpenAI names the key it refused (masked; a local server may not mask it)
+                key = (request.headers.get("Authorization") or "").removeprefix("Bearer ")
+                message = f"Incorrect API key provided: {key}."
+            error = {"message": message, "type": "server_error", "param": None, "code": None}
             headers = {"retry-after": answer.retry_after} if answer.retry_after else None
             return web.json_response({"error": error}, status=answer.status, headers=headers)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})

@@ -74,6 +74,7 @@ async def write(
     assert linked <= set(BODIES)  # no citation points anywhere but a source
     assert "<think>" not in composed.markdown and "sk-test-secret" not in composed.markdown
     assert any(e.step == "verification" for e in events)
+    assert not any("sk-test-secret" in e.output or "sk-test-secret" in str(e.metadata) for e in events)
     return composed, frames, events
 
 
@@ -185,6 +186,7 @@ async def test_429_then_success_writes_with_the_model(llm: FakeOpenAI) -> None:
     ("answer", "reason"),
     [
         (lambda body: Answer(status=500), "HTTP 500"),
+        (lambda body: Answer(status=401), "HTTP 401"),
         (lambda body: Answer(status=429, retry_after="0.1"), "HTTP 429"),
         (lambda body: Answer(pieces=[f"{RRF} [1].", " more"], malformed_after=1), "JSONDecodeError"),
         (lambda body: Answer(pieces=[]), "empty"),

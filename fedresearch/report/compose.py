@@ -177,7 +177,7 @@ class LlmReport:
             if not self.cited_sentences:
                 raise WriterFailure("no sentence of the model's answer was supported by a passage")
         except Exception as error:
-            failure = _reason(error)
+            failure = _reason(error).replace(self.config.api_key, "[LLM_API_KEY]")  # should a server echo it
         if failure is not None:
             return await self._fall_back(failure)
         await _verified(self.verification, self.emit)
