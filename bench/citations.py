@@ -163,6 +163,7 @@ def verifier_figures(pairs: list[dict[str, Any]], embed: Any) -> float:
 
 
 def report_figures(pairs: list[dict[str, Any]], embed: Any, reports: int, threshold: float, seed: int = 7) -> None:
+    # one loop on purpose: the scripted model's draws and the tallies they feed read best together
     rng = random.Random(seed)
     passages = sorted({p["passage"] for p in pairs if p["kind"] == "verbatim"})
     verbatim = {p["passage"]: [] for p in pairs}  # type: dict[str, list[str]]
