@@ -98,6 +98,15 @@ class Settings(BaseSettings):
     brave_api_base_url: str = Field("https://api.search.brave.com", validation_alias="BRAVE_API_BASE_URL")
     brave_requests_per_s: float = Field(1.0, gt=0, validation_alias="BRAVE_REQUESTS_PER_S")
 
+    # the LLM writer (unset: the extractive writer)
+    llm_base_url: str | None = Field(None, validation_alias="LLM_BASE_URL")
+    llm_api_key: SecretStr | None = Field(None, validation_alias="LLM_API_KEY")
+    llm_model: str | None = Field(None, validation_alias="LLM_MODEL")
+    llm_allowed_models: CommaList = Field([], validation_alias="LLM_ALLOWED_MODELS")
+    llm_timeout_s: float = Field(30.0, gt=0, validation_alias="LLM_TIMEOUT_S")
+    llm_max_retries: int = Field(2, ge=0, le=10, validation_alias="LLM_MAX_RETRIES")
+    report_support_threshold: float = Field(0.5, gt=0, le=1, validation_alias="REPORT_SUPPORT_THRESHOLD")
+
     api_keys: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS")
     api_keys_file: Path | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS_FILE")
     knowledge_bases: Path | None = Field(None, validation_alias="FEDRESEARCH_KNOWLEDGE_BASES")
@@ -105,9 +114,9 @@ class Settings(BaseSettings):
     webhook_url: str | None = Field(None, validation_alias="WEBHOOK_URL")
     webhook_api_key: SecretStr | None = Field(None, validation_alias="WEBHOOK_API_KEY")
 
-    _split = field_validator("default_retrievers", "internal_api_allowed_hosts", "fetch_allowed_hosts", mode="before")(
-        staticmethod(_split_commas)
-    )
+    _split = field_validator(
+        "default_retrievers", "internal_api_allowed_hosts", "fetch_allowed_hosts", "llm_allowed_models", mode="before"
+    )(staticmethod(_split_commas))
 
     @field_validator("default_retrievers", mode="after")
     @classmethod
@@ -142,6 +151,8 @@ class Settings(BaseSettings):
         "crossref_mailto",
         "pubmed_email",
         "searxng_url",
+        "llm_base_url",
+        "llm_model",
         mode="before",
     )
     @classmethod
@@ -159,6 +170,7 @@ class Settings(BaseSettings):
         "semantic_scholar_api_key",
         "pubmed_api_key",
         "brave_api_key",
+        "llm_api_key",
         mode="before",
     )
     @classmethod

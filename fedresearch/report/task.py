@@ -18,10 +18,12 @@ from fedresearch.federation.planning import Plan
 from fedresearch.federation.runner import Deps, federate
 from fedresearch.library.formats import Section
 from fedresearch.report.citations import Reference
+from fedresearch.report.compose import Composed, SendReport, compose
+from fedresearch.report.llm import llm_config
 from fedresearch.report.planner import sub_questions
 from fedresearch.report.reading import read_pages, url_sources
 from fedresearch.report.store import save_report
-from fedresearch.report.writer import Part, Writing, write_report
+from fedresearch.report.writer import Part, Writing
 
 # retrievers must leave part of the task's time for reading pages, writing and saving the report
 _RETRIEVAL_SHARE = 0.8
@@ -38,12 +40,14 @@ class ResearchOutcome:
     outcomes: list[RetrieverOutcome]
     retrieval_ms: float
     writing: Writing = field(default_factory=Writing)
+    streamed: bool = False  # the report went out through `send` as it was written
 
 
 def writing_for(request: ResearchRequest, deps: Deps, pages: dict[str, list[Section]] | None = None) -> Writing:
     encoder = deps.library.encoder if deps.library is not None else None
     embed = (lambda texts: encoder.encode(texts, batch_size=16)) if encoder is not None else None
-    return Writing(pages=pages or {}, embed=embed, language=request.language)
+    threshold = deps.settings.report_support_threshold
+    return Writing(pages=pages or {}, embed=embed, language=request.language, support_threshold=threshold)
 
 
 async def gather_sources(
@@ -95,9 +99,11 @@ async def run_research(
     registry: dict[str, Adapter],
     deps: Deps,
     emit: Emit,
+    send: SendReport | None = None,
     owner: str | None = None,
 ) -> ResearchOutcome:
-    """`owner`: the user whose key asked, the only one (with admins) who may read the saved report."""
+    """The task, start to saved report; with `send`, the report goes out paragraph by paragraph as written.
+    `owner`: the user whose key asked, the only one (with admins) who may read the saved report."""
     settings: Settings = deps.settings
     started = time.perf_counter()
     names = ", ".join(plan.names) or "the given pages"
@@ -121,27 +127,38 @@ async def run_research(
         everything = sources + [s for part in parts for s in part.sources]
         pages = await read_pages(deps.pages, everything, settings.fetch_max_pages + len(plan.urls), budget, emit)
     writing = writing_for(request, deps, pages)
+    config, refused = llm_config(settings, request.header("llm_model"))
+    if refused:
+        await emit(ProgressEvent("warning", f"⚠️ {refused}"))
     await emit(
         ProgressEvent("writing_report", f"✍️ Writing the {request.report_type.value} from {len(sources)} sources")
     )
-    markdown, references = await asyncio.to_thread(
-        write_report, request.task, request.report_type, sources, outcomes, writing, parts
-    )
+    composed = await compose(request.task, request.report_type, sources, outcomes, writing, parts, config, emit, send)
     report_id = uuid.uuid4().hex
-    record = {"owner": owner} | _record(report_id, request, markdown, references, outcomes, retrieval_ms)
-    files = await asyncio.to_thread(save_report, settings.reports_dir, report_id, markdown, record)
-    return ResearchOutcome(report_id, markdown, files, sources, references, outcomes, retrieval_ms, writing)
+    record = {"owner": owner} | _record(report_id, request, composed, outcomes, retrieval_ms)
+    files = await asyncio.to_thread(save_report, settings.reports_dir, report_id, composed.markdown, record)
+    return ResearchOutcome(
+        report_id,
+        composed.markdown,
+        files,
+        sources,
+        composed.references,
+        outcomes,
+        retrieval_ms,
+        writing,
+        streamed=send is not None,
+    )
 
 
 def _record(
     report_id: str,
     request: ResearchRequest,
-    markdown: str,
-    references: list[Reference],
+    composed: Composed,
     outcomes: list[RetrieverOutcome],
     retrieval_ms: float,
 ) -> dict[str, Any]:
-    """The saved JSON: the report and everything needed to check it (sources, per-retriever outcomes)."""
+    """The saved JSON: the report and everything needed to check it (sources, per-retriever outcomes,
+    which writer wrote it, and per sentence its citations and support score)."""
     return {
         "id": report_id,
         "question": request.task,
@@ -158,7 +175,9 @@ def _record(
                 "fused_score": round(reference.source.score, 6),
                 "metadata": reference.source.metadata,
             }
-            for reference in references
+            for reference in composed.references
         ],
-        "report": markdown,
+        "writer": {"kind": composed.writer, "model": composed.model, "fallback": composed.fallback},
+        "verification": {**composed.verification.counts(), "sentences": composed.sentences},
+        "report": composed.markdown,
     }

@@ -34,7 +34,7 @@ from fedresearch.report.evidence import (
 )
 from fedresearch.report.language import Labels, labels_for
 
-_TEMPLATES = Environment(
+TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
     autoescape=False,  # markdown out; evidence is cleaned sentence by sentence instead
     undefined=StrictUndefined,
@@ -66,13 +66,20 @@ class Theme:
     paragraphs: list[Paragraph] = field(default_factory=list)
 
 
-def cite(claim: Claim, citations: Citations) -> str:
-    """The claim followed by its citations, each a link to the source when it has a URL."""
-    marks = []
-    for source in claim.sources:
+def citation_marks(sources: Sequence[FusedResult], citations: Citations) -> tuple[str, list[int]]:
+    """Each source's citation, a link to it when it has a URL, and the numbers cited (each once)."""
+    marks, numbers = [], []
+    for source in sources:
         number = citations.cite(source)
-        marks.append(f"[[{number}]]({source.href})" if is_url(source.href) else f"[{number}]")
-    return f"{claim.text} {''.join(marks)}"
+        if number not in numbers:
+            numbers.append(number)
+            marks.append(f"[[{number}]]({source.href})" if is_url(source.href) else f"[{number}]")
+    return "".join(marks), numbers
+
+
+def cite(claim: Claim, citations: Citations) -> str:
+    """The claim followed by its citations."""
+    return f"{claim.text} {citation_marks(claim.sources, citations)[0]}"
 
 
 def _similar(a: Claim, b: Claim) -> float:
@@ -130,7 +137,7 @@ def _paragraphs(group: Sequence[Claim], citations: Citations) -> list[Paragraph]
     ]
 
 
-def _coverage(outcomes: Sequence[RetrieverOutcome]) -> list[str]:
+def coverage_lines(outcomes: Sequence[RetrieverOutcome]) -> list[str]:
     lines = []
     for outcome in outcomes:
         if outcome.status is RetrieverStatus.done:
@@ -147,6 +154,7 @@ class Writing:
     pages: dict[str, list[Section]] = field(default_factory=dict)
     embed: Embed | None = None
     language: str | None = None
+    support_threshold: float = 0.5  # REPORT_SUPPORT_THRESHOLD: what the verifier counts as supported
 
 
 def _claims(question: str, sources: Sequence[FusedResult], writing: Writing, budget: int) -> list[Claim]:
@@ -178,7 +186,7 @@ def write_report(
     writing = writing or Writing()
     labels = labels_for(question, writing.language)
     citations = Citations()
-    context: dict[str, object] = {"question": question, "coverage": _coverage(outcomes), "labels": labels}
+    context: dict[str, object] = {"question": question, "coverage": coverage_lines(outcomes), "labels": labels}
     if report_type is ReportType.resource_report:
         context["entries"] = _resources(sources, citations, labels)
     elif report_type is ReportType.outline_report:
@@ -188,7 +196,7 @@ def write_report(
         _research(question, sources, writing, parts, citations, context, detailed=report_type.decomposes)
         report_type = ReportType.research_report
     context["references"] = citations.references
-    markdown = _TEMPLATES.get_template(f"{report_type.value}.md.j2").render(**context)
+    markdown = TEMPLATES.get_template(f"{report_type.value}.md.j2").render(**context)
     return markdown, citations.references
 
 
@@ -228,4 +236,4 @@ def _resources(sources: Sequence[FusedResult], citations: Citations, labels: Lab
     return entries
 
 
-__all__ = ["Labels", "Part", "Writing", "write_report"]
+__all__ = ["TEMPLATES", "Labels", "Part", "Writing", "citation_marks", "write_report"]

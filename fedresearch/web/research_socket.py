@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import uuid
 from typing import Any
 
@@ -24,30 +23,13 @@ from fedresearch.core.events import ProgressEvent
 from fedresearch.core.models import ResearchRequest
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import ChatSession
+from fedresearch.report.compose import report_chunks
 from fedresearch.report.store import save_report
 from fedresearch.report.task import ResearchOutcome, run_research
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, METRICS, REGISTRY, RUNNING, SETTINGS, SOCKETS
 
 log = logging.getLogger("fedresearch")
-
-_REPORT_CHUNK = 2000
-
-
-def report_chunks(markdown: str, size: int = _REPORT_CHUNK) -> list[str]:
-    """The report in frames that end on paragraph boundaries (GPT-Researcher's page renders each frame
-    as its own block, so a frame must never end inside a word, a link or a table row); a paragraph
-    longer than `size` travels whole. The concatenation is the report."""
-    chunks: list[str] = []
-    current = ""
-    for paragraph in re.split(r"(?<=\n\n)", markdown):
-        if current and len(current) + len(paragraph) > size:
-            chunks.append(current)
-            current = ""
-        current += paragraph
-    if current:
-        chunks.append(current)
-    return chunks
 
 
 def parse_start(payload: str) -> ResearchRequest:
@@ -172,7 +154,7 @@ class ResearchSocket:
             async with asyncio.timeout(settings.task_timeout_s):
                 owner = self.principal.user_id or plan.options.user_id
                 registry, deps = self.app[REGISTRY], self.app[DEPS]
-                outcome = await run_research(request, plan, registry, deps, self.log_event, owner=owner)
+                outcome = await run_research(request, plan, registry, deps, self.log_event, self.send_report, owner=owner)
         except TimeoutError:
             late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"
             await self.cannot_run(request, late)
@@ -184,11 +166,14 @@ class ResearchSocket:
         self.last = outcome
         self.chat_session = ChatSession(request, plan, outcome)
         saved = f"📄 Report saved with {len(outcome.references)} references"
-        await self.deliver(outcome.markdown, outcome.files, saved)
+        await self.deliver(outcome.markdown, outcome.files, saved, streamed=outcome.streamed)
 
-    async def deliver(self, markdown: str, saved: dict[str, str], message: str) -> None:
-        for chunk in report_chunks(markdown):
-            await self.send({"type": "report", "output": chunk})
+    async def send_report(self, chunk: str) -> None:
+        await self.send({"type": "report", "output": chunk})
+
+    async def deliver(self, markdown: str, saved: dict[str, str], message: str, streamed: bool = False) -> None:
+        for chunk in [] if streamed else report_chunks(markdown):
+            await self.send_report(chunk)
         files = {kind: f"reports/{name}" for kind, name in saved.items()}
         await self.log_event(ProgressEvent("report_written", message, {"files": files}))
         await self.send({"type": "path", "output": files})

@@ -1,0 +1,292 @@
+"""Writing the report: the LLM writer streamed paragraph by paragraph and verified as it goes, or the
+extractive writer; either way every cited sentence is checked, and the report always gets written.
+
+When the model fails (timeout, 429/5xx after the SDK's retries, a stalled stream, a malformed chunk,
+an empty or unsupported answer) the extractive writer takes over where the stream stopped: paragraphs
+already sent stay, the extractive report follows with its citations renumbered into the same
+References, and a `writer_fallback` log frame says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedresearch.core.events import Emit, ProgressEvent
+from fedresearch.core.models import FusedResult, ReportType, RetrieverOutcome
+from fedresearch.report.citations import Citations, Reference
+from fedresearch.report.evidence import Evidence, diversify, gather, rank
+from fedresearch.report.language import labels_for
+from fedresearch.report.llm import LlmConfig, WriterFailure, messages_for, seen_text, stream_paragraphs
+from fedresearch.report.verify import (
+    MARKERS,
+    Checked,
+    Thresholds,
+    Verification,
+    Verifier,
+    mark_of,
+    strip_markers,
+    verify_paragraph,
+    verify_rendered,
+)
+from fedresearch.report.writer import TEMPLATES, Part, Writing, citation_marks, coverage_lines, write_report
+
+log = logging.getLogger("fedresearch")
+
+SendReport = Callable[[str], Awaitable[None]]
+_PASSAGES = 12
+_REPORT_CHUNK = 2000
+FALLBACK_NOTE = "The model stopped here; the rest of this report quotes the sources directly."
+
+
+@dataclass
+class Composed:
+    markdown: str
+    references: list[Reference]
+    verification: Verification
+    writer: str  # "llm", "extractive", or "llm+extractive" (the model failed part-way)
+    model: str | None = None
+    fallback: str | None = None
+    sentences: list[dict[str, Any]] = field(default_factory=list)
+
+
+def report_chunks(markdown: str, size: int = _REPORT_CHUNK) -> list[str]:
+    """The report in frames that end on paragraph boundaries (GPT-Researcher's page renders each frame
+    as its own block, so a frame must never end inside a word, a link or a table row); a paragraph
+    longer than `size` travels whole. The concatenation is the report."""
+    chunks: list[str] = []
+    current = ""
+    for paragraph in re.split(r"(?<=\n\n)", markdown):
+        if current and len(current) + len(paragraph) > size:
+            chunks.append(current)
+            current = ""
+        current += paragraph
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+async def _send_all(markdown: str, send: SendReport | None) -> None:
+    for chunk in report_chunks(markdown) if send is not None else []:
+        await send(chunk)  # type: ignore[misc]
+
+
+def _evidence_texts(references: Sequence[Reference], writing: Writing) -> dict[int, str]:
+    """What each reference's source says: its result text and the pages read behind it."""
+    texts = {}
+    for reference in references:
+        passages = gather([reference.source], writing.pages)
+        texts[reference.number] = "\n".join(p.text for p in passages)
+    return texts
+
+
+def _records(sentences: Sequence[Checked]) -> list[dict[str, Any]]:
+    return [
+        {"text": s.text, "citations": s.numbers, "support": s.support, "verdict": s.verdict}
+        for s in sentences
+        if s.verdict != "prose"
+    ]
+
+
+async def write_extractive(
+    question: str,
+    report_type: ReportType,
+    sources: list[FusedResult],
+    outcomes: Sequence[RetrieverOutcome],
+    writing: Writing,
+    parts: Sequence[Part],
+) -> tuple[str, list[Reference], Verification]:
+    markdown, references = await asyncio.to_thread(
+        write_report, question, report_type, sources, outcomes, writing, parts
+    )
+    texts = _evidence_texts(references, writing)
+    # its sentences are quotations, matched word for word: encoding whole pages would buy nothing
+    thresholds = Thresholds(support=writing.support_threshold, drop=writing.support_threshold / 2)
+    markdown, verification = await asyncio.to_thread(verify_rendered, markdown, texts, None, thresholds)
+    for checked in verification.sentences:
+        checked.numbers = list(checked.cited)
+    return markdown, references, verification
+
+
+async def compose(
+    question: str,
+    report_type: ReportType,
+    sources: list[FusedResult],
+    outcomes: Sequence[RetrieverOutcome],
+    writing: Writing,
+    parts: Sequence[Part],
+    config: LlmConfig | None,
+    emit: Emit,
+    send: SendReport | None = None,
+) -> Composed:
+    """The report, sent through `send` (paragraph-bounded frames) as it is written, and verified."""
+    if config is None or report_type is ReportType.resource_report:
+        markdown, references, verification = await write_extractive(
+            question, report_type, sources, outcomes, writing, parts
+        )
+        await _verified(verification, emit)
+        await _send_all(markdown, send)
+        return Composed(markdown, references, verification, "extractive", sentences=_records(verification.sentences))
+    return await LlmReport(question, report_type, sources, outcomes, writing, parts, config, emit, send).write()
+
+
+async def _verified(verification: Verification, emit: Emit) -> None:
+    await emit(ProgressEvent("verification", verification.summary(), verification.counts()))
+
+
+class LlmReport:
+    """One LLM-written report in progress: what has been sent, the citations numbered so far."""
+
+    def __init__(
+        self,
+        question: str,
+        report_type: ReportType,
+        sources: list[FusedResult],
+        outcomes: Sequence[RetrieverOutcome],
+        writing: Writing,
+        parts: Sequence[Part],
+        config: LlmConfig,
+        emit: Emit,
+        send: SendReport | None,
+    ) -> None:
+        self.question, self.report_type, self.sources = question, report_type, sources
+        self.outcomes, self.writing, self.parts, self.config = outcomes, writing, parts, config
+        self.emit, self.send = emit, send
+        self.citations = Citations()
+        self.verification = Verification()
+        self.written: list[str] = []
+        self.cited_sentences = 0
+
+    async def put(self, text: str) -> None:
+        self.written.append(text)
+        if self.send is not None:
+            await self.send(text)
+
+    async def write(self) -> Composed:
+        passages = await asyncio.to_thread(self._passages)
+        await self.put(f"# {self.question}\n\n")
+        failure = None
+        try:
+            if not passages:
+                raise WriterFailure("no evidence passages to write from")
+            await self._stream(passages)
+            if not self.cited_sentences:
+                raise WriterFailure("no sentence of the model's answer was supported by a passage")
+        except Exception as error:
+            failure = _reason(error).replace(self.config.api_key, "[LLM_API_KEY]")  # should a server echo it
+        if failure is not None:
+            return await self._fall_back(failure)
+        await _verified(self.verification, self.emit)
+        await self.put(self._tail())
+        return self._composed("llm")
+
+    def _passages(self) -> list[Evidence]:
+        everything = self.sources + [s for part in self.parts for s in part.sources if s not in self.sources]
+        ranked = rank(self.question, gather(everything, self.writing.pages), self.writing.embed)
+        return [r.evidence for r in diversify(ranked, k=_PASSAGES, per_source=3)]
+
+    async def _stream(self, passages: list[Evidence]) -> None:
+        numbered = {n: seen_text(p) for n, p in enumerate(passages, start=1)}
+        limit = self.writing.support_threshold
+        verifier = await asyncio.to_thread(Verifier, numbered, self.writing.embed, Thresholds(limit, limit / 2))
+        language = labels_for(self.question, self.writing.language).code
+        outline = self.report_type is ReportType.outline_report
+        messages = messages_for(self.question, passages, language, outline)
+        await self.emit(
+            ProgressEvent("writing_report", f"🤖 {self.config.model} is writing from {len(passages)} passages")
+        )
+        async for paragraph in stream_paragraphs(self.config, messages):
+            if paragraph.startswith("#"):
+                heading = strip_markers(paragraph.lstrip("# ")).strip()
+                if heading:
+                    await self.put(f"## {heading}\n\n")
+                continue
+            kept = await asyncio.to_thread(verify_paragraph, paragraph, verifier, self.verification)
+            rendered = " ".join(self._render(checked, passages) for checked in kept)
+            if rendered:
+                await self.put(rendered + "\n\n")
+
+    def _render(self, checked: Checked, passages: list[Evidence]) -> str:
+        marks, checked.numbers = citation_marks([passages[n - 1].source for n in checked.cited], self.citations)
+        if checked.numbers:
+            self.cited_sentences += 1
+        return " ".join(part for part in (checked.text, marks) if part) + mark_of(checked)
+
+    async def _fall_back(self, reason: str) -> Composed:
+        log.warning("LLM writer failed, extractive writer takes over: %s", reason)
+        await self.emit(
+            ProgressEvent(
+                "writer_fallback",
+                f"⚠️ The model could not write the report ({reason}); writing it extractively",
+                {"reason": reason, "model": self.config.model},
+            )
+        )
+        markdown, references, verification = await write_extractive(
+            self.question, self.report_type, self.sources, self.outcomes, self.writing, self.parts
+        )
+        self.verification.sentences.extend(verification.sentences)
+        body = _renumbered(
+            markdown,
+            references,
+            self.citations,
+            self.verification.sentences[-len(verification.sentences) :] if verification.sentences else [],
+        )
+        await _verified(self.verification, self.emit)
+        if self.cited_sentences:
+            await self.put(f"*{FALLBACK_NOTE}*\n\n")
+        for chunk in report_chunks(body):
+            await self.put(chunk)
+        await self.put(self._tail(coverage=False))
+        composed = self._composed("llm+extractive" if self.cited_sentences else "extractive")
+        composed.fallback = reason
+        return composed
+
+    def _tail(self, coverage: bool = True) -> str:
+        labels = labels_for(self.question, self.writing.language)
+        context = {"coverage": coverage_lines(self.outcomes) if coverage else [], "labels": labels}
+        context["references"] = self.citations.references
+        return TEMPLATES.get_template("_tail.md.j2").render(**context)
+
+    def _composed(self, writer: str) -> Composed:
+        markdown = "".join(self.written)
+        return Composed(
+            markdown,
+            self.citations.references,
+            self.verification,
+            writer,
+            self.config.model,
+            sentences=_records(self.verification.sentences),
+        )
+
+
+def _renumbered(markdown: str, references: list[Reference], citations: Citations, checked: Sequence[Checked]) -> str:
+    """The extractive report's body (no title, no References) with its citations numbered into `citations`."""
+    body = markdown.partition("\n## References")[0]
+    body = re.sub(r"\A# [^\n]*\n+", "", body)
+    by_number = {reference.number: reference.source for reference in references}
+    remap: dict[int, int] = {}
+
+    def renumber(match: re.Match[str]) -> str:
+        olds = [int(n) for n in re.findall(r"\d+", match.group(1) or match.group(2))]
+        marks, numbers = citation_marks([by_number[old] for old in olds if old in by_number], citations)
+        remap.update(zip(olds, numbers, strict=False))
+        return marks
+
+    body = MARKERS.sub(renumber, body)
+    for sentence in checked:
+        sentence.numbers = [remap.get(n, n) for n in sentence.numbers]
+    return body.rstrip("\n") + "\n\n"
+
+
+def _reason(error: BaseException) -> str:
+    """Why the model failed, in words a reader can act on (SDK messages carry no key)."""
+    status = getattr(error, "status_code", None)
+    text = " ".join(str(error).split())[:300]
+    if status is not None:
+        return f"HTTP {status} from the model endpoint: {text}"
+    name = type(error).__name__
+    return text if isinstance(error, WriterFailure) else f"{name}: {text or 'no detail'}"

@@ -1,0 +1,204 @@
+"""The LLM writer's model side: numbered passages in, streamed paragraphs of cited prose out.
+
+Any OpenAI-compatible chat endpoint (OpenAI, vLLM, Ollama, llama.cpp) through the official `openai`
+SDK: plain chat completions, streamed; no tool calling, no JSON mode. `<think>` blocks are removed
+as the text streams (a tag may arrive split across chunks); a stream that sends nothing for
+`LLM_TIMEOUT_S` is a failure, as is an answer with no text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
+
+from fedresearch.core.settings import Settings, secret
+from fedresearch.report.evidence import Evidence
+
+_OPEN, _CLOSE = "<think>", "</think>"
+_PASSAGE_CHARS = 900
+_ENDINGS = ("## references", "## sources", "references:", "sources:", "## 参考", "## bibliography")
+
+
+class WriterFailure(Exception):
+    """The model gave no usable report; the message says why (it never carries a key)."""
+
+
+@dataclass(frozen=True)
+class LlmConfig:
+    base_url: str
+    api_key: str
+    model: str
+    timeout_s: float
+    max_retries: int
+
+
+def llm_config(settings: Settings, requested: str | None) -> tuple[LlmConfig | None, str | None]:
+    """The model to write with (None: the extractive writer) and a note when the request's choice was refused."""
+    if not settings.llm_base_url or not settings.llm_model:
+        return None, "headers.llm_model ignored: no LLM is configured (LLM_BASE_URL, LLM_MODEL)" if requested else None
+    model, note = settings.llm_model, None
+    if requested and requested != model:
+        if requested in settings.llm_allowed_models:
+            model = requested
+        else:
+            allowed = ", ".join([settings.llm_model, *settings.llm_allowed_models])
+            note = f"headers.llm_model {requested!r} is not allowed here (LLM_ALLOWED_MODELS: {allowed}); using {model}"
+    key = secret(settings.llm_api_key) or "not-needed"  # local servers take none; the SDK requires one
+    return LlmConfig(settings.llm_base_url, key, model, settings.llm_timeout_s, settings.llm_max_retries), note
+
+
+def seen_text(passage: Evidence) -> str:
+    """The passage as the model is shown it (and as its sentences are checked against)."""
+    return " ".join(passage.text.split())[:_PASSAGE_CHARS]
+
+
+def numbered_passages(passages: Sequence[Evidence]) -> str:
+    lines = []
+    for number, passage in enumerate(passages, start=1):
+        title = " ".join(passage.source.title.split())[:160]
+        text = seen_text(passage)
+        lines.append(f"[{number}] ({title}) {text}" if title else f"[{number}] {text}")
+    return "\n\n".join(lines)
+
+
+def messages_for(
+    question: str, passages: Sequence[Evidence], language: str, outline: bool
+) -> list[ChatCompletionMessageParam]:
+    shape = (
+        "an outline: `## ` section headings, each followed by a short paragraph of the points it will make"
+        if outline
+        else "a short summary paragraph first, then sections under `## ` headings, each of a few paragraphs"
+    )
+    system = (
+        "You write research reports using only the numbered evidence passages you are given. "
+        "End every sentence that states a fact with the marker of each passage that states it, "
+        "exactly as numbered, e.g. [2] or [1][3]. Never cite a number that is not listed; never add "
+        "facts, figures or names the passages do not state; if the passages do not answer something, say so. "
+        f"Write {shape}. No title, no reference list, no URLs. Separate paragraphs with a blank line. "
+        f"Write in {language}."
+    )
+    user = f"Question: {question}\n\nEvidence passages:\n\n{numbered_passages(passages)}"
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+class ThinkFilter:
+    """Removes `<think>…</think>` from streamed text, tags split across chunks included."""
+
+    def __init__(self) -> None:
+        self.inside = False
+        self.pending = ""
+
+    def feed(self, text: str) -> str:
+        self.pending += text
+        out = []
+        while self.pending:
+            tag = _CLOSE if self.inside else _OPEN
+            at = self.pending.find(tag)
+            if at >= 0:
+                if not self.inside:
+                    out.append(self.pending[:at])
+                self.pending = self.pending[at + len(tag) :]
+                self.inside = not self.inside
+                continue
+            keep = _partial_tag(self.pending, tag)  # the start of a tag still arriving
+            if not self.inside:
+                out.append(self.pending[: len(self.pending) - keep])
+            self.pending = self.pending[len(self.pending) - keep :]
+            break
+        return "".join(out)
+
+    def close(self) -> str:
+        rest, self.pending = ("" if self.inside else self.pending), ""
+        return rest
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:size]):
+            return size
+    return 0
+
+
+class Paragraphs:
+    """Streamed text cut at blank lines; a heading line is a paragraph of its own."""
+
+    def __init__(self) -> None:
+        self.buffer = ""
+        self.ended = False  # the model started its own reference list: the rest is not report
+
+    def feed(self, text: str) -> list[str]:
+        self.buffer += text
+        done = []
+        while "\n\n" in self.buffer and not self.ended:
+            block, self.buffer = self.buffer.split("\n\n", 1)
+            done.extend(self._accept(block))
+        return done
+
+    def close(self) -> list[str]:
+        block, self.buffer = self.buffer, ""
+        return [] if self.ended else self._accept(block)
+
+    def _accept(self, block: str) -> list[str]:
+        out = []
+        for piece in _split_headings(block):
+            if piece.lower().lstrip("#* ").startswith(tuple(e.lstrip("# ") for e in _ENDINGS)) and (
+                piece.startswith("#") or piece.rstrip().endswith(":")
+            ):
+                self.ended = True
+                break
+            out.append(piece)
+        return out
+
+
+def _split_headings(block: str) -> list[str]:
+    pieces: list[str] = []
+    prose: list[str] = []
+    for line in block.strip().splitlines():
+        if line.lstrip().startswith("#"):
+            if prose:
+                pieces.append(" ".join(prose))
+                prose = []
+            pieces.append(line.strip())
+        elif line.strip():
+            prose.append(line.strip())
+    if prose:
+        pieces.append(" ".join(prose))
+    return pieces
+
+
+async def stream_paragraphs(config: LlmConfig, messages: list[ChatCompletionMessageParam]) -> AsyncIterator[str]:
+    """The model's answer, paragraph by paragraph, thinking removed; WriterFailure when it fails."""
+    thinking, paragraphs, produced = ThinkFilter(), Paragraphs(), False
+    async with AsyncOpenAI(
+        base_url=config.base_url, api_key=config.api_key, timeout=config.timeout_s, max_retries=config.max_retries
+    ) as client:
+        stream = await client.chat.completions.create(
+            model=config.model,
+            messages=messages,
+            stream=True,
+            temperature=0.2,
+        )
+        chunks = aiter(stream)
+        while True:
+            try:
+                async with asyncio.timeout(config.timeout_s):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise WriterFailure(f"the model's stream stalled: nothing for {config.timeout_s:g} s") from None
+            content = chunk.choices[0].delta.content if chunk.choices else None
+            if content is not None and not isinstance(content, str):
+                raise WriterFailure("the model sent a malformed chunk (content is not text)")
+            for paragraph in paragraphs.feed(thinking.feed(content or "")):
+                produced = True
+                yield paragraph
+    for paragraph in paragraphs.feed(thinking.close()) + paragraphs.close():
+        produced = True
+        yield paragraph
+    if not produced:
+        raise WriterFailure("the model's answer was empty")

@@ -1,0 +1,277 @@
+"""The LLM writer against a fake OpenAI-compatible server: what it writes, what the verifier does with
+it, and the extractive writer taking over on every kind of failure. No network."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from fedresearch.core.events import ProgressEvent
+from fedresearch.core.models import ReportType, SearchResult
+from fedresearch.federation.fusion import fuse
+from fedresearch.report.compose import Composed, compose
+from fedresearch.report.llm import LlmConfig, ThinkFilter
+from fedresearch.report.verify import UNCITED, UNSUPPORTED, Verifier
+from fedresearch.report.writer import Writing
+from tests.fake_openai import Answer, FakeOpenAI, number_of
+from tests.test_report import check_invariants
+
+QUESTION = "How do hybrid retrieval systems combine lexical and dense rankings?"
+BODIES = {
+    "https://rrf.example": "Reciprocal rank fusion combines the rankings of several retrieval systems by summing "
+    "reciprocal ranks.",
+    "https://dense.example": "Dense retrieval encodes queries and passages as vectors and finds passages that "
+    "share meaning but not words.",
+    "https://bm25.example": "BM25 scores documents by term frequency and inverse document frequency with length "
+    "normalisation.",
+    "https://cross.example": "Cross-encoders rerank candidate passages by reading the query and the passage "
+    "together, at a higher cost.",
+    "https://hybrid.example": "Hybrid search systems run lexical and dense retrieval in parallel and merge their "
+    "results.",
+}
+RRF = "Reciprocal rank fusion combines the rankings of several retrieval systems by summing reciprocal ranks"
+BM25 = "BM25 scores documents by term frequency and inverse document frequency"
+HYBRID = "Hybrid search systems run lexical and dense retrieval in parallel and merge their results"
+DENSE = "Dense retrieval encodes queries and passages as vectors"
+
+
+def sources() -> list[Any]:
+    results = [
+        SearchResult(href=href, title=href.split("//")[1].split(".")[0].upper(), retriever="tavily", rank=i + 1, body=b)
+        for i, (href, b) in enumerate(BODIES.items())
+    ]
+    return fuse(results)
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[FakeOpenAI]:
+    fake = await FakeOpenAI().start()
+    yield fake
+    await fake.stop()
+
+
+async def write(
+    fake: FakeOpenAI, report_type: ReportType = ReportType.research_report
+) -> tuple[Composed, list[str], list[ProgressEvent]]:
+    config = LlmConfig(fake.url, "sk-test-secret", "fake-model", timeout_s=1.0, max_retries=1)
+    frames: list[str] = []
+    events: list[ProgressEvent] = []
+
+    async def send(chunk: str) -> None:
+        frames.append(chunk)
+
+    async def emit(event: ProgressEvent) -> None:
+        events.append(event)
+
+    composed = await compose(QUESTION, report_type, sources(), [], Writing(), [], config, emit, send)
+    assert "".join(frames) == composed.markdown  # what streamed is the report
+    assert all(frame.endswith("\n") for frame in frames)  # frames end on paragraph boundaries
+    check_invariants(composed.markdown)
+    linked = set(re.findall(r"\[\[\d+\]\]\(([^)]+)\)", composed.markdown))
+    assert linked <= set(BODIES)  # no citation points anywhere but a source
+    assert "<think>" not in composed.markdown and "sk-test-secret" not in composed.markdown
+    assert any(e.step == "verification" for e in events)
+    assert not any("sk-test-secret" in e.output or "sk-test-secret" in str(e.metadata) for e in events)
+    return composed, frames, events
+
+
+def said(*sentences: str) -> Any:
+    return lambda body: Answer(pieces=[s.format(**numbers(body)) for s in sentences])
+
+
+def numbers(body: dict[str, Any]) -> dict[str, int]:
+    return {
+        "rrf": number_of(body, "Reciprocal"),
+        "bm25": number_of(body, "BM25"),
+        "hybrid": number_of(body, "Hybrid search"),
+        "dense": number_of(body, "Dense retrieval"),
+        "cross": number_of(body, "Cross-encoders"),
+    }
+
+
+def verdicts(composed: Composed) -> dict[str, str]:
+    return {s["text"]: s["verdict"] for s in composed.sentences}
+
+
+async def test_supported_sentences_are_kept_cited_and_streamed(llm: FakeOpenAI) -> None:
+    llm.script = [said(f"{RRF} [{{rrf}}]. {HYBRID} [{{hybrid}}].\n\n", "## Scoring\n\n", f"{BM25} [{{bm25}}].")]
+    composed, frames, _ = await write(llm)
+    assert composed.writer == "llm" and composed.fallback is None
+    assert set(verdicts(composed).values()) == {"supported"}
+    assert "## Scoring" in composed.markdown and len(frames) >= 4  # title, paragraphs, heading, tail
+    assert [r.link for r in composed.references] == [
+        "https://rrf.example",
+        "https://hybrid.example",
+        "https://bm25.example",
+    ]
+    assert llm.authorization == ["Bearer sk-test-secret"]
+    passages = llm.requests[0]["messages"][1]["content"]
+    assert "[1] " in passages and "[5] " in passages and "http" not in passages  # only numbered passages
+
+
+async def test_a_sentence_citing_the_wrong_passage_is_recited_or_marked(llm: FakeOpenAI) -> None:
+    invented = "Cross-encoders were first built in 1887 by a lighthouse keeper in Norway"
+    llm.script = [said(f"{BM25} [{{rrf}}]. {invented} [{{cross}}].")]
+    composed, _, events = await write(llm)
+    assert verdicts(composed)[BM25 + "."] == "recited"
+    bm25_line = next(p for p in composed.markdown.split("\n\n") if BM25 in p)
+    assert "(https://bm25.example)" in bm25_line.split(BM25)[1].split(". ")[0] + bm25_line.split(BM25)[1]
+    assert "https://rrf.example" not in composed.markdown
+    verdict = verdicts(composed)[invented + "."]
+    assert verdict in ("unsupported", "dropped")
+    if verdict == "unsupported":
+        assert f"{invented}. [[2]](https://cross.example) {UNSUPPORTED}" in composed.markdown
+    else:
+        assert invented not in composed.markdown
+    counts = next(e for e in events if e.step == "verification").metadata or {}
+    assert counts["recited"] == 1
+
+
+async def test_a_citation_naming_no_passage_never_survives(llm: FakeOpenAI) -> None:
+    llm.script = [said(f"{DENSE} [9]. {RRF} [{{rrf}}][9]. The moon is made of green cheese, surveys say [9].")]
+    composed, _, events = await write(llm)
+    body = composed.markdown.partition("## References")[0]
+    assert "[9]" not in body and "[[9]]" not in body and len(composed.references) <= 5
+    assert "green cheese" not in composed.markdown  # only a fabricated citation stood behind it
+    assert verdicts(composed)[DENSE + "."] == "cited"  # re-cited to the passage that states it
+    assert "https://dense.example" in composed.markdown
+    counts = next(e for e in events if e.step == "verification").metadata or {}
+    assert counts["invalid_citations"] == 3 and counts["dropped"] == 1
+
+
+async def test_uncited_sentences_are_cited_when_supported_else_flagged(llm: FakeOpenAI) -> None:
+    opinion = "Most engineers consider quantum annealing the future of enterprise spreadsheet software"
+    llm.script = [said(f"{HYBRID}. {opinion}. In short, it depends.")]
+    composed, _, _ = await write(llm)
+    assert verdicts(composed)[HYBRID + "."] == "cited"
+    assert f"{opinion}. {UNCITED}" in composed.markdown
+    assert "In short, it depends." in composed.markdown  # connective prose is not a finding
+
+
+async def test_think_blocks_never_reach_the_report(llm: FakeOpenAI) -> None:
+    llm.script = [said("<thi", "nk>The user wants [7] moon facts.\n\nLet me th", "ink.</th", f"ink>{RRF} [{{rrf}}].")]
+    composed, _, _ = await write(llm)
+    assert "moon" not in composed.markdown and "think" not in composed.markdown.lower()
+    assert composed.writer == "llm" and RRF in composed.markdown
+
+
+def test_think_filter_handles_tags_split_anywhere() -> None:
+    text = "a<think>hidden</think>b<think>x</think>c"
+    for size in range(1, 8):
+        think = ThinkFilter()
+        out = "".join(think.feed(text[i : i + size]) for i in range(0, len(text), size)) + think.close()
+        assert out == "abc"
+
+
+async def test_a_stalled_stream_falls_back_keeping_what_was_written(llm: FakeOpenAI) -> None:
+    llm.script = [lambda body: Answer(pieces=[f"{RRF} [{number_of(body, 'Reciprocal')}].\n\n", "More"], stall_after=1)]
+    composed, _, events = await write(llm)
+    assert composed.writer == "llm+extractive" and "stalled" in (composed.fallback or "")
+    assert composed.markdown.count(RRF) >= 1 and composed.references
+    fallback = next(e for e in events if e.step == "writer_fallback")
+    assert "stalled" in fallback.output and "sk-test" not in fallback.output
+
+
+async def test_429_then_success_writes_with_the_model(llm: FakeOpenAI) -> None:
+    llm.script = [lambda body: Answer(status=429, retry_after="0.1"), said(f"{RRF} [{{rrf}}].")]
+    composed, _, events = await write(llm)
+    assert len(llm.requests) == 2 and composed.writer == "llm"
+    assert not any(e.step == "writer_fallback" for e in events)
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (lambda body: Answer(status=500), "HTTP 500"),
+        (lambda body: Answer(status=401), "HTTP 401"),
+        (lambda body: Answer(status=429, retry_after="0.1"), "HTTP 429"),
+        (lambda body: Answer(pieces=[f"{RRF} [1].", " more"], malformed_after=1), "JSONDecodeError"),
+        (lambda body: Answer(pieces=[]), "empty"),
+        (lambda body: Answer(pieces=["<think>only thinking</think>"]), "empty"),
+        (
+            lambda body: Answer(pieces=["The sky over the harbour was grey that winter morning, everyone agreed [2]."]),
+            "supported",
+        ),
+    ],
+)
+async def test_every_failure_falls_back_to_the_extractive_writer(llm: FakeOpenAI, answer: Any, reason: str) -> None:
+    llm.script = [answer]
+    composed, _, events = await write(llm)
+    assert composed.writer.endswith("extractive") and reason in (composed.fallback or "")
+    assert composed.references and "## References" in composed.markdown
+    assert any(e.step == "writer_fallback" and reason in e.output for e in events)
+
+
+async def test_extractive_reports_are_verified_too() -> None:
+    events: list[ProgressEvent] = []
+
+    async def emit(event: ProgressEvent) -> None:
+        events.append(event)
+
+    composed = await compose(QUESTION, ReportType.research_report, sources(), [], Writing(), [], None, emit)
+    check_invariants(composed.markdown)
+    assert composed.writer == "extractive" and composed.sentences
+    assert all(s["verdict"] == "supported" and s["support"] >= 0.5 for s in composed.sentences)
+    assert all(s["citations"] for s in composed.sentences)
+
+
+def test_verifier_scores_a_figure_the_passage_does_not_state_down() -> None:
+    verifier = Verifier({1: "The method improved recall by 12 percent on the benchmark."})
+    right = verifier.scores("The method improved recall by 12 percent on the benchmark.")[1]
+    wrong = verifier.scores("The method improved recall by 45 percent on the benchmark.")[1]
+    assert right > 0.9 and wrong < 0.5
+
+
+async def test_over_the_websocket_the_report_streams_and_its_json_keeps_every_sentence(
+    tmp_path: Any, fakes: Any, start_server: Any
+) -> None:
+    import json
+    from pathlib import Path
+
+    import websockets
+
+    from tests.conftest import logs, make_settings, report_of, run_task
+
+    fake = await FakeOpenAI().start()
+    try:
+        fake.script = [lambda body: Answer(pieces=[f"{passage_line(body)}\n\n", "Nothing else is known here."])]
+        settings = make_settings(
+            tmp_path, fakes, llm_base_url=fake.url, llm_model="small", llm_allowed_models=["big"], llm_timeout_s=5
+        )
+        server = await start_server(settings)
+        task = {"task": "How does rank fusion combine lexical and dense retrieval?", "report_type": "research_report"}
+        async with websockets.connect(server.ws_url) as ws:
+            frames = await run_task(ws, {**task, "headers": {"retrievers": "tavily", "llm_model": "big"}})
+            refused = await run_task(ws, {**task, "headers": {"retrievers": "tavily", "llm_model": "other"}})
+    finally:
+        await fake.stop()
+    assert fake.requests[0]["model"] == "big" and fake.requests[1]["model"] == "small"
+    assert fake.requests[0]["stream"] is True and "tools" not in fake.requests[0]
+    assert any("not allowed" in f["output"] for f in logs(refused, "warning"))
+    report = report_of(frames)
+    check_invariants(report)
+    assert len([f for f in frames if f.get("type") == "report"]) >= 3  # streamed as it was written
+    verification = logs(frames, "verification")[0]["metadata"]
+    assert verification["checked"] >= 1
+    record = json.loads((settings.reports_dir / Path(frames[-1]["output"]["json"]).name).read_text())
+    assert record["report"] == report and record["writer"]["kind"] == "llm"
+    assert record["verification"]["sentences"][0]["support"] >= 0.5
+    assert record["verification"]["sentences"][0]["citations"] == [1]
+
+
+def passage_line(body: dict[str, Any]) -> str:
+    """The first sentence of passage [1], cited: what a faithful model writes."""
+    from tests.fake_openai import passages_of
+
+    text = passages_of(body)[1].split(") ", 1)[-1]
+    return text.split(". ")[0].rstrip(".") + ". [1]"
+
+
+async def test_a_reference_list_the_model_writes_is_not_the_report(llm: FakeOpenAI) -> None:
+    llm.script = [said(f"{RRF} [{{rrf}}].\n\n", "## References\n\n", "[1] Made-up paper, https://fake.example\n")]
+    composed, _, _ = await write(llm)
+    assert "fake.example" not in composed.markdown and "Made-up" not in composed.markdown
+    assert composed.markdown.count("## References") == 1
