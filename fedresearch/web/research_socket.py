@@ -154,7 +154,9 @@ class ResearchSocket:
             async with asyncio.timeout(settings.task_timeout_s):
                 owner = self.principal.user_id or plan.options.user_id
                 registry, deps = self.app[REGISTRY], self.app[DEPS]
-                outcome = await run_research(request, plan, registry, deps, self.log_event, self.send_report, owner=owner)
+                outcome = await run_research(
+                    request, plan, registry, deps, self.log_event, self.send_report, owner=owner
+                )
         except TimeoutError:
             late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"
             await self.cannot_run(request, late)
