@@ -106,27 +106,12 @@ async def run_research(
     `owner`: the user whose key asked, the only one (with admins) who may read the saved report."""
     settings: Settings = deps.settings
     started = time.perf_counter()
-    names = ", ".join(plan.names) or "the given pages"
-    await emit(
-        ProgressEvent(
-            "starting_research",
-            f"🔍 Researching “{request.task}” with {names}",
-            {"retrievers": plan.names, "user_id": plan.options.user_id},
-        )
-    )
-    for note in plan.notes:
-        await emit(ProgressEvent("warning", f"⚠️ {note}"))
+    await _announce(request, plan, emit)
     sources, outcomes = await gather_sources(request.task, plan, registry, deps, emit)
     retrieval_ms = round((time.perf_counter() - started) * 1000, 1)
     parts = await _parts(request, plan, sources, registry, deps, emit) if request.report_type.decomposes else []
-    pages: dict[str, list[Section]] = {}
-    if settings.fetch_pages and deps.pages is not None:
-        budget = min(
-            settings.fetch_timeout_s + 1, settings.task_timeout_s * _READING_SHARE - (time.perf_counter() - started)
-        )
-        everything = sources + [s for part in parts for s in part.sources]
-        pages = await read_pages(deps.pages, everything, settings.fetch_max_pages + len(plan.urls), budget, emit)
-    writing = writing_for(request, deps, pages)
+    everything = sources + [s for part in parts for s in part.sources]
+    writing = writing_for(request, deps, await _read(everything, plan, deps, emit, started))
     config, refused = llm_config(settings, request.header("llm_model"))
     if refused:
         await emit(ProgressEvent("warning", f"⚠️ {refused}"))
@@ -137,17 +122,28 @@ async def run_research(
     report_id = uuid.uuid4().hex
     record = {"owner": owner} | _record(report_id, request, composed, outcomes, retrieval_ms)
     files = await asyncio.to_thread(save_report, settings.reports_dir, report_id, composed.markdown, record)
-    return ResearchOutcome(
-        report_id,
-        composed.markdown,
-        files,
-        sources,
-        composed.references,
-        outcomes,
-        retrieval_ms,
-        writing,
-        streamed=send is not None,
-    )
+    markdown, references, streamed = composed.markdown, composed.references, send is not None
+    return ResearchOutcome(report_id, markdown, files, sources, references, outcomes, retrieval_ms, writing, streamed)
+
+
+async def _announce(request: ResearchRequest, plan: Plan, emit: Emit) -> None:
+    names = ", ".join(plan.names) or "the given pages"
+    about = {"retrievers": plan.names, "user_id": plan.options.user_id}
+    await emit(ProgressEvent("starting_research", f"🔍 Researching “{request.task}” with {names}", about))
+    for note in plan.notes:
+        await emit(ProgressEvent("warning", f"⚠️ {note}"))
+
+
+async def _read(
+    sources: list[FusedResult], plan: Plan, deps: Deps, emit: Emit, started: float
+) -> dict[str, list[Section]]:
+    """The pages behind the sources, in what the task has left for reading."""
+    settings = deps.settings
+    if not settings.fetch_pages or deps.pages is None:
+        return {}
+    left = settings.task_timeout_s * _READING_SHARE - (time.perf_counter() - started)
+    budget = min(settings.fetch_timeout_s + 1, left)
+    return await read_pages(deps.pages, sources, settings.fetch_max_pages + len(plan.urls), budget, emit)
 
 
 def _record(
