@@ -1,4 +1,4 @@
-"""Which retrievers run, for whom: the header rules of DESIGN.md."""
+"""Which retrievers run, for whom: the header rules (README, "The protocol in brief")."""
 
 from __future__ import annotations
 
