@@ -75,15 +75,36 @@ async def read_text(response: aiohttp.ClientResponse, limit: int, label: str) ->
     return body.decode(response.get_encoding() if response.charset else "utf-8", errors="replace")
 
 
-async def read_bytes(response: aiohttp.ClientResponse, limit: int, label: str) -> bytes:
-    """The answer's bytes, refusing to read more than `limit` of them."""
+class BodyTooLarge(Exception):
+    """An answer over its byte limit; `declared` is its Content-Length when that already said so."""
+
+    def __init__(self, limit: int, declared: int | None) -> None:
+        super().__init__(limit, declared)
+        self.limit = limit
+        self.declared = declared
+
+
+async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The answer's bytes; BodyTooLarge rather than more than `limit` of them in memory."""
     declared = response.content_length
     if declared is not None and declared > limit:
-        raise RetrieverFailed(f"{label} answer is {declared} bytes, over UPSTREAM_MAX_BYTES ({limit})")
+        raise BodyTooLarge(limit, declared)
     chunks, size = [], 0
     async for chunk in response.content.iter_chunked(65536):
         size += len(chunk)
         if size > limit:
-            raise RetrieverFailed(f"{label} answer exceeds UPSTREAM_MAX_BYTES ({limit} bytes)")
+            raise BodyTooLarge(limit, None)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_bytes(response: aiohttp.ClientResponse, limit: int, label: str) -> bytes:
+    """An upstream's answer bytes, refusing to read more than UPSTREAM_MAX_BYTES of them."""
+    try:
+        return await read_capped(response, limit)
+    except BodyTooLarge as large:
+        if large.declared is not None:
+            raise RetrieverFailed(
+                f"{label} answer is {large.declared} bytes, over UPSTREAM_MAX_BYTES ({limit})"
+            ) from None
+        raise RetrieverFailed(f"{label} answer exceeds UPSTREAM_MAX_BYTES ({limit} bytes)") from None

@@ -28,6 +28,7 @@ import trafilatura
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from fedresearch.core.settings import Settings
+from fedresearch.federation.http import BodyTooLarge, read_capped
 from fedresearch.library.formats import Section, UnsupportedFile, pdf_sections
 
 _MAX_REDIRECTS = 5
@@ -206,16 +207,12 @@ class PageReader:
 
 
 async def _capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    declared = response.content_length
-    if declared is not None and declared > limit:
-        raise PageSkipped(f"{declared} bytes, over FETCH_MAX_BYTES ({limit})")
-    chunks, size = [], 0
-    async for chunk in response.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            raise PageSkipped(f"more than FETCH_MAX_BYTES ({limit} bytes)")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await read_capped(response, limit)
+    except BodyTooLarge as large:
+        if large.declared is not None:
+            raise PageSkipped(f"{large.declared} bytes, over FETCH_MAX_BYTES ({limit})") from None
+        raise PageSkipped(f"more than FETCH_MAX_BYTES ({limit} bytes)") from None
 
 
 def extract(url: str, final_url: str, content_type: str, body: bytes) -> Page:
