@@ -17,31 +17,11 @@ import argparse
 import asyncio
 import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 
-from fedresearch.core.settings import Settings
-from fedresearch.library.ingest import ingest
-from fedresearch.library.open import open_library
-from fedresearch.web.app import create_app
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "library"
-QUESTIONS = [
-    "reciprocal rank fusion",
-    "dense passage retrieval",
-    "how to evaluate ranking quality",
-    "BM25 term weighting",
-    "approximate nearest neighbour search",
-    "retrieval augmented generation",
-    "中文分词",
-    "learning to rank",
-    "query likelihood language models",
-    "near duplicate detection",
-]
+from bench.retrieval import QUESTIONS, library_server
 
 
 def dify_body(number: int, distinct: bool) -> dict[str, object]:
@@ -74,18 +54,7 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, object]
 
 
 async def main(requests: int, distinct: bool, concurrency: int) -> None:
-    directory = Path(tempfile.mkdtemp(prefix="bench-retrieval-"))
-    bases = directory / "kb.toml"
-    bases.write_text(
-        '[knowledge_bases.lab]\nuser_id = "alice"\nretrievers = ["internal_biblio", "internal_highlight"]\n'
-    )
-    settings = Settings(_env_file=None, data_dir=directory / "data", knowledge_bases=bases, api_keys="bench-key:alice")
-    ingest(open_library(settings), "alice", [EXAMPLES])
-    runner = web.AppRunner(create_app(settings), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/retrieval"  # type: ignore[union-attr]
+    runner, url = await library_server()
     outcomes: list[tuple[float, int, bool]] = []
     async with aiohttp.ClientSession() as session:
         # one request first: the encoder and the user's matrix load once per process, not per request

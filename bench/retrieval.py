@@ -123,7 +123,9 @@ async def concurrent(clients: int, rounds: int, shipped_only: bool) -> None:
     await web_search.stop()
 
 
-async def main(requests: int, distinct: bool) -> None:
+async def library_server() -> tuple[web.AppRunner, str]:
+    """A server on 127.0.0.1 with the example library behind knowledge base `lab` (key `bench-key`),
+    and the URL of its /retrieval."""
     directory = Path(tempfile.mkdtemp(prefix="bench-retrieval-"))
     bases = directory / "kb.toml"
     bases.write_text(
@@ -136,6 +138,11 @@ async def main(requests: int, distinct: bool) -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/retrieval"  # type: ignore[union-attr]
+    return runner, url
+
+
+async def main(requests: int, distinct: bool) -> None:
+    runner, url = await library_server()
     headers = {"Authorization": "Bearer bench-key", "Content-Type": "application/json"}
     timings = []
     async with aiohttp.ClientSession() as session:
