@@ -140,3 +140,16 @@ def test_agreeing_sources_are_cited_together():
     markdown, references = write_report("reciprocal rank fusion", ReportType.research_report, fuse(results), [])
     check_invariants(markdown)
     assert len(references) == 2 and "[[1]](https://a.example/rrf)[[2]](https://b.example/rrf)" in markdown
+
+
+def test_a_link_with_parentheses_stays_one_link():
+    """DOIs such as 10.1016/0306-4573(88)90021-0 must not end a Markdown link early (nor let the
+    verifier split a citation and mark the broken half)."""
+    sentence = "Cosine-normalized tf-idf emerges as a robust default for the vector space model in retrieval."
+    href = "https://doi.org/10.1016/0306-4573(88)90021-0"
+    results = [SearchResult(href=href, title="Term weighting", body=sentence, retriever="internal_biblio", rank=1)]
+    markdown, _ = write_report("tf-idf term weighting", ReportType.research_report, fuse(results), [])
+    check_invariants(markdown)
+    target = "https://doi.org/10.1016/0306-4573%2888%2990021-0"
+    assert f"[[1]]({target})" in markdown and f"[1] [Term weighting]({target})" in markdown
+    assert "⚠" not in markdown and "(88)" not in markdown

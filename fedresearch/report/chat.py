@@ -67,7 +67,7 @@ class ChatSession:
         for reference in citations.references:
             if reference.number in cited:
                 link = (
-                    f"[{reference.title}]({reference.link})"
+                    f"[{reference.title}]({reference.target})"
                     if is_url(reference.link)
                     else f"{reference.title} — {reference.link}"
                 )

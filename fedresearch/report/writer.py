@@ -20,7 +20,7 @@ from fedresearch.core.identifiers import is_url
 from fedresearch.core.models import SOURCE_KINDS, FusedResult, ReportType, RetrieverOutcome, RetrieverStatus
 from fedresearch.core.text import STOPWORDS, cjk_bigrams
 from fedresearch.library.formats import Section
-from fedresearch.report.citations import Citations, Reference, display_title
+from fedresearch.report.citations import Citations, Reference, display_title, link_target
 from fedresearch.report.evidence import (
     Claim,
     Embed,
@@ -73,7 +73,7 @@ def citation_marks(sources: Sequence[FusedResult], citations: Citations) -> tupl
         number = citations.cite(source)
         if number not in numbers:
             numbers.append(number)
-            marks.append(f"[[{number}]]({source.href})" if is_url(source.href) else f"[{number}]")
+            marks.append(f"[[{number}]]({link_target(source.href)})" if is_url(source.href) else f"[{number}]")
     return "".join(marks), numbers
 
 
