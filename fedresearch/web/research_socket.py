@@ -25,7 +25,7 @@ from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.compose import report_chunks
 from fedresearch.report.store import save_report
-from fedresearch.report.task import ResearchOutcome, run_research
+from fedresearch.report.task import run_research
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, METRICS, REGISTRY, RUNNING, SETTINGS, SOCKETS
 
@@ -63,7 +63,6 @@ class ResearchSocket:
         self.app = app
         self.principal = principal
         self.task: asyncio.Task[None] | None = None
-        self.last: ResearchOutcome | None = None
         self.chat_session: ChatSession | None = None
 
     async def send(self, frame: dict[str, Any]) -> None:
@@ -165,7 +164,6 @@ class ResearchSocket:
             log.exception("research task failed")
             await self.cannot_run(request, "internal error while running the task; the server log has the details")
             return
-        self.last = outcome
         self.chat_session = ChatSession(request, plan, outcome)
         saved = f"📄 Report saved with {len(outcome.references)} references"
         await self.deliver(outcome.markdown, outcome.files, saved, streamed=outcome.streamed)
