@@ -16,7 +16,13 @@ $(BIN)/fedresearch: pyproject.toml
 demo: $(BIN)/fedresearch
 	$(BIN)/python examples/demo.py
 
-test: $(BIN)/fedresearch
+# AgentScope 2.0.x pins an mcp older than the server's: its client side gets its own environment
+.venv-agentscope/bin/python: integrations/agentscope/requirements.txt
+	$(PYTHON) -m venv .venv-agentscope
+	.venv-agentscope/bin/pip install --quiet -r integrations/agentscope/requirements.txt
+	@touch $@
+
+test: $(BIN)/fedresearch .venv-agentscope/bin/python
 	$(BIN)/pytest
 
 lint: $(BIN)/fedresearch
@@ -25,4 +31,4 @@ lint: $(BIN)/fedresearch
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) data .pytest_cache .ruff_cache .mypy_cache *.egg-info build dist
+	rm -rf $(VENV) .venv-agentscope data .pytest_cache .ruff_cache .mypy_cache *.egg-info build dist

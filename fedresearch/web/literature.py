@@ -60,6 +60,7 @@ def item_of(passage: Passage) -> dict[str, Any]:
         "structured_data": structured,
         "section": passage.heading or None,
         "page": passage.page,
+        "position": passage.position,
         "tags": passage.tags,
         **passage.extra,
     }
