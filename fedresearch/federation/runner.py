@@ -21,6 +21,7 @@ from fedresearch.core.events import Emit, ProgressEvent
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.models import RetrieverOutcome, RetrieverStatus, SearchResult
 from fedresearch.core.settings import Settings
+from fedresearch.core.text import cut_text
 from fedresearch.federation import http, ratelimit
 from fedresearch.federation.contract import (
     Adapter,
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # an answer may call for more requests (pages, second steps); this bounds a misbehaving loop
 _MAX_REQUESTS = 10
+MAX_WARNINGS = 10  # per upstream and task; the rest are counted in one more
+RESULT_MAX_CHARS = 20_000  # a result's text; longer ones (a page dumped whole) are cut at a word
 
 Deadline = tuple[float, str]  # seconds, and the setting that says so (for the message when it passes)
 
@@ -129,14 +132,31 @@ async def exchange(
         sent += len(batch)
         answers = await asyncio.gather(*(send(adapter, request, deps, pacing) for request in batch))
         for answer in answers:
-            page = adapter.parse_response(answer, options)
-            hits.results.extend(page.results)
+            # a large answer's parse takes seconds (100k items, a 5 MB text): never on the loop
+            page = await asyncio.to_thread(adapter.parse_response, answer, options)
+            hits.results.extend(page.results[: options.max_results])
             hits.warnings.extend(page.warnings)
             pending.extend(page.follow)
-    hits.results = hits.results[: options.max_results]
-    for rank, result in enumerate(hits.results, start=1):
+    return _bounded(hits, options.max_results, adapter)
+
+
+def _bounded(hits: Hits, max_results: int, adapter: Adapter) -> Hits:
+    """At most `max_results` results of at most RESULT_MAX_CHARS each, ranked 1..n, and at most
+    MAX_WARNINGS warnings plus one that counts the rest: an upstream answering 100k malformed items
+    made 100k warning frames and a 10 MB report."""
+    warnings = hits.warnings[:MAX_WARNINGS]
+    if len(hits.warnings) > MAX_WARNINGS:
+        warnings.append(f"… and {len(hits.warnings) - MAX_WARNINGS:,} more like these")
+    results = hits.results[:max_results]
+    for rank, result in enumerate(results, start=1):
         result.rank, result.kind = rank, adapter.about.kind
-    return hits
+        if len(result.body) > RESULT_MAX_CHARS:
+            warnings.append(
+                f"cut a result of {len(result.body):,} characters to RESULT_MAX_CHARS ({RESULT_MAX_CHARS:,}): "
+                f"{result.href}"
+            )
+            result.body = cut_text(result.body, RESULT_MAX_CHARS)
+    return Hits(results=results, warnings=warnings)
 
 
 def deadline_of(request: Request, settings: Settings, cap: Deadline | None) -> Deadline:
