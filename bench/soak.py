@@ -86,8 +86,8 @@ async def research(url: str, number: int, tally: Tally, stop: float) -> None:
         leaves = number % 4 == 3
         kind = "research_disconnect" if leaves else "research"
         tally.requests[kind] += 1
-        task = {"task": f"{TOPICS[run % len(TOPICS)]} question {number}-{run}"}
-        task["headers"] = {"retrievers": "tavily,google,internal_biblio", "user_id": "alice"}
+        headers = {"retrievers": "tavily,google,internal_biblio", "user_id": "alice"}
+        task = {"task": f"{TOPICS[run % len(TOPICS)]} question {number}-{run}", "headers": headers}
         try:
             async with websockets.connect(url + f"?token={KEY}", max_size=None, open_timeout=60) as ws:
                 await ws.send("start " + json.dumps(task))
