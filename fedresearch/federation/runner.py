@@ -20,6 +20,7 @@ import aiohttp
 from fedresearch.core.events import Emit, ProgressEvent
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.models import RetrieverOutcome, RetrieverStatus, SearchResult
+from fedresearch.core.secrets import is_credential_name, without_secrets
 from fedresearch.core.settings import Settings
 from fedresearch.core.text import cut_text
 from fedresearch.federation import http, ratelimit
@@ -119,7 +120,17 @@ async def send(adapter: Adapter, request: Request, deps: Deps, pacing: _Pacing |
 def _http_failure(adapter: Adapter, answer: HttpAnswer, paused: float | None) -> RetrieverFailed:
     # a 429 without Retry-After still says when to try again: when the limiter's backoff ends
     retry_after = http.retry_after_seconds(answer.headers.get("Retry-After")) or paused
-    return RetrieverFailed(adapter.describe_error(answer), status=answer.status, retry_after=retry_after)
+    message = without_secrets(adapter.describe_error(answer), _credentials(answer.request))
+    return RetrieverFailed(message, status=answer.status, retry_after=retry_after)
+
+
+def _credentials(request: HttpRequest) -> list[str]:
+    """The values of headers, query parameters and JSON fields named like credentials (and a Bearer
+    token alone): what an upstream's error text may echo."""
+    json_fields = request.json.items() if isinstance(request.json, dict) else ()
+    named = [*request.headers.items(), *(request.params or {}).items(), *json_fields]
+    values = [str(value) for name, value in named if is_credential_name(name)]
+    return values + [value.split(" ", 1)[-1] for value in values]
 
 
 async def exchange(
