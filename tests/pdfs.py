@@ -57,6 +57,23 @@ def write_flate_bomb(path: Path, decompressed_bytes: int, line: bytes = b"BT /F1
         b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     ]
+    path.write_bytes(_assemble(objects))
+    return path
+
+
+def write_page_tree_cycle(path: Path) -> Path:
+    """A page tree that lists itself among its kids."""
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [2 0 R 3 0 R] /Count 2 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>",
+    ]
+    path.write_bytes(_assemble(objects))
+    return path
+
+
+def _assemble(objects: list[bytes]) -> bytes:
+    """Objects 1..n, the cross-reference table and the trailer (object 1 is the catalog)."""
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for number, body in enumerate(objects, start=1):
@@ -67,5 +84,4 @@ def write_flate_bomb(path: Path, decompressed_bytes: int, line: bytes = b"BT /F1
     for offset in offsets:
         out += b"%010d 00000 n \n" % offset
     out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    path.write_bytes(bytes(out))
-    return path
+    return bytes(out)

@@ -9,7 +9,7 @@ import resource
 from fedresearch.library.embedded import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.library.pdf import MAX_PDF_PAGES
-from tests.pdfs import write_flate_bomb, write_pdf
+from tests.pdfs import write_flate_bomb, write_page_tree_cycle, write_pdf
 
 
 def test_one_bad_file_never_aborts_the_run(tmp_path):
@@ -70,3 +70,12 @@ def test_a_pdf_over_the_page_limit_is_refused(tmp_path):
     many = write_pdf(tmp_path / "many.pdf", ["a page"] * (MAX_PDF_PAGES + 1))
     report = ingest(Library(tmp_path / "lib"), "alice", [many])
     assert report.added == 0 and any(f"{MAX_PDF_PAGES + 1} pages, over the" in r for r in report.skipped), report
+
+
+def test_a_pdf_page_tree_cycle_is_reported_and_the_run_goes_on(tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    write_page_tree_cycle(notes / "a_cycle.pdf")
+    (notes / "b_good.md").write_text("# Good\n\nRead after the cycle.\n")
+    report = ingest(Library(tmp_path / "lib"), "alice", [notes])
+    assert report.added == 1 and any("a_cycle.pdf" in r and "unreadable" in r for r in report.skipped), report

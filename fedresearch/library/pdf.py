@@ -37,12 +37,14 @@ def read_pdf_text(source: Path | bytes) -> tuple[list[tuple[int, str]], dict[str
         )
     except subprocess.TimeoutExpired:
         raise UnreadablePdf(f"PDF not read within {PDF_TIMEOUT_S:g} s (a decompression bomb?)") from None
-    if done.returncode != 0:
-        # pdfium ends the process when refused memory; a parser crash ends it too
+    if done.returncode < 0:  # pdfium aborts when refused memory; a parser crash ends the child too
         raise UnreadablePdf(
             f"PDF needs more than {PDF_MEMORY_MB} MB of memory to read (a decompression bomb?) "
-            f"or crashed the PDF reader (exit {done.returncode})"
+            f"or crashed the PDF reader (signal {-done.returncode})"
         )
+    if done.returncode != 0:
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        raise UnreadablePdf(f"the PDF reader failed: {last[:200]}")
     answer: dict[str, Any] = json.loads(done.stdout)
     if "error" in answer:
         raise UnreadablePdf(answer["error"])
@@ -92,6 +94,8 @@ def main(argument: str) -> None:
         answer = _pages(source)
     except MemoryError:
         answer = {"error": f"PDF needs more than {PDF_MEMORY_MB} MB of memory to read (a decompression bomb?)"}
+    except Exception as error:  # pdfium refusing a page (a page-tree cycle...): this file's fault
+        answer = {"error": f"PDF unreadable ({type(error).__name__}: {error})"[:300]}
     sys.stdout.write(json.dumps(answer))
 
 
