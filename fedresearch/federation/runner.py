@@ -144,7 +144,10 @@ async def exchange(
         answers = await asyncio.gather(*(send(adapter, request, deps, pacing) for request in batch))
         for answer in answers:
             # a large answer's parse takes seconds (100k items, a 5 MB text): never on the loop
-            page = await asyncio.to_thread(adapter.parse_response, answer, options)
+            if isinstance(answer, HttpAnswer) and answer.large:
+                page = await asyncio.to_thread(adapter.parse_response, answer, options)
+            else:
+                page = adapter.parse_response(answer, options)
             hits.results.extend(page.results[: options.max_results])
             hits.warnings.extend(page.warnings)
             pending.extend(page.follow)
