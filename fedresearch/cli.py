@@ -32,6 +32,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from fedresearch.library.ingest import ingest, walk
+    from fedresearch.library.locking import IndexBusy
     from fedresearch.library.open import open_library
 
     settings = Settings()
@@ -45,16 +46,20 @@ def _ingest(args: argparse.Namespace) -> int:
         passages += count
         bar.set_postfix(passages=passages)
 
-    with tqdm(total=total, unit="file", desc="ingest", file=sys.stderr, disable=None) as bar:
-        report = ingest(
-            library,
-            args.user,
-            paths,
-            kind=args.type,
-            on_file=lambda _: bar.update(),
-            on_progress=embedded,
-            max_bytes=int(settings.ingest_max_file_mb * 1e6),
-        )
+    try:
+        with tqdm(total=total, unit="file", desc="ingest", file=sys.stderr, disable=None) as bar:
+            report = ingest(
+                library,
+                args.user,
+                paths,
+                kind=args.type,
+                on_file=lambda _: bar.update(),
+                on_progress=embedded,
+                max_bytes=int(settings.ingest_max_file_mb * 1e6),
+            )
+    except IndexBusy as busy:
+        print(f"ingest stopped after {bar.n} of {total} files: {busy}", file=sys.stderr)
+        return 75  # EX_TEMPFAIL: try again later
     print(
         f"{report.files} files: {report.added} documents added, {report.replaced} replaced, "
         f"{report.unchanged} unchanged, {len(report.skipped)} skipped"

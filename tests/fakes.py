@@ -21,6 +21,7 @@ class Behaviour:
     retry_after: str | None = None  # sent with 429 answers
     fail_times: int | None = None  # fail this many times, then answer normally
     redirect_to: str | None = None
+    echo_credentials: bool = False  # a 401 quotes the Authorization it refused, as one upstream did
 
 
 class FakeUpstream:
@@ -106,7 +107,10 @@ class FakeTavily(FakeUpstream):
         # real Tavily takes the key as a Bearer token, or (older clients) as api_key in the body
         keyed = request.headers.get("Authorization") == f"Bearer {self.api_key}" or body.get("api_key") == self.api_key
         if not keyed or mode == "401":
-            return web.json_response({"detail": {"error": "Unauthorized: missing or invalid API key."}}, status=401)
+            refused = f" ({request.headers.get('Authorization')})" if self.behaviour.echo_credentials else ""
+            return web.json_response(
+                {"detail": {"error": f"Unauthorized: missing or invalid API key.{refused}"}}, status=401
+            )
         if mode == "429":
             return web.json_response(
                 {"detail": {"error": "Your request has been blocked due to excessive requests."}},

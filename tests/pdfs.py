@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 
@@ -40,3 +41,47 @@ def write_pdf(path: Path, pages: list[str], title: str | None = None) -> Path:
     out += f"trailer\n{trailer}\nstartxref\n{xref}\n%%EOF\n".encode()
     path.write_bytes(bytes(out))
     return path
+
+
+def write_flate_bomb(path: Path, decompressed_bytes: int, line: bytes = b"BT /F1 12 Tf 72 720 Td (A) Tj ET\n") -> Path:
+    """One page whose content stream is small compressed and `decompressed_bytes` once inflated."""
+    compressor = zlib.compressobj(9)
+    block = line * (1_000_000 // len(line))
+    parts = [compressor.compress(block) for _ in range(decompressed_bytes // len(block))]
+    stream = b"".join(parts) + compressor.flush()
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R"
+        b" /Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    path.write_bytes(_assemble(objects))
+    return path
+
+
+def write_page_tree_cycle(path: Path) -> Path:
+    """A page tree that lists itself among its kids."""
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [2 0 R 3 0 R] /Count 2 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>",
+    ]
+    path.write_bytes(_assemble(objects))
+    return path
+
+
+def _assemble(objects: list[bytes]) -> bytes:
+    """Objects 1..n, the cross-reference table and the trailer (object 1 is the catalog)."""
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    for offset in offsets:
+        out += b"%010d 00000 n \n" % offset
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)

@@ -174,3 +174,18 @@ async def test_user_id_must_be_a_bounded_string_of_safe_characters(tmp_path, fak
             async with session.post(server.url + "/internal/biblios/vector_search/", json=body) as response:
                 assert response.status == 400
                 assert "user_id must be" in (text := await response.text()) or "MAX_TASK_CHARS" in text, text
+
+
+async def test_a_key_an_upstream_echoes_in_its_error_never_reaches_a_frame(tmp_path, fakes, start_server, caplog):
+    fakes["tavily"].behaviour.mode = "401"
+    fakes["tavily"].behaviour.echo_credentials = True
+    server = await start_server(make_settings(tmp_path, fakes, retry_attempts=0))
+    with caplog.at_level(logging.DEBUG):
+        frames = await _ask(server, "rank fusion", {"retrievers": "tavily"})
+        personal = await _ask(server, "rank fusion", {"retrievers": "tavily", "tavily_api_key": "tvly-personal-key"})
+    step, metadata = outcome(frames, "tavily")
+    assert step == "retriever_failed" and "Unauthorized" in str(metadata["error"]) and "[REDACTED]" in str(metadata)
+    for secret in ("tvly-test-key", "tvly-personal-key"):
+        assert not any(secret in json.dumps(frame) for frame in frames + personal), secret
+        server_logs = [record.getMessage() for record in caplog.records if not record.name.startswith("websockets")]
+        assert not any(secret in line for line in server_logs), secret  # the client's own log shows what it sent

@@ -44,6 +44,15 @@ def split_sentences(text: str) -> list[str]:
     return [part.strip() for part in _SENTENCE_END.split(text) if part and part.strip()]
 
 
+def cut_text(text: str, limit: int) -> str:
+    """`text` of at most `limit` characters, cut at the last space before it when there is one."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    space = head.rfind(" ")
+    return (head[:space] if space > limit // 2 else head).rstrip() + "…"
+
+
 def split_commas(value: str) -> list[str]:
     """`"a, b,,c "` -> `["a", "b", "c"]`."""
     return [part.strip() for part in value.split(",") if part.strip()]

@@ -108,6 +108,7 @@ class HttpAnswer:
     status: int
     headers: Mapping[str, str]
     payload: Any  # decoded as `About.results` says: JSON, or text; None for an undecodable error body
+    large: bool = False  # the body was large enough that decoding and parsing it run off the event loop
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ a bounded body, and every failure turned into a safe, classified RetrieverFailed
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Literal
 
@@ -12,6 +13,7 @@ from fedresearch.federation.contract import HttpAnswer, HttpRequest, RetrieverFa
 
 # The deadline is the runner's (asyncio.timeout around the whole exchange); only connecting gets its own.
 _NO_TOTAL = aiohttp.ClientTimeout(total=None, connect=5.0)
+LARGE_ANSWER_CHARS = 100_000  # past this, an answer is decoded and parsed in a thread
 
 
 async def send(
@@ -47,6 +49,9 @@ async def send(
         raise RetrieverFailed(f"{label} gave no answer in time", transient=True) from error
     except aiohttp.ClientError as error:
         raise RetrieverFailed(f"{label} unreachable: {type(error).__name__}", transient=True) from error
+    if len(text) > LARGE_ANSWER_CHARS:  # 5 MB of JSON takes the loop for a second or more
+        payload = await asyncio.to_thread(_decode, text, status, label, results)
+        return HttpAnswer(request, status, headers, payload, large=True)
     return HttpAnswer(request, status, headers, _decode(text, status, label, results))
 
 

@@ -20,7 +20,9 @@ import aiohttp
 from fedresearch.core.events import Emit, ProgressEvent
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.models import RetrieverOutcome, RetrieverStatus, SearchResult
+from fedresearch.core.secrets import is_credential_name, without_secrets
 from fedresearch.core.settings import Settings
+from fedresearch.core.text import cut_text
 from fedresearch.federation import http, ratelimit
 from fedresearch.federation.contract import (
     Adapter,
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 
 # an answer may call for more requests (pages, second steps); this bounds a misbehaving loop
 _MAX_REQUESTS = 10
+MAX_WARNINGS = 10  # per upstream and task; the rest are counted in one more
+RESULT_MAX_CHARS = 20_000  # a result's text; longer ones (a page dumped whole) are cut at a word
 
 Deadline = tuple[float, str]  # seconds, and the setting that says so (for the message when it passes)
 
@@ -116,7 +120,17 @@ async def send(adapter: Adapter, request: Request, deps: Deps, pacing: _Pacing |
 def _http_failure(adapter: Adapter, answer: HttpAnswer, paused: float | None) -> RetrieverFailed:
     # a 429 without Retry-After still says when to try again: when the limiter's backoff ends
     retry_after = http.retry_after_seconds(answer.headers.get("Retry-After")) or paused
-    return RetrieverFailed(adapter.describe_error(answer), status=answer.status, retry_after=retry_after)
+    message = without_secrets(adapter.describe_error(answer), _credentials(answer.request))
+    return RetrieverFailed(message, status=answer.status, retry_after=retry_after)
+
+
+def _credentials(request: HttpRequest) -> list[str]:
+    """The values of headers, query parameters and JSON fields named like credentials (and a Bearer
+    token alone): what an upstream's error text may echo."""
+    json_fields = request.json.items() if isinstance(request.json, dict) else ()
+    named = [*request.headers.items(), *(request.params or {}).items(), *json_fields]
+    values = [str(value) for name, value in named if is_credential_name(name)]
+    return values + [value.split(" ", 1)[-1] for value in values]
 
 
 async def exchange(
@@ -129,14 +143,34 @@ async def exchange(
         sent += len(batch)
         answers = await asyncio.gather(*(send(adapter, request, deps, pacing) for request in batch))
         for answer in answers:
-            page = adapter.parse_response(answer, options)
-            hits.results.extend(page.results)
+            # a large answer's parse takes seconds (100k items, a 5 MB text): never on the loop
+            if isinstance(answer, HttpAnswer) and answer.large:
+                page = await asyncio.to_thread(adapter.parse_response, answer, options)
+            else:
+                page = adapter.parse_response(answer, options)
+            hits.results.extend(page.results[: options.max_results])
             hits.warnings.extend(page.warnings)
             pending.extend(page.follow)
-    hits.results = hits.results[: options.max_results]
-    for rank, result in enumerate(hits.results, start=1):
+    return _bounded(hits, options.max_results, adapter)
+
+
+def _bounded(hits: Hits, max_results: int, adapter: Adapter) -> Hits:
+    """At most `max_results` results of at most RESULT_MAX_CHARS each, ranked 1..n, and at most
+    MAX_WARNINGS warnings plus one that counts the rest: an upstream answering 100k malformed items
+    made 100k warning frames and a 10 MB report."""
+    warnings = hits.warnings[:MAX_WARNINGS]
+    if len(hits.warnings) > MAX_WARNINGS:
+        warnings.append(f"… and {len(hits.warnings) - MAX_WARNINGS:,} more like these")
+    results = hits.results[:max_results]
+    for rank, result in enumerate(results, start=1):
         result.rank, result.kind = rank, adapter.about.kind
-    return hits
+        if len(result.body) > RESULT_MAX_CHARS:
+            warnings.append(
+                f"cut a result of {len(result.body):,} characters to RESULT_MAX_CHARS ({RESULT_MAX_CHARS:,}): "
+                f"{result.href}"
+            )
+            result.body = cut_text(result.body, RESULT_MAX_CHARS)
+    return Hits(results=results, warnings=warnings)
 
 
 def deadline_of(request: Request, settings: Settings, cap: Deadline | None) -> Deadline:

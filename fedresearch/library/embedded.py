@@ -8,9 +8,10 @@ across users.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from sqlite3 import Row
@@ -20,7 +21,8 @@ import numpy as np
 from fedresearch.library.chunking import chunk_sections
 from fedresearch.library.embeddings import Encoder
 from fedresearch.library.formats import KINDS, Document
-from fedresearch.library.fulltext import FullTextIndex, IndexBusy
+from fedresearch.library.fulltext import FullTextIndex
+from fedresearch.library.locking import IndexBusy, exclusive
 from fedresearch.library.query_vectors import QueryVectors
 from fedresearch.library.records import DocumentInfo, Prepared, Records
 from fedresearch.library.search import (
@@ -51,18 +53,33 @@ class Library:
         directory.mkdir(parents=True, exist_ok=True)
         self.encoder = encoder
         self.records = Records(directory / "library.sqlite3")
-        self.index = FullTextIndex(directory / "index", self.records)
+        self._lock_file = directory / "write.lock"
+        self._write_lock = threading.Lock()
+        self.index = self._open_index(directory / "index")
         self._vectors = VectorCache(encoder.dims) if encoder is not None else None
         self._query_vectors = QueryVectors(encoder) if encoder is not None else None
         # snippets of records found elsewhere, scored against questions (knowledge/retrieval.py)
         # (passes of 8: a question, or a request past its deadline, waits for at most one short pass)
         self._text_vectors = QueryVectors(encoder, entries=8192, batch=8) if encoder is not None else None
-        self._write_lock = threading.Lock()
-        if self.records.unindexed():  # left by a crash, another process, or a rebuilt index
-            try:
-                self.index.catch_up(self.records)
-            except IndexBusy as busy:
-                log.warning("%s", busy)
+
+    def _open_index(self, directory: Path) -> FullTextIndex:
+        """The index, checked and caught up while no other process writes (its half-written state
+        would look damaged); if one holds the lock past the wait, opened without catching up."""
+        try:
+            with exclusive(self._lock_file):
+                index = FullTextIndex(directory, self.records)
+                if self.records.unindexed():  # left by a crash, another process, or a rebuilt index
+                    index.catch_up(self.records)
+                return index
+        except IndexBusy as busy:
+            log.warning("%s", busy)
+            return FullTextIndex(directory, self.records)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """This process's writers one at a time, and other processes' (ingests, a server) too."""
+        with self._write_lock, exclusive(self._lock_file):
+            yield
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -84,7 +101,7 @@ class Library:
         texts = [embedding_text(d.title, c.heading, c.text) for d, chunks in chunked for c in chunks]
         vectors = iter(self._embed(texts, on_progress))
         prepared = [Prepared(d, chunks, [next(vectors) for _ in chunks]) for d, chunks in chunked]
-        with self._write_lock:
+        with self._writing():
             added, replaced = self.records.store(user_id, prepared)
             self.index.catch_up(self.records)
         self._embed_missing(user_id, on_progress)
@@ -109,11 +126,11 @@ class Library:
         if not rows:
             return
         vectors = self._embed([embedding_text(r["title"], r["heading"], r["text"]) for r in rows], on_progress)
-        with self._write_lock:
+        with self._writing():
             self.records.set_vectors(user_id, [(v, r["id"]) for v, r in zip(vectors, rows, strict=True)])
 
     def delete_document(self, user_id: str, document_id: int) -> bool:
-        with self._write_lock:
+        with self._writing():
             deleted = self.records.delete(user_id, document_id)
             if deleted:
                 self.index.delete_document(document_id)

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import bibtexparser
-import pypdfium2 as pdfium
 import rispy
 from bibtexparser import middlewares
 
 from fedresearch.core.identifiers import doi_of
 from fedresearch.core.models import LIBRARY_TYPES
 from fedresearch.core.text import author_names
+from fedresearch.library.pdf import UnreadablePdf, read_pdf_text
 
 KINDS = LIBRARY_TYPES
 
@@ -322,43 +322,24 @@ def read_json(path: Path) -> list[Document]:
     return documents
 
 
-MAX_PDF_PAGES = 5000  # a page tree claiming millions of pages is an attack, not a book
-
-
 def pdf_sections(source: Path | bytes) -> list[Section]:
-    """One section per page with text, page numbers kept (pypdfium2: permissive licence, fast and exact)."""
+    """One section per page with text, page numbers kept (pdf.py reads it in a bounded child)."""
+    return _pdf(source)[0]
+
+
+def _pdf(source: Path | bytes) -> tuple[list[Section], dict[str, str]]:
     try:
-        pdf = pdfium.PdfDocument(source if isinstance(source, bytes) else str(source))
-    except pdfium.PdfiumError as error:
-        reason = "encrypted (password protected)" if "password" in str(error).lower() else f"unreadable ({error})"
-        raise UnsupportedFile(f"PDF {reason}") from error
-    try:
-        if len(pdf) > MAX_PDF_PAGES:
-            raise UnsupportedFile(f"PDF of {len(pdf)} pages, over the {MAX_PDF_PAGES} read")
-        sections = []
-        for number in range(len(pdf)):
-            page = pdf[number]
-            textpage = page.get_textpage()
-            text = textpage.get_text_range().replace("\r\n", "\n").replace("\r", "\n").strip()
-            textpage.close()
-            page.close()
-            if text:
-                sections.append(Section(text=text, page=number + 1))
-    finally:
-        pdf.close()
-    if not sections:
+        pages, metadata = read_pdf_text(source)
+    except UnreadablePdf as error:
+        raise UnsupportedFile(str(error)) from error
+    if not pages:
         raise UnsupportedFile("PDF has no extractable text (scanned or image-only; OCR it first)")
-    return sections
+    return [Section(text=text, page=number) for number, text in pages], metadata
 
 
 def read_pdf(path: Path, kind: str) -> list[Document]:
     try:
-        sections = pdf_sections(path)
-        pdf = pdfium.PdfDocument(str(path))
-        try:
-            metadata = pdf.get_metadata_dict()
-        finally:
-            pdf.close()
+        sections, metadata = _pdf(path)
     except UnsupportedFile as error:
         raise UnsupportedFile(f"{path}: {error}") from error
     title = (metadata.get("Title") or "").strip() or path.stem.replace("_", " ")

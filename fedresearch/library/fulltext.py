@@ -16,16 +16,12 @@ from typing import Any
 import tantivy
 
 from fedresearch.core.text import STOPWORDS, cjk_bigrams
+from fedresearch.library.locking import WRITER_WAIT_S, IndexBusy
 from fedresearch.library.records import Records
 from fedresearch.library.search import SearchFilters
 
-WRITER_WAIT_S = 60.0
 INDEX_VERSION = "3"  # bump when the schema changes: the index is then rebuilt from SQLite
 _FAR = 2**62
-
-
-class IndexBusy(RuntimeError):
-    """Another process holds the index's writer lock for longer than we wait."""
 
 
 def _schema() -> tantivy.Schema:

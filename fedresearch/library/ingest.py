@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fedresearch.library.embedded import Library
 from fedresearch.library.formats import READERS, UnsupportedFile, read_file
-from fedresearch.library.fulltext import IndexBusy
+from fedresearch.library.locking import IndexBusy
 
 log = logging.getLogger(__name__)
 

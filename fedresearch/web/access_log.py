@@ -9,11 +9,11 @@ from aiohttp.web_log import AccessLogger
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
+from fedresearch.core.secrets import CREDENTIAL_NAME
+
 # a query parameter whose name says it carries a credential (token, key, api_key, x-api-key, secret...)
 _SECRET_PARAMETER = re.compile(
-    r"(?P<name>[?&;](?:[^=&;\s\"]*?)(?:token|key|secret|password|passwd|auth|signature|sig)[^=&;\s\"]*=)"
-    r"[^&;\s\"]*",
-    re.IGNORECASE,
+    r"(?P<name>[?&;](?:[^=&;\s\"]*?)" + CREDENTIAL_NAME + r"[^=&;\s\"]*=)[^&;\s\"]*", re.IGNORECASE
 )
 
 

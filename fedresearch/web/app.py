@@ -30,6 +30,7 @@ from fedresearch.web.keys import (
     KEYS,
     KNOWLEDGE_BASES,
     METRICS,
+    QUERYING,
     REGISTRY,
     RESOLVER,
     RUNNING,
@@ -94,6 +95,7 @@ def create_app(
     sockets: set[OpenSocket] = set()
     app[SOCKETS] = sockets
     app[RUNNING] = collections.Counter()
+    app[QUERYING] = collections.Counter()
     app.cleanup_ctx.append(_resources)
     app.on_shutdown.append(_close_sockets)
     app.router.add_get("/", status.index)

@@ -14,12 +14,20 @@ from fedresearch.knowledge.bases import may_read
 from fedresearch.knowledge.retrieval import NothingAnswered, retrieve
 from fedresearch.web.auth import validation_message
 from fedresearch.web.keys import DEPS, KEYS, KNOWLEDGE_BASES, REGISTRY
+from fedresearch.web.limits import query_slot, query_too_long
 
 _MALFORMED = "Invalid Authorization header format. Expected 'Bearer <api-key>' format."
 
 
-def dify_error(kind: type[web.HTTPException], code: int, message: str) -> web.HTTPException:
-    return kind(text=json.dumps({"error_code": code, "error_msg": message}), content_type="application/json")
+def dify_error(
+    kind: type[web.HTTPException], code: int, message: str, headers: dict[str, str] | None = None
+) -> web.HTTPException:
+    body = json.dumps({"error_code": code, "error_msg": message})
+    return kind(text=body, content_type="application/json", headers=headers)
+
+
+def _too_many(message: str, headers: dict[str, str]) -> web.HTTPException:
+    return dify_error(web.HTTPTooManyRequests, 429, message, headers)
 
 
 def caller(request: web.Request) -> Principal | None:
@@ -41,6 +49,11 @@ def caller(request: web.Request) -> Principal | None:
 
 async def retrieval(request: web.Request) -> web.Response:
     principal = caller(request)
+    with query_slot(request, principal.key_id if principal else "local", _too_many):
+        return await _answer(request, principal)
+
+
+async def _answer(request: web.Request, principal: Principal | None) -> web.Response:
     raw = await request.read()
     try:
         body = RetrievalRequest.model_validate_json(raw) if raw.strip() else None
@@ -48,6 +61,8 @@ async def retrieval(request: web.Request) -> web.Response:
         raise dify_error(web.HTTPBadRequest, 400, validation_message(error)) from None
     if body is None or body.is_probe:
         return web.json_response({"records": []})
+    if (refusal := query_too_long(body.query, request)) is not None:
+        raise dify_error(web.HTTPBadRequest, 400, refusal)
     if principal is None:
         if request.app[KEYS].enabled:
             raise dify_error(web.HTTPForbidden, 1001, _MALFORMED)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import re
 import tempfile
 from pathlib import Path
@@ -22,9 +23,12 @@ from aiohttp import BodyPartReader, web
 from fedresearch.core.auth import Principal
 from fedresearch.library.embedded import Library
 from fedresearch.library.formats import READERS, UnsupportedFile, read_file
+from fedresearch.library.locking import IndexBusy
 from fedresearch.library.records import DocumentInfo
 from fedresearch.web.auth import json_error, principal_of
 from fedresearch.web.keys import DEPS, SETTINGS
+
+log = logging.getLogger(__name__)
 
 MAX_FILES = 100
 MAX_PAGE = 200
@@ -137,6 +141,12 @@ def ingest_uploads(library: Library, user_id: str, saved: list[tuple[str, Path]]
         except UnsupportedFile as error:
             results.append(_skipped(name, str(error).replace(str(path), name)))
             continue
+        except IndexBusy:
+            raise  # the library's state, not this file's
+        except Exception as error:  # a reader's bug on a hostile file must not end the upload
+            log.exception("ingest of upload %s failed", name)
+            results.append(_skipped(name, f"could not be read ({type(error).__name__})"))
+            continue
         status = "added" if outcome.added else "replaced" if outcome.replaced else "unchanged"
         counts = {"added": outcome.added, "replaced": outcome.replaced, "unchanged": outcome.unchanged}
         results.append({"file": name, "status": status, "documents": len(documents), **counts})
@@ -154,7 +164,10 @@ async def upload(request: web.Request) -> web.Response:
         saved, refused = await _receive(request, Path(folder), limit)
         if not saved and not refused:
             raise json_error(web.HTTPBadRequest, "no file in the upload: send each file as a part with a filename")
-        ingested = await asyncio.to_thread(ingest_uploads, library, user, saved, kind)
+        try:
+            ingested = await asyncio.to_thread(ingest_uploads, library, user, saved, kind)
+        except IndexBusy as busy:
+            raise json_error(web.HTTPServiceUnavailable, str(busy), **{"Retry-After": "30"}) from None
     files = ingested + refused
     totals = {status: sum(1 for f in files if f["status"] == status) for status in ("added", "replaced", "unchanged")}
     answer = {"user_id": user, "files": files, **totals, "skipped": len(files) - sum(totals.values())}

@@ -32,4 +32,5 @@ DEPS = web.AppKey("deps", Deps)
 KNOWLEDGE_BASES = web.AppKey[dict[str, KnowledgeBase]]("knowledge_bases")
 SOCKETS = web.AppKey[set[OpenSocket]]("sockets")
 RUNNING = web.AppKey[collections.Counter[str]]("running_per_key")
+QUERYING = web.AppKey[collections.Counter[str]]("querying_per_key")  # /retrieval and the literature API
 RESOLVER = web.AppKey("resolver", AbstractResolver)

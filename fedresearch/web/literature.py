@@ -10,10 +10,12 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from fedresearch.core.auth import Principal
 from fedresearch.core.models import checked_user_id, library_type
 from fedresearch.library.search import Passage
 from fedresearch.web.auth import json_error, principal_of, validation_message
-from fedresearch.web.keys import DEPS, SETTINGS
+from fedresearch.web.keys import DEPS
+from fedresearch.web.limits import query_slot, query_too_long
 
 
 class LiteratureQuery(BaseModel):
@@ -72,15 +74,23 @@ def item_of(passage: Passage) -> dict[str, Any]:
     return item
 
 
+def _too_many(message: str, headers: dict[str, str]) -> web.HTTPException:
+    return json_error(web.HTTPTooManyRequests, message, **headers)
+
+
 async def literature_api(request: web.Request) -> web.Response:
     principal = principal_of(request)
+    with query_slot(request, principal.key_id, _too_many):
+        return await _answer(request, principal)
+
+
+async def _answer(request: web.Request, principal: Principal) -> web.Response:
     try:
         body = LiteratureQuery.model_validate_json(await request.read())
     except ValidationError as error:
         raise json_error(web.HTTPBadRequest, validation_message(error)) from None
-    limit = request.app[SETTINGS].max_task_chars
-    if len(body.query) > limit:
-        raise json_error(web.HTTPBadRequest, f"query is {len(body.query)} characters; MAX_TASK_CHARS is {limit}")
+    if (refusal := query_too_long(body.query, request)) is not None:
+        raise json_error(web.HTTPBadRequest, refusal)
     if not principal.admin and principal.user_id != body.user_id:
         raise json_error(web.HTTPForbidden, f"this API key acts as user {principal.user_id!r} only")
     library = request.app[DEPS].library

@@ -1,0 +1,38 @@
+"""Per-key limits on the query APIs (`/retrieval`, the literature API): one key's burst of queries
+never takes the threads, memory and CPU every other caller needs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from aiohttp import web
+
+from fedresearch.web.keys import QUERYING, SETTINGS
+
+RETRY_AFTER_S = 1  # a query is answered within seconds: a slot frees soon
+
+Refusal = Callable[[str, dict[str, str]], web.HTTPException]
+
+
+@contextlib.contextmanager
+def query_slot(request: web.Request, key_id: str, refuse: Refusal) -> Iterator[None]:
+    """Hold one of the key's MAX_QUERIES_PER_KEY slots while the query runs; `refuse` makes the 429."""
+    limit = request.app[SETTINGS].max_queries_per_key
+    running = request.app[QUERYING]
+    if running[key_id] >= limit:
+        message = f"{running[key_id]} queries are already running for this API key (MAX_QUERIES_PER_KEY={limit})"
+        raise refuse(f"{message}; retry after {RETRY_AFTER_S} s", {"Retry-After": str(RETRY_AFTER_S)})
+    running[key_id] += 1
+    try:
+        yield
+    finally:
+        running[key_id] -= 1
+        if running[key_id] <= 0:
+            del running[key_id]
+
+
+def query_too_long(query: str, request: web.Request) -> str | None:
+    """Why `query` is refused (longer than MAX_TASK_CHARS), or None."""
+    limit = request.app[SETTINGS].max_task_chars
+    return f"query is {len(query)} characters; MAX_TASK_CHARS is {limit}" if len(query) > limit else None
