@@ -1,7 +1,9 @@
 """A fake OpenAI-compatible chat endpoint on 127.0.0.1: `POST /v1/chat/completions` streamed as OpenAI
 streams it (Server-Sent Events: `data: {chat.completion.chunk}` lines, each choice's text in
-`choices[0].delta.content`, a last chunk with `finish_reason`, then `data: [DONE]`), errors as OpenAI
-sends them (`{"error": {"message", "type", "param", "code"}}` with the status), scripted per request."""
+`choices[0].delta.content`, a last chunk with `finish_reason`, then `data: [DONE]`), or, when the
+request does not ask for `stream`, one `chat.completion` object (`choices[0].message.content`,
+`finish_reason`, `usage`); errors as OpenAI sends them (`{"error": {"message", "type", "param",
+"code"}}` with the status), scripted per request."""
 
 from __future__ import annotations
 
@@ -90,6 +92,8 @@ class FakeOpenAI:
             error = {"message": message, "type": "server_error", "param": None, "code": None}
             headers = {"retry-after": answer.retry_after} if answer.retry_after else None
             return web.json_response({"error": error}, status=answer.status, headers=headers)
+        if not body.get("stream"):
+            return await self._whole(body["model"], answer)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
         model = body["model"]
@@ -103,3 +107,31 @@ class FakeOpenAI:
         await response.write(_chunk(model, {}, "stop").encode())
         await response.write(b"data: [DONE]\n\n")
         return response
+
+    async def _whole(self, model: str, answer: Answer) -> web.Response:
+        """A non-streamed answer: stalling sends nothing at all, malformed sends a body that is not JSON."""
+        if answer.stall_after is not None:
+            await asyncio.sleep(3600)
+        if answer.malformed_after is not None:
+            return web.Response(
+                text='{"id": "chatcmpl-fake", "choices": [{"message": ', content_type="application/json"
+            )
+        text = "".join(answer.pieces)
+        return web.json_response(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "system_fingerprint": None,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text, "refusal": None},
+                        "logprobs": None,
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 100, "completion_tokens": len(text.split()), "total_tokens": 100},
+            }
+        )

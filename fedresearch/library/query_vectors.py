@@ -21,9 +21,10 @@ _BATCH = 32
 class QueryVectors:
     """A cache in front of a batching encoder.
 
-    Whoever finds no pass running runs one over the texts queued so far; the others wait, and one
-    of those still waiting runs the next. One batched pass over n short texts costs far less than n
-    passes, and no asker waits behind more than a pass or two before its own.
+    Whoever finds a free pass (the encoder runs `passes` at once, one per core) runs one over the
+    texts queued so far; the others wait, and one of those still waiting runs the next. One batched
+    pass over n short texts costs less than n passes, and no asker waits behind more than a pass or
+    two before its own.
     """
 
     def __init__(self, encoder: Encoder, entries: int = _ENTRIES, batch: int = _BATCH) -> None:
@@ -35,7 +36,8 @@ class QueryVectors:
         self._pending: dict[str, Future[np.ndarray]] = {}
         self._askers: dict[str, int] = {}  # how many askers wait for each pending text
         self._queue: list[str] = []
-        self._encoding = False
+        self._passes = max(1, int(getattr(encoder, "passes", 1)))
+        self._encoding = 0  # passes running now
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
 
@@ -84,16 +86,16 @@ class QueryVectors:
         return futures, registered
 
     def _next_batch(self, waiting: list[Future[np.ndarray]], deadline: float | None) -> list[str] | None:
-        """Wait until our texts are done (None), the deadline passes (None), or no pass runs (our turn)."""
+        """Wait until our texts are done (None), the deadline passes (None), or a pass is free (our turn)."""
         with self._changed:
-            while self._encoding and not all(f.done() for f in waiting):
+            while (self._encoding >= self._passes or not self._queue) and not all(f.done() for f in waiting):
                 timeout = None if deadline is None else deadline - time.monotonic()
                 if timeout is not None and timeout <= 0:
                     return None
                 self._changed.wait(timeout)
             if all(f.done() for f in waiting) or (deadline is not None and time.monotonic() >= deadline):
                 return None
-            self._encoding = True
+            self._encoding += 1
             batch, self._queue = self._queue[: self.batch], self._queue[self.batch :]
             return batch
 
@@ -102,7 +104,7 @@ class QueryVectors:
             self._encode(batch)
         finally:
             with self._changed:
-                self._encoding = False
+                self._encoding -= 1
                 self._changed.notify_all()
 
     def _encode(self, batch: list[str]) -> None:

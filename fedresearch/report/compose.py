@@ -21,7 +21,14 @@ from fedresearch.core.models import FusedResult, ReportType, RetrieverOutcome
 from fedresearch.report.citations import Citations, Reference
 from fedresearch.report.evidence import Evidence, diversify, gather, rank
 from fedresearch.report.language import labels_for
-from fedresearch.report.llm import LlmConfig, WriterFailure, messages_for, seen_text, stream_paragraphs
+from fedresearch.report.llm import (
+    LlmConfig,
+    WriterFailure,
+    failure_reason,
+    messages_for,
+    seen_text,
+    stream_paragraphs,
+)
 from fedresearch.report.verify import (
     MARKERS,
     Checked,
@@ -177,7 +184,7 @@ class LlmReport:
             if not self.cited_sentences:
                 raise WriterFailure("no sentence of the model's answer was supported by a passage")
         except Exception as error:
-            failure = _reason(error).replace(self.config.api_key, "[LLM_API_KEY]")  # should a server echo it
+            failure = failure_reason(error, self.config)
         if failure is not None:
             return await self._fall_back(failure)
         await _verified(self.verification, self.emit)
@@ -280,13 +287,3 @@ def _renumbered(markdown: str, references: list[Reference], citations: Citations
     for sentence in checked:
         sentence.numbers = [remap.get(n, n) for n in sentence.numbers]
     return body.rstrip("\n") + "\n\n"
-
-
-def _reason(error: BaseException) -> str:
-    """Why the model failed, in words a reader can act on (SDK messages carry no key)."""
-    status = getattr(error, "status_code", None)
-    text = " ".join(str(error).split())[:300]
-    if status is not None:
-        return f"HTTP {status} from the model endpoint: {text}"
-    name = type(error).__name__
-    return text if isinstance(error, WriterFailure) else f"{name}: {text or 'no detail'}"

@@ -170,6 +170,34 @@ def _split_headings(block: str) -> list[str]:
     return pieces
 
 
+async def complete(config: LlmConfig, messages: list[ChatCompletionMessageParam]) -> str:
+    """The model's whole answer, not streamed (short answers: plans), within `LLM_TIMEOUT_S` in all,
+    retries included; WriterFailure when it is late or empty."""
+    async with AsyncOpenAI(
+        base_url=config.base_url, api_key=config.api_key, timeout=config.timeout_s, max_retries=config.max_retries
+    ) as client:
+        try:
+            async with asyncio.timeout(config.timeout_s):
+                response = await client.chat.completions.create(model=config.model, messages=messages, temperature=0.2)
+        except TimeoutError:
+            raise WriterFailure(f"the model did not answer within {config.timeout_s:g} s") from None
+    content = response.choices[0].message.content if response.choices else None
+    if not isinstance(content, str) or not content.strip():
+        raise WriterFailure("the model's answer was empty")
+    return content
+
+
+def failure_reason(error: BaseException, config: LlmConfig) -> str:
+    """Why the model failed, in words a reader can act on, the key masked should a server echo it."""
+    status = getattr(error, "status_code", None)
+    text = " ".join(str(error).split())[:300]
+    if status is not None:
+        reason = f"HTTP {status} from the model endpoint: {text}"
+    else:
+        reason = text if isinstance(error, WriterFailure) else f"{type(error).__name__}: {text or 'no detail'}"
+    return reason.replace(config.api_key, "[LLM_API_KEY]")
+
+
 async def stream_paragraphs(config: LlmConfig, messages: list[ChatCompletionMessageParam]) -> AsyncIterator[str]:
     """The model's answer, paragraph by paragraph, thinking removed; WriterFailure when it fails."""
     thinking, paragraphs, produced = ThinkFilter(), Paragraphs(), False

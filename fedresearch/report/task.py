@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -19,11 +20,13 @@ from fedresearch.federation.runner import Deps, federate
 from fedresearch.library.formats import Section
 from fedresearch.report.citations import Reference
 from fedresearch.report.compose import Composed, SendReport, compose
-from fedresearch.report.llm import llm_config
-from fedresearch.report.planner import sub_questions
+from fedresearch.report.llm import LlmConfig, failure_reason, llm_config
+from fedresearch.report.planner import SubQuestion, model_sub_questions, sub_questions
 from fedresearch.report.reading import read_pages, url_sources
 from fedresearch.report.store import save_report
 from fedresearch.report.writer import Part, Writing
+
+log = logging.getLogger("fedresearch")
 
 # retrievers must leave part of the task's time for reading pages, writing and saving the report
 _RETRIEVAL_SHARE = 0.8
@@ -75,18 +78,35 @@ async def _parts(
     registry: dict[str, Adapter],
     deps: Deps,
     emit: Emit,
+    config: LlmConfig | None,
 ) -> list[Part]:
     """Detailed reports: each sub-question sent to every chosen retriever, all at once."""
-    questions = sub_questions(request.task, sources)
-    if not questions or not plan.names:
+    if not plan.names:
         return []
-    listed = "; ".join(q.rsplit(" — ", 1)[-1] for q in questions)
-    await emit(ProgressEvent("planning", f"🗂️ Sub-questions: {listed}", {"sub_questions": questions}))
-    found = await asyncio.gather(*(gather_sources(q, plan, registry, deps, _quiet) for q in questions))
-    return [
-        Part(q.rsplit(" — ", 1)[-1].capitalize(), part_sources)
-        for q, (part_sources, _) in zip(questions, found, strict=True)
-    ]
+    questions, planner = await _plan(request.task, sources, config, emit)
+    if not questions:
+        return []
+    listed = "; ".join(q.heading for q in questions)
+    about = {"sub_questions": [q.query for q in questions], "planner": planner}
+    await emit(ProgressEvent("planning", f"🗂️ Sub-questions: {listed}", about))
+    found = await asyncio.gather(*(gather_sources(q.query, plan, registry, deps, _quiet) for q in questions))
+    return [Part(q.heading, part_sources) for q, (part_sources, _) in zip(questions, found, strict=True)]
+
+
+async def _plan(
+    question: str, sources: list[FusedResult], config: LlmConfig | None, emit: Emit
+) -> tuple[list[SubQuestion], str]:
+    """The model's sub-questions when one is configured and answers usably, else the extractive planner's."""
+    if config is not None:
+        await emit(ProgressEvent("planning", f"🗂️ {config.model} is planning sub-questions", {"model": config.model}))
+        try:
+            return await model_sub_questions(config, question, sources), "llm"
+        except Exception as error:
+            reason = failure_reason(error, config)
+            log.warning("LLM planner failed, extractive planner takes over: %s", reason)
+            message = f"⚠️ The model could not plan sub-questions ({reason}); planning them from the sources"
+            await emit(ProgressEvent("planner_fallback", message, {"reason": reason, "model": config.model}))
+    return await asyncio.to_thread(sub_questions, question, sources), "extractive"
 
 
 async def _quiet(_: ProgressEvent) -> None:
@@ -109,12 +129,13 @@ async def run_research(
     await _announce(request, plan, emit)
     sources, outcomes = await gather_sources(request.task, plan, registry, deps, emit)
     retrieval_ms = round((time.perf_counter() - started) * 1000, 1)
-    parts = await _parts(request, plan, sources, registry, deps, emit) if request.report_type.decomposes else []
-    everything = sources + [s for part in parts for s in part.sources]
-    writing = writing_for(request, deps, await _read(everything, plan, deps, emit, started))
     config, refused = llm_config(settings, request.header("llm_model"))
     if refused:
         await emit(ProgressEvent("warning", f"⚠️ {refused}"))
+    decomposes = request.report_type.decomposes
+    parts = await _parts(request, plan, sources, registry, deps, emit, config) if decomposes else []
+    everything = sources + [s for part in parts for s in part.sources]
+    writing = writing_for(request, deps, await _read(everything, plan, deps, emit, started))
     await emit(
         ProgressEvent("writing_report", f"✍️ Writing the {request.report_type.value} from {len(sources)} sources")
     )

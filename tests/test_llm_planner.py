@@ -1,0 +1,107 @@
+"""Sub-question planning with a model (a fake OpenAI-compatible server), and the extractive planner
+taking over whenever the model gives no usable plan. No network."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import websockets
+
+from fedresearch.report.planner import numbered_list
+from tests.conftest import logs, make_settings, report_of, run_task
+from tests.fake_openai import Answer, FakeOpenAI
+from tests.test_report import check_invariants
+
+TASK = "How do hybrid retrieval systems combine lexical and dense rankings?"
+PLAN = [
+    "What is reciprocal rank fusion and how does it merge rankings?",
+    "How do dense retrievers encode queries and passages?",
+    "When does BM25 outperform dense retrieval?",
+]
+
+
+def test_a_numbered_list_is_read_whatever_its_markup():
+    answer = (
+        "<think>The user wants three.\n1. a decoy sub-question inside the thinking</think>\n"
+        "Here is the plan:\n\n"
+        f"1. {PLAN[0]}\n"
+        f"2) **{PLAN[1]}**\n"
+        f'- "{PLAN[2]}"\n'
+        f"4. {PLAN[0]}\n"  # a repeat
+        f"5. {TASK}\n"  # the question itself
+        "6. Too short\n"
+    )
+    assert numbered_list(answer, TASK, 5) == PLAN
+
+
+def test_an_answer_without_a_list_gives_nothing():
+    assert numbered_list("I would be happy to help with hybrid retrieval!", TASK, 3) == []
+    assert numbered_list("<think>1. only thinking about it, never answering", TASK, 3) == []
+
+
+def planned(body: dict[str, Any]) -> Answer:
+    """Plans when asked without streaming; the report itself is refused so the extractive writer writes it."""
+    if body.get("stream"):
+        return Answer(status=500)
+    return Answer(
+        pieces=[
+            "<think>\n1. thinking aloud about what to ask\n</think>\n",
+            *(f"{n}. {q}\n" for n, q in enumerate(PLAN, 1)),
+        ]
+    )
+
+
+async def research(tmp_path: Any, fakes: Any, start_server: Any, fake: FakeOpenAI) -> list[dict[str, Any]]:
+    settings = make_settings(
+        tmp_path, fakes, llm_base_url=fake.url, llm_model="small", llm_timeout_s=1, llm_max_retries=0
+    )
+    server = await start_server(settings)
+    async with websockets.connect(server.ws_url) as ws:
+        task = {"task": TASK, "report_type": "detailed_report", "headers": {"retrievers": "tavily"}}
+        return await run_task(ws, task)
+
+
+async def test_the_models_sub_questions_each_go_to_every_retriever(tmp_path, fakes, start_server):
+    fake = await FakeOpenAI().start()
+    fake.script = [planned]
+    try:
+        frames = await research(tmp_path, fakes, start_server, fake)
+    finally:
+        await fake.stop()
+    plan = fake.requests[0]
+    assert not plan.get("stream") and "tools" not in plan and "response_format" not in plan
+    (planning,) = [f for f in logs(frames, "planning") if "sub_questions" in (f["metadata"] or {})]
+    assert planning["metadata"] == {"sub_questions": PLAN, "planner": "llm"}
+    asked = {request["body"]["query"] for request in fakes["tavily"].requests}
+    assert set(PLAN) <= asked and TASK in asked
+    assert not logs(frames, "planner_fallback")
+    report = report_of(frames)
+    check_invariants(report)
+    assert "thinking aloud" not in json.dumps(frames)
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (Answer(status=500), "HTTP 500"),
+        (Answer(pieces=["1. a first"], stall_after=0), "did not answer within"),
+        (Answer(pieces=["Certainly! Hybrid retrieval is a fascinating topic."]), "usable sub-question"),
+        (Answer(pieces=[""]), "empty"),
+        (Answer(pieces=["1. x"], malformed_after=0), ""),
+    ],
+)
+async def test_any_planning_failure_falls_back_to_the_extractive_planner(tmp_path, fakes, start_server, answer, reason):
+    fake = await FakeOpenAI().start()
+    fake.script = [lambda body: Answer(status=500) if body.get("stream") else answer]
+    try:
+        frames = await research(tmp_path, fakes, start_server, fake)
+    finally:
+        await fake.stop()
+    (fallback,) = logs(frames, "planner_fallback")
+    assert reason in fallback["metadata"]["reason"] and fallback["metadata"]["model"] == "small"
+    for planning in logs(frames, "planning"):
+        assert planning["metadata"].get("planner", "extractive") == "extractive"
+    check_invariants(report_of(frames))
+    assert "sk-" not in json.dumps(frames)
