@@ -12,9 +12,13 @@ from fedresearch.core.settings import Settings
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from fedresearch.web.app import serve
+    from fedresearch.web.app import serve, serve_worker
 
-    serve(Settings(), host=args.host, port=args.port)
+    if args.as_worker is not None:
+        serve_worker(Settings(), args.host, args.port, args.as_worker, args.listen_fd)
+        return 0
+    workers = None if args.workers is None else Settings(FEDRESEARCH_WORKERS=args.workers).worker_count
+    serve(Settings(), host=args.host, port=args.port, workers=workers, balance=args.balance)
     return 0
 
 
@@ -164,6 +168,15 @@ def parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the server")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
+    serve.add_argument("--workers", help="processes sharing the port: a number, or auto (one per core)")
+    serve.add_argument(
+        "--balance",
+        choices=("reuseport", "shared"),
+        default="reuseport",
+        help="with several workers: a listening socket each (SO_REUSEPORT), or one shared socket",
+    )
+    serve.add_argument("--as-worker", type=int, help=argparse.SUPPRESS)  # the supervisor's pid
+    serve.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(run=_serve)
     ingest = commands.add_parser("ingest", help="add files or folders to a user's library")
     ingest.add_argument("--user", required=True)

@@ -15,6 +15,7 @@ from fedresearch.federation.contract import Adapter
 from fedresearch.federation.registry import AdapterFactory
 from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import KnowledgeBase
+from fedresearch.web.task_slots import TaskSlots
 
 
 class OpenSocket(Protocol):
@@ -33,3 +34,4 @@ KNOWLEDGE_BASES = web.AppKey[dict[str, KnowledgeBase]]("knowledge_bases")
 SOCKETS = web.AppKey[set[OpenSocket]]("sockets")
 RUNNING = web.AppKey[collections.Counter[str]]("running_per_key")
 RESOLVER = web.AppKey("resolver", AbstractResolver)
+TASK_SLOTS = web.AppKey[TaskSlots]("task_slots")

@@ -27,7 +27,8 @@ from fedresearch.report.compose import report_chunks
 from fedresearch.report.store import save_report
 from fedresearch.report.task import run_research
 from fedresearch.web.auth import principal_of, validation_message
-from fedresearch.web.keys import DEPS, METRICS, REGISTRY, RUNNING, SETTINGS, SOCKETS
+from fedresearch.web.keys import DEPS, METRICS, REGISTRY, SETTINGS, SOCKETS, TASK_SLOTS
+from fedresearch.web.task_slots import Release
 
 log = logging.getLogger("fedresearch")
 
@@ -107,42 +108,41 @@ class ResearchSocket:
             return
         try:
             plan = self._admit(request)
+            release = await self._take_slot()
         except RequestError as error:
             await self.cannot_run(request, str(error))
             return
         self.task = asyncio.create_task(self.run(request, plan))
-        self._hold_slot(self.task)
+        self._hold_slot(self.task, release)
 
-    def _hold_slot(self, task: asyncio.Task[None]) -> None:
-        """Count `task` against its key from now until it is done, however it ends.
+    async def _take_slot(self) -> Release:
+        """One of this key's MAX_TASKS_PER_KEY places, taken at once (shared by every worker with Redis),
+        so two sockets cannot both slip under the limit."""
+        limit = self.app[SETTINGS].max_tasks_per_key
+        taken = await self.app[TASK_SLOTS].take(self.principal.key_id, limit)
+        if isinstance(taken, int):
+            raise RequestError(
+                f"{taken} tasks are already running for this API key "
+                f"(MAX_TASKS_PER_KEY={limit}); wait for one to finish"
+            )
+        return taken
 
-        Counted at once, so two sockets cannot both slip under the limit; released by a done
-        callback, which runs even for a task cancelled before its first step (a finally would not).
-        """
-        key = self.principal.key_id
-        running = self.app[RUNNING]
-        running[key] += 1
+    def _hold_slot(self, task: asyncio.Task[None], release: Release) -> None:
+        """Count `task` until it is done, however it ends: released by a done callback, which runs
+        even for a task cancelled before its first step (a finally would not)."""
         self.app[METRICS].tasks.inc()
 
-        def release(_: asyncio.Task[None]) -> None:
+        def done(_: asyncio.Task[None]) -> None:
             self.app[METRICS].tasks.dec()
-            running[key] -= 1
-            if running[key] <= 0:
-                del running[key]
+            release()
 
-        task.add_done_callback(release)
+        task.add_done_callback(done)
 
     def _admit(self, request: ResearchRequest) -> Plan:
         """The plan for `request`, if this caller may run it now."""
         settings = self.app[SETTINGS]
         if len(request.task) > settings.max_task_chars:
             raise RequestError(f"task is {len(request.task)} characters; MAX_TASK_CHARS is {settings.max_task_chars}")
-        running = self.app[RUNNING][self.principal.key_id]
-        if running >= settings.max_tasks_per_key:
-            raise RequestError(
-                f"{running} tasks are already running for this API key "
-                f"(MAX_TASKS_PER_KEY={settings.max_tasks_per_key}); wait for one to finish"
-            )
         bound = None if self.principal.admin else self.principal.user_id
         registry = self.app[REGISTRY]
         return plan_request(request, settings, registry, bound_user=bound)
