@@ -17,9 +17,18 @@ def _serve(args: argparse.Namespace) -> int:
     if args.as_worker is not None:
         serve_worker(Settings(), args.host, args.port, args.as_worker, args.listen_fd)
         return 0
-    workers = None if args.workers is None else Settings(FEDRESEARCH_WORKERS=args.workers).worker_count
-    serve(Settings(), host=args.host, port=args.port, workers=workers, balance=args.balance)
+    serve(Settings(), host=args.host, port=args.port, workers=args.workers, balance=args.balance)
     return 0
+
+
+def _worker_count(text: str) -> int:
+    """`--workers`: read as FEDRESEARCH_WORKERS is (a number, or auto)."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(FEDRESEARCH_WORKERS=text).worker_count
+    except ValidationError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes (1 or more) or 'auto'") from None
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -168,7 +177,7 @@ def parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the server")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    serve.add_argument("--workers", help="processes sharing the port: a number, or auto (one per core)")
+    serve.add_argument("--workers", type=_worker_count, help="processes sharing the port: a number, or auto (one per core)")
     serve.add_argument(
         "--balance",
         choices=("reuseport", "shared"),
