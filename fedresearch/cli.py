@@ -177,7 +177,7 @@ def parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the server")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    serve.add_argument("--workers", type=_worker_count, help="processes sharing the port: a number, or auto (one per core)")
+    serve.add_argument("--workers", type=_worker_count, help="processes sharing the port: a number, or auto (cores)")
     serve.add_argument(
         "--balance",
         choices=("reuseport", "shared"),
