@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -142,7 +143,10 @@ def _chat(research_id: str) -> dict[str, Any]:
     return {"report": "", "research_id": research_id, "messages": [{"role": "user", "content": "rank fusion"}]}
 
 
-async def test_a_failed_job_is_announced_and_a_failing_receiver_is_retried(tmp_path, fakes, start_server, receiver):
+async def test_a_failed_job_is_announced_and_a_failing_receiver_is_retried(
+    tmp_path, fakes, start_server, receiver, caplog
+):
+    caplog.set_level(logging.INFO, logger="fedresearch")
     receiver.failures = 2
     settings = job_settings(tmp_path, fakes, webhook_url=receiver.url, webhook_api_key="hook-secret")
     server = await start_server(settings)
@@ -164,6 +168,7 @@ async def test_a_failed_job_is_announced_and_a_failing_receiver_is_retried(tmp_p
         assert job["status"] == "failed" and "'bing'" in job["error"]
         async with session.get(f"{server.url}/{job['files']['md']}", headers=ALICE) as response:
             assert "could not run" in await response.text()  # the short report that says why
+    assert "attempt 2 failed (HTTP 500)" in caplog.text and "hook-secret" not in caplog.text
 
 
 async def test_a_receiver_that_never_accepts_does_not_hold_the_job(tmp_path, fakes, start_server, receiver):
@@ -244,6 +249,9 @@ async def test_closing_an_attached_socket_cancels_its_job(tmp_path, fakes, start
         job = await poll_job(session, server.url, research_id)
     assert job["status"] == "cancelled"
     async with websockets.connect(server.ws_url, additional_headers=ALICE) as ws:
+        await ws.send("resume " + json.dumps({"research_id": research_id}))
+        replayed = [json.loads(await ws.recv()) for _ in range(job["frames"])]
+        assert replayed[-1]["content"] == "error" and "cancelled" in replayed[-1]["output"]  # why it stopped
         await ws.send("resume " + json.dumps({"research_id": "0" * 32}))
         unknown, twin = json.loads(await ws.recv()), json.loads(await ws.recv())
         assert unknown["type"] == "error" and "unknown" in unknown["output"] and twin["content"] == "error"
