@@ -164,6 +164,11 @@ def start_server(workers: int, balance: str, env: dict[str, str]) -> Server:
     command = [sys.executable, "-m", "fedresearch", "serve", "--port", str(port), "--workers", str(workers)]
     command += ["--balance", balance]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL, preexec_fn=raise_fd_limit)
+    return Server(process, port, wait_for_workers(port, workers, process))
+
+
+def wait_for_workers(port: int, workers: int, process: subprocess.Popen[bytes]) -> set[int]:
+    """The pids of the `workers` processes answering on `port`, once all of them answer."""
     pids: set[int] = set()
     deadline = time.monotonic() + 180
     while len(pids) < workers:
@@ -174,7 +179,26 @@ def start_server(workers: int, balance: str, env: dict[str, str]) -> Server:
                 pids.add(json.load(answer)["pid"])
         except OSError:
             time.sleep(0.2)
-    return Server(process, port, pids)
+    return pids
+
+
+def start_server_env(tavily_url: str, google_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "FEDRESEARCH_DATA_DIR": tempfile.mkdtemp(prefix="bench-scaling-"),
+        "TAVILY_API_KEY": FakeTavily.api_key,
+        "TAVILY_API_BASE_URL": tavily_url,
+        "GOOGLE_API_KEY": FakeGoogle.api_key,
+        "GOOGLE_CX_KEY": FakeGoogle.cx,
+        "GOOGLE_API_BASE_URL": google_url,
+        "FEDRESEARCH_API_KEYS": "",
+        "MAX_TASKS_PER_KEY": "100000",
+        "TASK_TIMEOUT_S": "120",
+        "RETRIEVER_TIMEOUT_S": "60",
+        "FEDRESEARCH_EMBEDDINGS": "false",
+        # the fakes' result URLs are not served anywhere: reading them would measure DNS timeouts
+        "FETCH_PAGES": "false",
+    }
 
 
 def overheads(latencies: list[float]) -> tuple[float, float]:
@@ -245,22 +269,7 @@ def main(options: argparse.Namespace) -> None:
     upstreams.start()
     tavily_url, google_url = ours.recv()
     redis: RedisServer = start_redis()
-    env = {
-        **os.environ,
-        "FEDRESEARCH_DATA_DIR": tempfile.mkdtemp(prefix="bench-scaling-"),
-        "TAVILY_API_KEY": FakeTavily.api_key,
-        "TAVILY_API_BASE_URL": tavily_url,
-        "GOOGLE_API_KEY": FakeGoogle.api_key,
-        "GOOGLE_CX_KEY": FakeGoogle.cx,
-        "GOOGLE_API_BASE_URL": google_url,
-        "FEDRESEARCH_API_KEYS": "",
-        "MAX_TASKS_PER_KEY": "100000",
-        "TASK_TIMEOUT_S": "120",
-        "RETRIEVER_TIMEOUT_S": "60",
-        "FEDRESEARCH_EMBEDDINGS": "false",
-        # the fakes' result URLs are not served anywhere: reading them would measure DNS timeouts
-        "FETCH_PAGES": "false",
-    }
+    env = start_server_env(tavily_url, google_url)
     print(
         f"{os.cpu_count()} cores; closed loop: {options.concurrency} sockets for {options.seconds:g} s; steady: "
         f"{options.sockets} sockets at {options.rate:g} x the closed loop's tasks/s; overheads in ms"

@@ -5,6 +5,7 @@ Redis that dies mid-run is said in the log while tasks go on, each process on it
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -108,11 +109,17 @@ async def test_a_keys_task_limit_holds_across_instances(tmp_path, fakes, start_s
     keys = {"api_keys": SecretStr("team-key:alice"), "max_tasks_per_key": 1, "retriever_timeout_s": 10}
     first, second = await two_servers(tmp_path, fakes, start_server, redis_url, **keys)
     fakes["tavily"].behaviour.delay_s = 1.5
-    running = asyncio.create_task(ask(first, "slow question", "tavily", token="team-key"))
-    await asyncio.sleep(0.5)
-    refused = await ask(second, "second question", "tavily", token="team-key")
-    assert "1 tasks are already running for this API key (MAX_TASKS_PER_KEY=1)" in error_of(refused)["output"]
-    assert (await running)[-1]["type"] == "path"
+    task = {"task": "slow question", "headers": {"retrievers": "tavily"}}
+    async with websockets.connect(first.ws_url, additional_headers={"Authorization": "Bearer team-key"}) as ws:
+        await ws.send("start " + json.dumps(task))
+        assert json.loads(await ws.recv())["content"] == "starting_research"  # its slot is taken
+        refused = await ask(second, "second question", "tavily", token="team-key")
+        assert "1 tasks are already running for this API key (MAX_TASKS_PER_KEY=1)" in error_of(refused)["output"]
+        while json.loads(await ws.recv())["type"] != "path":
+            pass
+    while first.app[RUNNING]:  # the path frame comes a moment before the task is done
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)  # and its lease's removal reaches Redis
     assert outcome(await ask(second, "third question", "tavily", token="team-key"), "tavily")[0] == "retriever_done"
     assert not first.app[RUNNING] and not second.app[RUNNING]
 

@@ -101,12 +101,12 @@ class SharedRedis:
         from redis.exceptions import RedisError
 
         if self._down and self.clock() < self._down_until:
-            raise SharedDown(self.where)
+            raise SharedDown(f"Redis at {self.where} does not answer")
         try:
             result = await operation()
         except (RedisError, OSError, TimeoutError) as error:
             self._failed(what, error)
-            raise SharedDown(self.where) from error
+            raise SharedDown(f"Redis at {self.where} does not answer") from error
         if self._down:
             self._down = False
             log.warning("Redis at %s answers again: shared state is back in use", self.where)
