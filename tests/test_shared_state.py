@@ -19,6 +19,7 @@ from pydantic import SecretStr
 
 from fedresearch.core.shared import Leases, SharedRedis, connect
 from fedresearch.federation.contract import SearchOptions
+from fedresearch.federation.ratelimit import Rate
 from fedresearch.federation.runner import Deps, search_one
 from fedresearch.federation.shared_state import RedisRateLimiter
 from fedresearch.retrievers import brave
@@ -176,3 +177,34 @@ async def test_tasks_go_on_when_redis_dies_mid_run(tmp_path, fakes, start_server
         assert said and "each process uses its own state" in said[0] and len(said) == 1  # once per outage
     finally:
         server_of_redis.stop()
+
+
+def limiter_of(redis_url: str) -> RedisRateLimiter:
+    shared = SharedRedis(connect(redis_url), redis_url)
+    return RedisRateLimiter(shared, Leases(shared.client))
+
+
+async def test_a_429_seen_by_one_process_pauses_the_upstream_for_the_other(redis_url):
+    first, second, rate = limiter_of(redis_url), limiter_of(redis_url), Rate(100)
+    async with first.slot("upstream", rate):
+        pass
+    assert first.observe("upstream", 429, {"Retry-After": "1"}) == 1.0
+    await asyncio.sleep(0.1)  # the pause travels to Redis in the background
+    started = time.monotonic()
+    async with second.slot("upstream", rate):
+        waited = time.monotonic() - started
+    assert waited >= 0.6  # the rest of the second-long pause, though this process saw no 429
+
+
+async def test_a_connection_cap_holds_across_processes(redis_url):
+    first, second, rate = limiter_of(redis_url), limiter_of(redis_url), Rate(1000, connections=1)
+    order: list[str] = []
+
+    async def hold(limiter: RedisRateLimiter, name: str) -> None:
+        async with limiter.slot("capped", rate):
+            order.append(f"{name} in")
+            await asyncio.sleep(0.3)
+            order.append(f"{name} out")
+
+    await asyncio.gather(hold(first, "a"), hold(second, "b"))
+    assert order in (["a in", "a out", "b in", "b out"], ["b in", "b out", "a in", "a out"])
