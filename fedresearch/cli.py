@@ -12,10 +12,23 @@ from fedresearch.core.settings import Settings
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from fedresearch.web.app import serve
+    from fedresearch.web.app import serve, serve_worker
 
-    serve(Settings(), host=args.host, port=args.port)
+    if args.as_worker is not None:
+        serve_worker(Settings(), args.host, args.port, args.as_worker, args.listen_fd)
+        return 0
+    serve(Settings(), host=args.host, port=args.port, workers=args.workers, balance=args.balance)
     return 0
+
+
+def _worker_count(text: str) -> int:
+    """`--workers`: read as FEDRESEARCH_WORKERS is (a number, or auto)."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(FEDRESEARCH_WORKERS=text).worker_count
+    except ValidationError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes (1 or more) or 'auto'") from None
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -169,6 +182,15 @@ def parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the server")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
+    serve.add_argument("--workers", type=_worker_count, help="processes sharing the port: a number, or auto (cores)")
+    serve.add_argument(
+        "--balance",
+        choices=("reuseport", "shared"),
+        default="reuseport",
+        help="with several workers: a listening socket each (SO_REUSEPORT), or one shared socket",
+    )
+    serve.add_argument("--as-worker", type=int, help=argparse.SUPPRESS)  # the supervisor's pid
+    serve.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(run=_serve)
     ingest = commands.add_parser("ingest", help="add files or folders to a user's library")
     ingest.add_argument("--user", required=True)

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -32,6 +33,8 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", validation_alias="FEDRESEARCH_HOST")
     port: int = Field(8000, validation_alias="FEDRESEARCH_PORT")
+    workers: int | Literal["auto"] = Field(1, validation_alias="FEDRESEARCH_WORKERS")
+    redis_url: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_REDIS_URL")
     data_dir: Path = Field(Path("./data"), validation_alias="FEDRESEARCH_DATA_DIR")
     default_retrievers: CommaList = Field(["library"], validation_alias="DEFAULT_RETRIEVERS")
     default_user: str | None = Field(None, validation_alias="FEDRESEARCH_DEFAULT_USER")
@@ -114,6 +117,10 @@ class Settings(BaseSettings):
     dify_upstreams: Path | None = Field(None, validation_alias="DIFY_UPSTREAMS")
     webhook_url: str | None = Field(None, validation_alias="WEBHOOK_URL")
     webhook_api_key: SecretStr | None = Field(None, validation_alias="WEBHOOK_API_KEY")
+    webhook_attempts: int = Field(5, ge=1, le=20, validation_alias="WEBHOOK_ATTEMPTS")
+    webhook_backoff_s: float = Field(1.0, ge=0, validation_alias="WEBHOOK_BACKOFF_S")
+    report_retention_days: float = Field(30.0, ge=0, validation_alias="REPORT_RETENTION_DAYS")
+    report_max_per_user: int = Field(200, ge=0, validation_alias="REPORT_MAX_PER_USER")
 
     _split = field_validator(
         "default_retrievers", "internal_api_allowed_hosts", "fetch_allowed_hosts", "llm_allowed_models", mode="before"
@@ -172,15 +179,34 @@ class Settings(BaseSettings):
         "pubmed_api_key",
         "brave_api_key",
         "llm_api_key",
+        "redis_url",
         mode="before",
     )
     @classmethod
     def _empty_secret_is_unset(cls, value: object) -> object:
         return None if value == "" else value
 
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        if isinstance(value, str | int) and not isinstance(value, bool) and int(value) < 1:
+            raise ValueError("FEDRESEARCH_WORKERS is a number of processes (1 or more) or 'auto'")
+        return value
+
+    @property
+    def worker_count(self) -> int:
+        """FEDRESEARCH_WORKERS as a number: `auto` is one per core."""
+        return (os.cpu_count() or 1) if self.workers == "auto" else self.workers
+
     @property
     def reports_dir(self) -> Path:
         return self.data_dir / "reports"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
 
     @property
     def library_dir(self) -> Path:

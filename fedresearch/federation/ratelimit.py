@@ -79,6 +79,14 @@ def announced_rate(rate: Rate, headers: Mapping[str, str]) -> Rate:
     return rate
 
 
+def pause_after_429(rate: Rate, strikes: int, headers: Mapping[str, str]) -> float:
+    """How long the `strikes`-th 429 in a row pauses the upstream: its Retry-After, or a doubling backoff."""
+    retry_after = _number(next((v for k, v in headers.items() if k.lower() == "retry-after"), None))
+    if retry_after is not None and retry_after >= 0:
+        return retry_after
+    return min(_MAX_BACKOFF_S, rate.backoff_s * 2.0 ** (strikes - 1))
+
+
 def _number(value: str | None) -> float | None:
     try:
         return float(value) if value else None
@@ -146,8 +154,6 @@ class LocalRateLimiter:
             state.strikes = 0
             return None
         state.strikes += 1
-        retry_after = _number(next((v for k, v in headers.items() if k.lower() == "retry-after"), None))
-        backoff = min(_MAX_BACKOFF_S, state.current.backoff_s * 2 ** (state.strikes - 1))
-        pause = retry_after if retry_after is not None and retry_after >= 0 else backoff
+        pause = pause_after_429(state.current, state.strikes, headers)
         state.paused_until = max(state.paused_until, self.clock() + pause)
         return pause

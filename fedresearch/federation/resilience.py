@@ -8,6 +8,9 @@ the upstream's health, so it never suspends it for others. State is per (upstrea
 client-supplied base URL), so one client's bad key or dead URL never suspends the upstream for others.
 Transient failures (5xx, connection errors, timeouts) are retried with jittered exponential
 backoff, and a 429 once after its Retry-After, but only while the retriever's deadline leaves room.
+
+`Breaker` and `AnswerCache` are the interfaces; `CircuitBreaker` and `UpstreamCache` keep their state
+in this process, shared_state.py's Redis ones share it across processes and hosts.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from fedresearch.core.settings import Settings
 from fedresearch.federation.contract import Hits, RetrieverFailed, RetrieverSkipped, SearchOptions
@@ -75,6 +78,37 @@ def upstream_fault(failure: RetrieverFailed) -> bool:
     return status is None or status == 429 or status in _REFUSED or not 400 <= status < 500
 
 
+class Breaker(Protocol):
+    async def check(self, key: tuple[str, str]) -> None:
+        """Raise RetrieverSkipped, with the reason, while the circuit `key` is open."""
+        ...
+
+    async def succeeded(self, key: tuple[str, str]) -> None: ...
+
+    async def failed(self, key: tuple[str, str], failure: RetrieverFailed) -> str | None:
+        """Record a failure; the suspension's reason (a failure_reason) when this one opens the circuit."""
+        ...
+
+
+class AnswerCache(Protocol):
+    async def get(self, key: tuple[object, ...]) -> Hits | None: ...
+
+    async def put(self, key: tuple[object, ...], hits: Hits) -> None: ...
+
+
+def suspension(failure: RetrieverFailed, failures: int, settings: Settings) -> float:
+    """How long `failure`, the circuit's `failures`-th in a row, suspends it (0: not at all)."""
+    if failure.status == 429 or failure.status in _REFUSED:
+        return settings.breaker_suspend_s
+    if failures >= settings.breaker_error_threshold:
+        return settings.breaker_error_suspend_s
+    return 0.0
+
+
+def suspended_message(remaining_s: float, reason: str) -> str:
+    return f"suspended for another {remaining_s:.0f} s after: {reason}"
+
+
 @dataclass
 class _Circuit:
     failures: int = 0
@@ -88,27 +122,20 @@ class CircuitBreaker:
         self.clock = clock
         self._circuits: dict[tuple[str, str], _Circuit] = {}
 
-    def check(self, key: tuple[str, str]) -> None:
+    async def check(self, key: tuple[str, str]) -> None:
         circuit = self._circuits.get(key)
         if circuit is not None and circuit.open_until > self.clock():
-            remaining = circuit.open_until - self.clock()
-            raise RetrieverSkipped(f"suspended for another {remaining:.0f} s after: {circuit.reason}")
+            raise RetrieverSkipped(suspended_message(circuit.open_until - self.clock(), circuit.reason))
 
-    def succeeded(self, key: tuple[str, str]) -> None:
+    async def succeeded(self, key: tuple[str, str]) -> None:
         self._circuits.pop(key, None)
 
-    def failed(self, key: tuple[str, str], failure: RetrieverFailed) -> str | None:
-        """Record a failure; the suspension's reason when this one opens the circuit."""
+    async def failed(self, key: tuple[str, str], failure: RetrieverFailed) -> str | None:
         if not upstream_fault(failure):
             return None
         circuit = self._circuits.setdefault(key, _Circuit())
         circuit.failures += 1
-        if failure.status == 429 or failure.status in _REFUSED:
-            seconds = self.settings.breaker_suspend_s
-        elif circuit.failures >= self.settings.breaker_error_threshold:
-            seconds = self.settings.breaker_error_suspend_s
-        else:
-            return None
+        seconds = suspension(failure, circuit.failures, self.settings)
         if seconds <= 0:
             return None
         circuit.open_until = self.clock() + seconds
@@ -137,7 +164,7 @@ class UpstreamCache:
             options.internal_api_base_url,
         )
 
-    def get(self, key: tuple[object, ...]) -> Hits | None:
+    async def get(self, key: tuple[object, ...]) -> Hits | None:
         entry = self._entries.get(key)
         if entry is None or entry[0] < self.clock():
             self._entries.pop(key, None)
@@ -145,7 +172,7 @@ class UpstreamCache:
         self._entries.move_to_end(key)
         return entry[1]
 
-    def put(self, key: tuple[object, ...], hits: Hits) -> None:
+    async def put(self, key: tuple[object, ...], hits: Hits) -> None:
         if self.ttl_s <= 0:
             return
         self._entries[key] = (self.clock() + self.ttl_s, hits)
@@ -161,12 +188,12 @@ class Guarded:
 
 
 class Guard:
-    """One per app: the breaker and cache shared by every task."""
+    """One per app: the breaker and cache shared by every task (in this process unless others are given)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, breaker: Breaker | None = None, cache: AnswerCache | None = None) -> None:
         self.settings = settings
-        self.breaker = CircuitBreaker(settings)
-        self.cache = UpstreamCache(settings.upstream_cache_ttl_s)
+        self.breaker = breaker or CircuitBreaker(settings)
+        self.cache = cache or UpstreamCache(settings.upstream_cache_ttl_s)
 
     async def call(
         self,
@@ -183,14 +210,14 @@ class Guard:
         make the task wait; one still pending is then abandoned and the failure reported."""
         credential = credential_of(credentials, options)
         circuit = circuit_of(name, credentials, options)
-        self.breaker.check(circuit)
+        await self.breaker.check(circuit)
         cache_key = UpstreamCache.key(name, credential, options)
-        if cacheable and (hit := self.cache.get(cache_key)) is not None:
+        if cacheable and (hit := await self.cache.get(cache_key)) is not None:
             return Guarded(hit, cached=True, attempts=0)
         hits, attempts = await self._attempts(search, circuit, time.monotonic() + deadline_s, on_suspended, others_done)
-        self.breaker.succeeded(circuit)
+        await self.breaker.succeeded(circuit)
         if cacheable:
-            self.cache.put(cache_key, hits)
+            await self.cache.put(cache_key, hits)
         return Guarded(hits, cached=False, attempts=attempts)
 
     async def _attempts(
@@ -228,13 +255,13 @@ class Guard:
         """Wait before the next try, or give up: record the failure with the breaker and raise it."""
         wait = self._wait_before_retry(failure, attempt, deadline - time.monotonic())
         if wait is None or (others_done is not None and others_done.is_set()):
-            if (reason := self.breaker.failed(circuit, failure)) is not None:
+            if (reason := await self.breaker.failed(circuit, failure)) is not None:
                 on_suspended(reason)
             raise failure
         try:
             await _unless(others_done, lambda: asyncio.sleep(wait))
         except _Abandoned:
-            self.breaker.failed(circuit, failure)
+            await self.breaker.failed(circuit, failure)
             raise failure from None
 
     def _wait_before_retry(self, failure: RetrieverFailed, attempt: int, remaining_s: float) -> float | None:

@@ -6,7 +6,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import AsyncIterator, Sequence
+import os
+import signal
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -15,20 +19,37 @@ from aiohttp.abc import AbstractResolver
 from fedresearch.core.auth import ApiKeys, check_bind
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.settings import Settings
+from fedresearch.core.shared import SharedRedis
 from fedresearch.federation.pages import PageReader
 from fedresearch.federation.registry import AdapterFactory, build_registry
-from fedresearch.federation.resilience import Guard
 from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_bases
 from fedresearch.library.open import open_library
+from fedresearch.report.jobs import JobStore, LocalJobStore, enforce_retention
+from fedresearch.report.redis_jobs import RedisJobStore
 from fedresearch.retrievers import ADAPTERS
-from fedresearch.web import dify, documents, literature, mcp_server, openapi, reports, research_socket, status
+from fedresearch.web import (
+    dify,
+    documents,
+    jobs,
+    literature,
+    mcp_server,
+    openapi,
+    reports,
+    research_socket,
+    status,
+    tasks,
+)
+from fedresearch.web import workers as workers_pool
 from fedresearch.web.access_log import RedactingAccessLogger
 from fedresearch.web.keys import (
     ADAPTER_FACTORIES,
+    BACKGROUND,
     DEPS,
+    JOBS,
     KEYS,
     KNOWLEDGE_BASES,
+    LIVE_JOBS,
     METRICS,
     QUERYING,
     REGISTRY,
@@ -36,8 +57,10 @@ from fedresearch.web.keys import (
     RUNNING,
     SETTINGS,
     SOCKETS,
+    TASK_SLOTS,
     OpenSocket,
 )
+from fedresearch.web.state import open_state
 
 log = logging.getLogger("fedresearch")
 
@@ -55,20 +78,39 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     pages = PageReader(settings, resolver=app.get(RESOLVER))
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
         app[REGISTRY] = registry
-        app[DEPS] = Deps(
-            session=session,
-            settings=settings,
-            library=library,
-            guard=Guard(settings),
-            metrics=app[METRICS],
-            pages=pages,
-        )
         try:
-            async with mcp_server.session_manager(app) as manager:
-                app[mcp_server.MCP_MANAGER] = manager
-                yield
+            async with open_state(settings, app[RUNNING]) as state:
+                await _open_jobs(app, state.redis)
+                app[TASK_SLOTS] = state.task_slots
+                app[DEPS] = Deps(
+                    session=session,
+                    settings=settings,
+                    limiter=state.limiter,
+                    library=library,
+                    guard=state.guard,
+                    metrics=app[METRICS],
+                    pages=pages,
+                )
+                async with mcp_server.session_manager(app) as manager:
+                    app[mcp_server.MCP_MANAGER] = manager
+                    yield
         finally:
             await pages.close()
+
+
+async def _open_jobs(app: web.Application, redis: SharedRedis | None) -> None:
+    """The jobs earlier runs saved (a store given to `create_app`, such as a shared one, is kept; with
+    FEDRESEARCH_REDIS_URL, the store every worker shares), with the retention limits applied at once."""
+    settings = app[SETTINGS]
+    if JOBS not in app and redis is not None:
+        app[JOBS] = RedisJobStore(redis)
+    elif JOBS not in app:
+        store = LocalJobStore(settings.jobs_dir)
+        await store.load()
+        app[JOBS] = store
+    days, most = settings.report_retention_days, settings.report_max_per_user
+    if days > 0 or most > 0:
+        await enforce_retention(app[JOBS], settings.reports_dir, days, most)
 
 
 async def _close_sockets(app: web.Application) -> None:
@@ -81,11 +123,15 @@ def create_app(
     settings: Settings | None = None,
     adapters: Sequence[AdapterFactory] = ADAPTERS,
     resolver: AbstractResolver | None = None,
+    job_store: JobStore | None = None,
 ) -> web.Application:
     """The app; `adapters` is the registry tuple (a test may pass one with an adapter of its own),
-    `resolver` resolves the hosts of pages to read (tests inject one; the SSRF check wraps it)."""
+    `resolver` resolves the hosts of pages to read (tests inject one; the SSRF check wraps it),
+    `job_store` keeps the jobs (default: this process, saved under the data dir)."""
     settings = settings or Settings()
     app = web.Application(client_max_size=1 << 20)
+    if job_store is not None:
+        app[JOBS] = job_store
     if resolver is not None:
         app[RESOLVER] = resolver
     app[SETTINGS] = settings
@@ -96,8 +142,11 @@ def create_app(
     app[SOCKETS] = sockets
     app[RUNNING] = collections.Counter()
     app[QUERYING] = collections.Counter()
+    app[LIVE_JOBS] = {}
+    app[BACKGROUND] = set()
     app.cleanup_ctx.append(_resources)
     app.on_shutdown.append(_close_sockets)
+    app.on_shutdown.append(tasks.stop_jobs)
     app.router.add_get("/", status.index)
     app.router.add_get("/healthz", status.healthz)
     app.router.add_get("/metrics", status.metrics)
@@ -109,6 +158,7 @@ def create_app(
     app.router.add_post("/retrieval", dify.retrieval)
     app.router.add_post("//retrieval", dify.retrieval)
     documents.register(app)
+    jobs.register(app)
     for method in ("GET", "POST", "DELETE"):
         app.router.add_route(method, "/mcp", mcp_server.mcp_http)
     app.router.add_get("/openapi.json", openapi.openapi_json)
@@ -126,23 +176,65 @@ async def serve_mcp_stdio(settings: Settings | None = None) -> None:
         await runner.cleanup()
 
 
-def serve(settings: Settings | None = None, host: str | None = None, port: int | None = None) -> None:
+def serve(
+    settings: Settings | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    workers: int | None = None,
+    balance: workers_pool.Balance = "reuseport",
+) -> None:
+    """One server process, or (`workers` > 1, else FEDRESEARCH_WORKERS) a supervisor and its workers."""
     settings = settings or Settings()
     host = host or settings.host
-    port = port or settings.port
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    count = workers or settings.worker_count
+    _prepare(settings, host, with_pid=count > 1)
+    if count > 1:
+        raise SystemExit(workers_pool.supervise(host, settings.port if port is None else port, count, balance))
+    # SIGTERM/SIGINT: stop accepting, tell clients (on_shutdown), then give handlers 10 s at most
+    web.run_app(create_app(settings), host=host, port=port or settings.port, **_run_options())
+
+
+def serve_worker(settings: Settings, host: str, port: int, supervisor: int, listen_fd: int | None) -> None:
+    """One of `serve --workers N`'s processes: the socket its supervisor bound, or its own on the port
+    (SO_REUSEPORT); it stops, as on SIGTERM, when the supervisor is gone."""
+    _prepare(settings, host, with_pid=True, warn=False)
+    app = create_app(settings)
+    app.cleanup_ctx.append(_watching(supervisor))
+    if listen_fd is not None:
+        web.run_app(app, sock=socket.socket(fileno=listen_fd), **_run_options())
+    else:
+        web.run_app(app, host=host, port=port, reuse_port=True, **_run_options())
+
+
+def _prepare(settings: Settings, host: str, with_pid: bool, warn: bool = True) -> None:
+    process = "[%(process)d]" if with_pid else ""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s{process}: %(message)s")
     keys = ApiKeys.from_settings(settings)
     refusal = check_bind(host, keys)
     if refusal:
         raise SystemExit(refusal)
-    if not keys.enabled:
+    if warn and not keys.enabled:
         log.warning("no API keys configured (FEDRESEARCH_API_KEYS): listening on %s only", host)
-    # SIGTERM/SIGINT: stop accepting, tell clients (on_shutdown), then give handlers 10 s at most
-    web.run_app(
-        create_app(settings),
-        host=host,
-        port=port,
-        shutdown_timeout=10,
-        access_log_class=RedactingAccessLogger,  # keys sent as ?token= must not reach the log
-        print=lambda text: log.info(text.strip()),
-    )
+
+
+def _run_options() -> dict[str, Any]:
+    return {
+        "shutdown_timeout": 10,
+        "access_log_class": RedactingAccessLogger,  # keys sent as ?token= must not reach the log
+        "print": lambda text: log.info(text.strip()),
+    }
+
+
+def _watching(supervisor: int) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def watch(app: web.Application) -> AsyncIterator[None]:
+        async def until_orphaned() -> None:
+            while os.getppid() == supervisor:
+                await asyncio.sleep(1.0)
+            log.warning("the supervisor (pid %d) is gone: stopping", supervisor)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        watcher = asyncio.create_task(until_orphaned())
+        yield
+        watcher.cancel()
+
+    return watch

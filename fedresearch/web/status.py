@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from aiohttp import web
@@ -19,7 +20,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
-    return web.json_response({"status": "ok", "retrievers": sorted(registry)})
+    # the pid tells which worker answered, under `serve --workers N`
+    return web.json_response({"status": "ok", "retrievers": sorted(registry), "pid": os.getpid()})
 
 
 def retriever_list(registry: dict[str, Adapter], settings: Settings) -> dict[str, Any]:

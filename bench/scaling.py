@@ -1,0 +1,313 @@
+"""Research throughput and overhead by worker count, side by side in one run.
+
+    python -m bench.scaling [--workers 1,2] [--balance reuseport,shared] [--seconds 8]
+                            [--concurrency 64] [--sockets 1000] [--rate 0.5] [--client-procs 1]
+
+For each worker count N (and each way of sharing the port), `fedresearch serve --workers N` runs
+as in production, with its shared state in a real redis-server started here (N = 1 also runs
+without Redis: today's single process). Fake Tavily and Google answer in 50 ms from a process of
+their own; clients run in `--client-procs` processes of their own. Two scenarios per row:
+
+  closed loop: `--concurrency` sockets run tasks back to back for `--seconds`: tasks/s, latency
+      overhead beyond the 50 ms upstream (p50/p99), the workers' CPU per task, and how evenly the
+      workers shared the work (the least busy worker's CPU over the busiest's);
+  steady: `--sockets` open sockets, tasks arriving at `--rate` x the closed loop's tasks/s, each on
+      an idle socket: overhead p50/p99 below capacity.
+
+On a 16-core machine: `python -m bench.scaling --workers 1,2,4,8,16 --client-procs 4 --concurrency 512`
+(clients and fakes need cores too: leave them about a quarter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import websockets
+
+from bench.load import ROOT, UPSTREAM_S, cpu_seconds, free_port, percentile, raise_fd_limit
+from tests.fakes import FakeGoogle, FakeTavily
+from tests.redis_server import RedisServer, start_redis
+
+TASK = {"headers": {"retrievers": "tavily,google"}}
+
+
+def run_upstreams(pipe: Connection) -> None:
+    """The fakes, in a process of their own (so their CPU is not the server's or the clients')."""
+
+    async def serve() -> None:
+        tavily, google = await FakeTavily().start(), await FakeGoogle().start()
+        for fake in (tavily, google):
+            fake.behaviour.delay_s = UPSTREAM_S
+        pipe.send((tavily.url, google.url))
+        await asyncio.get_running_loop().run_in_executor(None, pipe.recv)  # until told to stop
+
+    asyncio.run(serve())
+
+
+async def one_task(ws: Any, question: str) -> float:
+    started = time.perf_counter()
+    await ws.send("start " + json.dumps({**TASK, "task": question}))
+    async for raw in ws:
+        frame = json.loads(raw)
+        if frame.get("type") in ("error", "path") or frame.get("content") == "retriever_failed":
+            if frame.get("type") != "path":
+                raise RuntimeError(frame.get("output"))
+            return time.perf_counter() - started
+    raise RuntimeError("closed before the report")
+
+
+async def closed_loop(url: str, sockets: int, seconds: float, tag: str) -> tuple[list[float], int]:
+    latencies: list[float] = []
+    errors = 0
+
+    async def client(number: int) -> None:
+        nonlocal errors
+        async with websockets.connect(url, max_size=None, open_timeout=60, ping_interval=None) as ws:
+            deadline, count = time.perf_counter() + seconds, 0
+            while time.perf_counter() < deadline:
+                count += 1
+                try:
+                    latencies.append(await one_task(ws, f"rank fusion {tag}-{number}-{count}"))
+                except RuntimeError:
+                    errors += 1
+
+    await asyncio.gather(*(client(n) for n in range(sockets)))
+    return latencies, errors
+
+
+async def steady(url: str, sockets: int, rate: float, seconds: float, tag: str) -> tuple[list[float], int]:
+    """`sockets` open at once; a task every 1/rate s on an idle one (none idle: counted as an error)."""
+    connections = await asyncio.gather(
+        *(websockets.connect(url, max_size=None, open_timeout=120, ping_interval=None) for _ in range(sockets))
+    )
+    idle, latencies, errors, running = list(connections), [], 0, set()
+
+    async def task(ws: Any, number: int) -> None:
+        nonlocal errors
+        try:
+            latencies.append(await one_task(ws, f"steady {tag}-{number}"))
+        except RuntimeError:
+            errors += 1
+        idle.append(ws)
+
+    started, number = time.perf_counter(), 0
+    while (due := started + number / rate) < started + seconds:
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        if idle:
+            job = asyncio.create_task(task(idle.pop(), number))
+            running.add(job)
+            job.add_done_callback(running.discard)
+        else:
+            errors += 1
+        number += 1
+    await asyncio.gather(*running)
+    await asyncio.gather(*(ws.close() for ws in connections))
+    return latencies, errors
+
+
+def client_process(scenario: str, args: tuple[Any, ...], pipe: Connection) -> None:
+    raise_fd_limit()
+    runner = closed_loop if scenario == "closed" else steady
+    pipe.send(asyncio.run(runner(*args)))  # type: ignore[operator]
+
+
+def in_client_processes(procs: int, scenario: str, make_args: Any) -> tuple[list[float], int]:
+    """Run a scenario split over `procs` client processes; their latencies and errors together."""
+    context = multiprocessing.get_context("spawn")
+    pipes, workers = [], []
+    for number in range(procs):
+        ours, theirs = context.Pipe()
+        worker = context.Process(target=client_process, args=(scenario, make_args(number), theirs))
+        worker.start()
+        pipes.append(ours)
+        workers.append(worker)
+    latencies, errors = [], 0
+    for pipe, worker in zip(pipes, workers, strict=True):
+        got, failed = pipe.recv()
+        latencies += got
+        errors += failed
+        worker.join()
+    return latencies, errors
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    port: int
+    pids: set[int]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(40)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def start_server(workers: int, balance: str, env: dict[str, str]) -> Server:
+    port = free_port()
+    command = [sys.executable, "-m", "fedresearch", "serve", "--port", str(port), "--workers", str(workers)]
+    command += ["--balance", balance]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL, preexec_fn=raise_fd_limit)
+    return Server(process, port, wait_for_workers(port, workers, process))
+
+
+def wait_for_workers(port: int, workers: int, process: subprocess.Popen[bytes]) -> set[int]:
+    """The pids of the `workers` processes answering on `port`, once all of them answer."""
+    pids: set[int] = set()
+    deadline = time.monotonic() + 180
+    while len(pids) < workers:
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError(f"{workers} workers did not start")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
+                pids.add(json.load(answer)["pid"])
+        except OSError:
+            time.sleep(0.2)
+    return pids
+
+
+def start_server_env(tavily_url: str, google_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "FEDRESEARCH_DATA_DIR": tempfile.mkdtemp(prefix="bench-scaling-"),
+        "TAVILY_API_KEY": FakeTavily.api_key,
+        "TAVILY_API_BASE_URL": tavily_url,
+        "GOOGLE_API_KEY": FakeGoogle.api_key,
+        "GOOGLE_CX_KEY": FakeGoogle.cx,
+        "GOOGLE_API_BASE_URL": google_url,
+        "FEDRESEARCH_API_KEYS": "",
+        "MAX_TASKS_PER_KEY": "100000",
+        "TASK_TIMEOUT_S": "120",
+        "RETRIEVER_TIMEOUT_S": "60",
+        "FEDRESEARCH_EMBEDDINGS": "false",
+        # the fakes' result URLs are not served anywhere: reading them would measure DNS timeouts
+        "FETCH_PAGES": "false",
+    }
+
+
+def overheads(latencies: list[float]) -> tuple[float, float]:
+    over = [(value - UPSTREAM_S) * 1000 for value in latencies]
+    return statistics.median(over), percentile(over, 0.99)
+
+
+def measure(server: Server, options: argparse.Namespace, label: str) -> dict[str, Any]:
+    url = f"ws://127.0.0.1:{server.port}/ws"
+    procs, per = options.client_procs, max(1, options.concurrency // options.client_procs)
+    in_client_processes(1, "closed", lambda n: (url, 8, 1.0, f"warm-{label}"))
+    before = {pid: cpu_seconds(pid) for pid in server.pids}
+    started = time.perf_counter()
+    latencies, errors = in_client_processes(procs, "closed", lambda n: (url, per, options.seconds, f"{label}-{n}"))
+    wall = time.perf_counter() - started
+    used = {pid: cpu_seconds(pid) - before[pid] for pid in server.pids}
+    throughput = len(latencies) / wall
+    p50, p99 = overheads(latencies)
+    rate = options.rate * throughput / procs
+    steady_latencies, steady_errors = in_client_processes(
+        procs, "steady", lambda n: (url, options.sockets // procs, rate, options.seconds, f"{label}-{n}")
+    )
+    s50, s99 = overheads(steady_latencies)
+    return {
+        "tasks/s": throughput,
+        "p50 over": p50,
+        "p99 over": p99,
+        "CPU ms/task": 1000 * sum(used.values()) / max(1, len(latencies)),
+        "balance": min(used.values()) / max(max(used.values()), 1e-9),
+        "errors": errors,
+        "steady rate": rate * procs,
+        "steady p50": s50,
+        "steady p99": s99,
+        "steady errors": steady_errors,
+    }
+
+
+def configurations(options: argparse.Namespace) -> list[tuple[int, str, bool]]:
+    rows: list[tuple[int, str, bool]] = []
+    for workers in options.workers:
+        if workers == 1:
+            rows.append((1, "reuseport", False))  # today's single process, nothing shared
+            rows.append((1, "reuseport", True))
+        else:
+            rows += [(workers, balance, True) for balance in options.balance]
+    return rows
+
+
+def print_row(workers: int, balance: str, redis: bool, row: dict[str, Any], base: float) -> None:
+    state = "Redis" if redis else "process"
+    efficiency = row["tasks/s"] / (workers * base) if base else float("nan")
+    print(
+        f"{workers:>7} {balance if workers > 1 else '-':>9} {state:>7} {row['tasks/s']:>8.1f} {efficiency:>6.2f} "
+        f"{row['p50 over']:>8.1f} {row['p99 over']:>8.1f} {row['CPU ms/task']:>7.2f} {row['balance']:>7.2f} "
+        f"{row['errors']:>4} | {row['steady rate']:>7.1f} {row['steady p50']:>8.1f} {row['steady p99']:>8.1f} "
+        f"{row['steady errors']:>4} | {os.getloadavg()[0]:>5.2f}",
+        flush=True,
+    )
+
+
+def main(options: argparse.Namespace) -> None:
+    raise_fd_limit()
+    if shutil.which("redis-server") is None:
+        raise SystemExit("bench.scaling needs redis-server (apt-get install redis-server)")
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    upstreams = context.Process(target=run_upstreams, args=(theirs,), daemon=True)
+    upstreams.start()
+    tavily_url, google_url = ours.recv()
+    redis: RedisServer = start_redis()
+    env = start_server_env(tavily_url, google_url)
+    print(
+        f"{os.cpu_count()} cores; closed loop: {options.concurrency} sockets for {options.seconds:g} s; steady: "
+        f"{options.sockets} sockets at {options.rate:g} x the closed loop's tasks/s; overheads in ms"
+    )
+    print(
+        f"{'workers':>7} {'balance':>9} {'state':>7} {'tasks/s':>8} {'eff':>6} {'p50 over':>8} {'p99 over':>8} "
+        f"{'CPU ms':>7} {'spread':>7} {'err':>4} | {'rate/s':>7} {'p50 over':>8} {'p99 over':>8} {'err':>4} | "
+        f"{'load':>5}"
+    )
+    base = 0.0
+    try:
+        for workers, balance, shared in configurations(options):
+            server_env = {**env, "FEDRESEARCH_REDIS_URL": redis.url} if shared else env
+            server = start_server(workers, balance, server_env)
+            try:
+                row = measure(server, options, f"{workers}{balance}{shared}")
+            finally:
+                server.stop()
+            if workers == 1 and shared:
+                base = row["tasks/s"]
+            print_row(workers, balance, shared, row, base)
+    finally:
+        redis.stop()
+        ours.send("stop")
+        upstreams.join(10)
+
+
+def numbers(text: str) -> list[int]:
+    return [int(n) for n in re.split(r"[ ,]+", text.strip())]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=numbers, default=[1, 2])
+    parser.add_argument("--balance", type=lambda text: text.split(","), default=["reuseport", "shared"])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--sockets", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=0.5, help="steady arrivals as a fraction of capacity")
+    parser.add_argument("--client-procs", type=int, default=1)
+    main(parser.parse_args())

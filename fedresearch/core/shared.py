@@ -1,0 +1,195 @@
+"""State shared by several server processes (and hosts) through Redis, when FEDRESEARCH_REDIS_URL is set.
+
+Every shared structure has an in-process twin. A Redis one falls back to its twin while Redis cannot
+be reached and says so in the log, once per outage: each command has a 1 s timeout and is not
+retried, and after a failure Redis is left alone for a few seconds, so no task ever waits on it.
+
+`Leases` counts holders that cannot leak: each holder is a member of a sorted set scored by its
+expiry, renewed by the process that holds it; a process killed with SIGKILL stops renewing, and its
+leases lapse within `lease_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+log = logging.getLogger("fedresearch")
+
+T = TypeVar("T")
+PREFIX = "fedresearch:"
+_TIMEOUT_S = 1.0
+_REST_S = 5.0
+
+# the server's clock, so that hosts whose clocks differ still agree on every expiry
+NOW_MS = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
+
+_TAKE = (
+    NOW_MS
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local held = redis.call('ZCARD', KEYS[1])
+if held >= tonumber(ARGV[2]) then return {0, held} end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
+return {1, held + 1}
+"""
+)
+
+_RENEW = (
+    NOW_MS
+    + """
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
+return 0
+"""
+)
+
+
+def connect(url: str) -> Redis:
+    """A client for `url` that fails fast: 1 s timeouts, no retries (the callers fall back instead)."""
+    try:
+        from redis.asyncio import Redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+    except ImportError:
+        raise RuntimeError(
+            "FEDRESEARCH_REDIS_URL is set but the redis package is not installed: pip install 'fedresearch[redis]'"
+        ) from None
+    return Redis.from_url(
+        url,
+        socket_timeout=_TIMEOUT_S,
+        socket_connect_timeout=_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        health_check_interval=30,
+    )
+
+
+def where(url: str) -> str:
+    """`url` fit for a log: host, port and database, never the password."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    return f"{parts.scheme}://{parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path or ''}"
+
+
+class SharedDown(Exception):
+    """Redis failed just now, or recently; the caller uses this process's own state instead."""
+
+
+class SharedRedis:
+    """One Redis client and its health, for every shared structure of a process."""
+
+    def __init__(self, client: Redis, url: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.where = where(url)
+        self.clock = clock
+        self._down_until = 0.0
+        self._down = False
+
+    async def attempt(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """`operation` on Redis; SharedDown (logged once per outage) when Redis fails or failed recently."""
+        from redis.exceptions import RedisError
+
+        if self._down and self.clock() < self._down_until:
+            raise SharedDown(f"Redis at {self.where} does not answer")
+        try:
+            result = await operation()
+        except (RedisError, OSError, TimeoutError) as error:
+            self._failed(what, error)
+            raise SharedDown(f"Redis at {self.where} does not answer") from error
+        if self._down:
+            self._down = False
+            log.warning("Redis at %s answers again: shared state is back in use", self.where)
+        return result
+
+    async def run(self, what: str, operation: Callable[[], Awaitable[T]], fallback: Callable[[], Awaitable[T]]) -> T:
+        """`operation` on Redis, or `fallback` (this process's own state) while Redis is failing."""
+        try:
+            return await self.attempt(what, operation)
+        except SharedDown:
+            return await fallback()
+
+    def _failed(self, what: str, error: Exception) -> None:
+        if not self._down:
+            log.warning(
+                "Redis at %s failed while %s (%s: %s): each process uses its own state until it answers again",
+                self.where,
+                what,
+                type(error).__name__,
+                error,
+            )
+        self._down = True
+        self._down_until = self.clock() + _REST_S
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class Leases:
+    """Counted holders per name, each lasting `lease_s` unless renewed; renewed here while held."""
+
+    def __init__(self, redis: Redis, lease_s: float = 10.0) -> None:
+        self.redis = redis
+        self.lease_ms = max(1, int(lease_s * 1000))
+        self._take: Any = redis.register_script(_TAKE)
+        self._renew: Any = redis.register_script(_RENEW)
+        self._held: dict[str, set[str]] = {}
+        self._renewing: asyncio.Task[None] | None = None
+        self._releasing: set[asyncio.Task[None]] = set()
+
+    async def take(self, name: str, cap: int) -> tuple[str | None, int]:
+        """A lease on one of `cap` places under `name`: (its token, holders now), or (None, holders) when full."""
+        token = uuid.uuid4().hex
+        taken, held = await self._take(keys=[PREFIX + name], args=[token, cap, self.lease_ms])
+        if not taken:
+            return None, int(held)
+        self._held.setdefault(name, set()).add(token)
+        if self._renewing is None or self._renewing.done():
+            self._renewing = asyncio.create_task(self._renew_while_held())
+        return token, int(held)
+
+    def release(self, name: str, token: str) -> None:
+        """Give the lease back now (it is no longer renewed) and in Redis soon: safe in a done callback
+        or a cancelled task; should Redis not answer, the lease lapses by itself."""
+        tokens = self._held.get(name, set())
+        tokens.discard(token)
+        if not tokens:
+            self._held.pop(name, None)
+        task = asyncio.get_running_loop().create_task(self._remove(name, token))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _remove(self, name: str, token: str) -> None:
+        from redis.exceptions import RedisError
+
+        try:
+            await self.redis.zrem(PREFIX + name, token)
+        except (RedisError, OSError, TimeoutError) as error:
+            log.warning("could not give back a lease on %s in Redis (it lapses by itself): %s", name, error)
+
+    async def _renew_while_held(self) -> None:
+        from redis.exceptions import RedisError
+
+        while self._held:
+            await asyncio.sleep(self.lease_ms / 3000)
+            for name, tokens in list(self._held.items()):
+                try:
+                    await self._renew(keys=[PREFIX + name], args=[self.lease_ms, *tokens])
+                except (RedisError, OSError, TimeoutError) as error:
+                    log.warning("could not renew leases on %s in Redis: %s", name, error)
+
+    async def close(self) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+        if self._releasing:
+            await asyncio.wait(self._releasing, timeout=_TIMEOUT_S)

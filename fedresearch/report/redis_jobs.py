@@ -1,0 +1,199 @@
+"""The JobStore in Redis (jobs.py's protocol), so that a job started on one worker can be resumed,
+listed or read on any other worker or host.
+
+A job is a JSON value (its metadata) and a stream of its frames: frame i has the entry id 0-(i+1),
+so reading from an index is one XRANGE and waiting for the next frame is one XREAD BLOCK. Finishing
+a job adds one last entry with no frame in it, which wakes every waiter; a Lua script refuses any
+frame after it. Owners' job lists are sorted sets scored by creation time.
+
+While Redis fails (said once in the log), new jobs live in this process (an in-memory LocalJobStore:
+resumable on this worker only) and jobs already in Redis fail with SharedDown saying so; nothing
+waits without end: every command has a 1 s timeout, and a wait blocks under a second at a time.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any, TypeVar, cast
+
+from fedresearch.core.shared import PREFIX, SharedDown, SharedRedis
+from fedresearch.report.jobs import Frame, Job, JobStatus, LocalJobStore
+
+T = TypeVar("T")
+_WAIT_MS = 800  # under the client's 1 s socket timeout: a blocked read must not look like a dead Redis
+
+_APPEND = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local next = redis.call('XLEN', KEYS[1]) + 1
+redis.call('XADD', KEYS[1], '0-' .. next, 'f', ARGV[1])
+return next - 1
+"""
+
+_END = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('SET', KEYS[2], ARGV[1])
+redis.call('XADD', KEYS[1], '0-' .. (redis.call('XLEN', KEYS[1]) + 1), 'end', ARGV[1])
+return 1
+"""
+
+
+def _meta(research_id: str) -> str:
+    return f"{PREFIX}job:{research_id}"
+
+
+def _frames(research_id: str) -> str:
+    return f"{PREFIX}job:{research_id}:frames"
+
+
+def _ended(research_id: str) -> str:
+    return f"{PREFIX}job:{research_id}:ended"
+
+
+def _owned_by(owner: str | None) -> str:
+    who = hashlib.sha256(b"\0" if owner is None else owner.encode()).hexdigest()[:32]
+    return f"{PREFIX}jobs:owner:{who}"
+
+
+_EVERY_JOB = f"{PREFIX}jobs:all"
+
+
+class RedisJobStore:
+    def __init__(self, shared: SharedRedis) -> None:
+        self.shared = shared
+        self.redis = shared.client
+        self.local = LocalJobStore(None)  # the jobs created while Redis failed
+        self._append: Any = self.redis.register_script(_APPEND)
+        self._end: Any = self.redis.register_script(_END)
+
+    async def _either(
+        self, research_id: str, what: str, in_redis: Callable[[], Awaitable[T]], here: Callable[[], Awaitable[T]]
+    ) -> T:
+        if research_id in self.local:
+            return await here()
+        return await self.shared.attempt(what, in_redis)
+
+    async def create(self, job: Job) -> None:
+        await self.shared.run("creating a job", lambda: self._create(job), lambda: self.local.create(job))
+
+    async def _create(self, job: Job) -> None:
+        if not await self.redis.set(_meta(job.research_id), _dumps(job.to_json()), nx=True):
+            raise ValueError(f"job {job.research_id} exists")
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(_owned_by(job.owner), {job.research_id: job.created_at})
+            pipe.zadd(_EVERY_JOB, {job.research_id: job.created_at})
+            await pipe.execute()
+
+    async def save(self, job: Job) -> None:
+        await self._either(job.research_id, "saving a job", lambda: self._save(job), lambda: self.local.save(job))
+
+    async def _save(self, job: Job) -> None:
+        job = replace(job, updated_at=time.time())
+        if not await self.redis.set(_meta(job.research_id), _dumps(job.to_json()), xx=True):
+            raise KeyError(job.research_id)
+        if job.status.finished:
+            await self._end(keys=[_frames(job.research_id), _ended(job.research_id)], args=[job.status.value])
+
+    async def append(self, research_id: str, frame: Frame) -> int:
+        return await self._either(
+            research_id,
+            "adding a frame",
+            lambda: self._append_one(research_id, frame),
+            lambda: self.local.append(research_id, frame),
+        )
+
+    async def _append_one(self, research_id: str, frame: Frame) -> int:
+        index = int(await self._append(keys=[_frames(research_id), _ended(research_id)], args=[_dumps(frame)]))
+        if index < 0:
+            raise ValueError(f"job {research_id} is finished: no frame may follow")
+        return index
+
+    async def frames(self, research_id: str, start: int = 0) -> builtins.list[Frame]:
+        return await self._either(
+            research_id,
+            "reading frames",
+            lambda: self._frames_from(research_id, start),
+            lambda: self.local.frames(research_id, start),
+        )
+
+    async def _frames_from(self, research_id: str, start: int) -> builtins.list[Frame]:
+        entries = cast(
+            builtins.list[tuple[bytes, dict[bytes, bytes]]],
+            await self.redis.xrange(_frames(research_id), min=f"0-{start + 1}"),
+        )
+        return [json.loads(fields[b"f"]) for _, fields in entries if b"f" in fields]
+
+    async def wait(self, research_id: str, seen: int) -> bool:
+        if research_id in self.local:
+            return await self.local.wait(research_id, seen)
+        while True:
+            job = await self.get(research_id)
+            if job is None:
+                return False
+            if job.status.finished:
+                return True
+            # entries after 0-seen: frame number `seen` or the end
+            more = lambda: self.redis.xread({_frames(research_id): f"0-{seen}"}, count=1, block=_WAIT_MS)  # noqa: E731
+            if await self.shared.attempt("waiting for a frame", more):
+                return True
+
+    async def finish(
+        self, research_id: str, status: JobStatus, error: str | None = None, files: dict[str, str] | None = None
+    ) -> Job | None:
+        job = await self.get(research_id)
+        if job is None:
+            return None
+        progress = 1.0 if status is JobStatus.completed else job.progress
+        job = replace(job, status=status, error=error, files=files or job.files, progress=progress)
+        await self.save(job)
+        return await self.get(research_id)
+
+    async def get(self, research_id: str) -> Job | None:
+        return await self._either(
+            research_id, "reading a job", lambda: self._get(research_id), lambda: self.local.get(research_id)
+        )
+
+    async def _get(self, research_id: str) -> Job | None:
+        stored = await self.redis.get(_meta(research_id))
+        return None if stored is None else Job.from_json(json.loads(stored))
+
+    async def list(self, owner: str | None, everyone: bool = False) -> builtins.list[Job]:
+        here = await self.local.list(owner, everyone)
+        try:
+            shared = await self.shared.attempt("listing jobs", lambda: self._list(owner, everyone))
+        except SharedDown:
+            shared = []
+        return sorted(here + shared, key=lambda job: job.created_at, reverse=True)
+
+    async def _list(self, owner: str | None, everyone: bool) -> builtins.list[Job]:
+        ids = cast(
+            builtins.list[bytes], await self.redis.zrevrange(_EVERY_JOB if everyone else _owned_by(owner), 0, -1)
+        )
+        if not ids:
+            return []
+        stored = await self.redis.mget([_meta(i.decode()) for i in ids])
+        return [Job.from_json(json.loads(value)) for value in stored if value is not None]
+
+    async def delete(self, research_id: str) -> bool:
+        return await self._either(
+            research_id, "deleting a job", lambda: self._delete(research_id), lambda: self.local.delete(research_id)
+        )
+
+    async def _delete(self, research_id: str) -> bool:
+        job = await self._get(research_id)
+        if job is None:
+            return False
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(_meta(research_id), _frames(research_id), _ended(research_id))
+            pipe.zrem(_owned_by(job.owner), research_id)
+            pipe.zrem(_EVERY_JOB, research_id)
+            await pipe.execute()
+        return True
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)

@@ -1,0 +1,164 @@
+"""`fedresearch serve --workers N`: a supervisor and N worker processes sharing one port.
+
+The supervisor binds the port once (port 0 picks a free one) and starts each worker as a fresh
+interpreter (`fedresearch serve --as-worker`, nothing inherited but the socket). Two ways to share
+the port, measured in bench/scaling.py: `reuseport` (the default) gives each worker its own
+listening socket on the port (SO_REUSEPORT) and the kernel spreads connections across them;
+`shared` hands every worker the one listening socket bound here, and the workers race to accept.
+
+A worker that dies (a crash, or SIGKILL) is replaced at once, or after a backoff that doubles
+while replacements keep dying young. SIGTERM or SIGINT to the supervisor stops the workers
+gracefully (each tells its clients, as one server does) and SIGKILLs any still running after the
+grace period; a second signal stops them at once. Workers watch the supervisor and stop if it dies.
+Each of these events is logged. Workers share state only through Redis (FEDRESEARCH_REDIS_URL).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Literal
+
+log = logging.getLogger("fedresearch")
+
+Balance = Literal["reuseport", "shared"]
+BALANCES: tuple[Balance, ...] = ("reuseport", "shared")
+_YOUNG_S = 10.0  # a worker that dies younger than this counts toward the backoff
+_BACKOFF_S = (0.5, 30.0)  # first and longest wait before replacing a worker that died young
+_GRACE_S = 15.0  # aiohttp's shutdown_timeout (10 s) and the time to close the library
+_TICK_S = 0.1
+
+
+def bind(host: str, port: int, balance: Balance) -> socket.socket:
+    """The port, held by the supervisor: listening (`shared`) or only reserved (`reuseport`)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if balance == "reuseport":
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    if balance == "shared":
+        sock.listen(4096)
+        sock.set_inheritable(True)
+    return sock
+
+
+@dataclass
+class _Worker:
+    number: int
+    process: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    young_deaths: int = 0
+    restart_at: float | None = 0.0
+
+
+@dataclass
+class Supervisor:
+    command: list[str]
+    count: int
+    pass_fds: tuple[int, ...] = ()
+    workers: list[_Worker] = field(default_factory=list)
+    stopping: int = 0  # signals received
+
+    def run(self) -> int:
+        """Keep `count` workers running until a signal says stop; then stop them. The exit status."""
+        self.workers = [_Worker(number) for number in range(1, self.count + 1)]
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        while not self.stopping:
+            now = time.monotonic()
+            for worker in self.workers:
+                self._tend(worker, now)
+            time.sleep(_TICK_S)
+        return self._stop_all()
+
+    def _on_signal(self, number: int, _: FrameType | None) -> None:
+        self.stopping += 1
+        name = signal.Signals(number).name
+        if self.stopping == 1:
+            log.info("supervisor: %s received, stopping %d workers gracefully", name, self.count)
+        else:
+            log.warning("supervisor: %s received again, killing the workers now", name)
+            self._signal_all(signal.SIGKILL)
+
+    def _tend(self, worker: _Worker, now: float) -> None:
+        process = worker.process
+        if process is not None and process.poll() is not None:
+            lived = now - worker.started
+            worker.young_deaths = worker.young_deaths + 1 if lived < _YOUNG_S else 0
+            delay = min(_BACKOFF_S[1], _BACKOFF_S[0] * 2 ** (worker.young_deaths - 1)) if worker.young_deaths else 0.0
+            log.warning(
+                "supervisor: worker %d (pid %d) %s after %.1f s; replacing it in %.1f s",
+                worker.number,
+                process.pid,
+                _how_it_ended(process.returncode),
+                lived,
+                delay,
+            )
+            worker.process, worker.restart_at = None, now + delay
+        if worker.process is None and worker.restart_at is not None and now >= worker.restart_at:
+            worker.process = subprocess.Popen(self.command, pass_fds=self.pass_fds, process_group=0)
+            worker.started, worker.restart_at = now, None
+            log.info("supervisor: worker %d started (pid %d)", worker.number, worker.process.pid)
+
+    def _signal_all(self, sig: signal.Signals) -> None:
+        for worker in self.workers:
+            if worker.process is not None and worker.process.poll() is None:
+                worker.process.send_signal(sig)
+
+    def _stop_all(self) -> int:
+        self._signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + _GRACE_S
+        for worker in self.workers:
+            process = worker.process
+            if process is None:
+                continue
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("supervisor: worker %d (pid %d) still running after %g s: killed", *_who(worker), _GRACE_S)
+                process.kill()
+                process.wait()
+            log.info("supervisor: worker %d (pid %d) %s", *_who(worker), _how_it_ended(process.returncode))
+        log.info("supervisor: stopped")
+        return 0
+
+
+def _who(worker: _Worker) -> tuple[int, int]:
+    assert worker.process is not None
+    return worker.number, worker.process.pid
+
+
+def _how_it_ended(status: int | None) -> str:
+    if status is None:
+        return "is running"
+    if status < 0:
+        return f"was killed by {signal.Signals(-status).name}"
+    return f"exited with status {status}"
+
+
+def worker_command(host: str, port: int, balance: Balance, listen_fd: int | None) -> list[str]:
+    command = [sys.executable, "-m", "fedresearch", "serve", "--as-worker", str(os.getpid())]
+    command += ["--host", host, "--port", str(port)]
+    if balance == "shared" and listen_fd is not None:
+        command += ["--listen-fd", str(listen_fd)]
+    return command
+
+
+def supervise(host: str, port: int, count: int, balance: Balance) -> int:
+    """Bind the port, run `count` workers on it until told to stop; the exit status."""
+    listener = bind(host, port, balance)
+    port = listener.getsockname()[1]
+    log.info("supervisor (pid %d): %d workers on http://%s:%d, balanced by %s", os.getpid(), count, host, port, balance)
+    fds = (listener.fileno(),) if balance == "shared" else ()
+    try:
+        return Supervisor(worker_command(host, port, balance, listener.fileno()), count, fds).run()
+    finally:
+        listener.close()

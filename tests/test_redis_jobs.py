@@ -1,0 +1,97 @@
+"""The JobStore in a real Redis: the protocol's promises (every frame once, in order; nothing after
+the end; waiting; listing and deleting), and a job started on one worker resumed on another."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+import websockets
+from pydantic import SecretStr
+
+from fedresearch.core.shared import SharedRedis, connect
+from fedresearch.report.jobs import Job, JobStatus, follow
+from fedresearch.report.redis_jobs import RedisJobStore
+from tests.conftest import make_settings, report_of
+from tests.test_jobs_api import ALICE, KEYS, TASK
+
+
+def _id(n: int) -> str:
+    return f"{n:032x}"
+
+
+@pytest.fixture
+async def store(redis_url):
+    shared = SharedRedis(connect(redis_url), redis_url)
+    yield RedisJobStore(shared)
+    await shared.close()
+
+
+async def test_a_follower_that_joins_late_gets_every_frame_once_in_order(store) -> None:
+    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+
+    async def produce() -> None:
+        for n in range(50):
+            await store.append(_id(1), {"n": n, "text": "文献 ✓"})
+            if n % 7 == 0:
+                await asyncio.sleep(0.01)
+        await store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"})
+
+    for n in range(5):
+        assert await store.append(_id(1), {"n": -5 + n}) == n
+    producer = asyncio.create_task(produce())
+    early = [frame["n"] async for frame in follow(store, _id(1))]
+    late = [frame["n"] async for frame in follow(store, _id(1), start=3)]
+    await producer
+    assert early == list(range(-5, 50)) and late == list(range(-2, 50))
+    assert (await store.frames(_id(1), 54))[0] == {"n": 49, "text": "文献 ✓"}
+    job = await store.get(_id(1))
+    assert job is not None and job.status is JobStatus.completed and job.progress == 1.0
+    assert job.files == {"md": "reports/x.md"}
+    with pytest.raises(ValueError, match="no frame may follow"):
+        await store.append(_id(1), {"n": 50})
+    assert len(await store.frames(_id(1))) == 55  # the end marker is no frame
+
+
+async def test_jobs_are_listed_by_owner_newest_first_and_deleted(store) -> None:
+    for n, owner in enumerate(("alice", "bob", "alice", None)):
+        await store.create(Job(_id(n), owner, f"q{n}", created_at=1000.0 + n))
+    with pytest.raises(ValueError, match="exists"):
+        await store.create(Job(_id(0), "alice", "again"))
+    assert [job.research_id for job in await store.list("alice")] == [_id(2), _id(0)]
+    assert [job.research_id for job in await store.list(None)] == [_id(3)]
+    assert len(await store.list(None, everyone=True)) == 4
+    waiting = asyncio.create_task(store.wait(_id(2), 0))
+    await asyncio.sleep(0.1)
+    assert await store.delete(_id(2)) and not await store.delete(_id(2))
+    assert await asyncio.wait_for(waiting, 5) is False  # a deleted job's waiter is told, not left waiting
+    assert [job.research_id for job in await store.list("alice")] == [_id(0)]
+    with pytest.raises(KeyError):
+        await store.save(Job(_id(2), "alice", "gone"))
+
+
+async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes, start_server, redis_url):
+    fakes["tavily"].behaviour.delay_s = 0.8
+    # two workers of one host: one data folder (the reports), the jobs in Redis
+    settings = make_settings(
+        tmp_path, fakes, api_keys=SecretStr(KEYS), redis_url=SecretStr(redis_url), upstream_cache_ttl_s=0
+    )
+    first, second = await start_server(settings), await start_server(settings)
+    task = {**TASK, "headers": {"retrievers": "internal_biblio,tavily"}, "detach": True}
+    async with websockets.connect(first.ws_url, additional_headers=ALICE) as ws:
+        await ws.send("start " + json.dumps(task))
+        before = [json.loads(await ws.recv()) for _ in range(3)]  # then the socket goes away mid-task
+    research_id = before[0]["metadata"]["research_id"]
+    async with websockets.connect(second.ws_url, additional_headers=ALICE) as ws:
+        await ws.send("resume " + json.dumps({"research_id": research_id}))
+        resumed = []
+        while not resumed or resumed[-1]["type"] != "path":
+            resumed.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+    assert resumed[:3] == before
+    assert "tavily" in report_of(resumed) and not any(frame["type"] == "error" for frame in resumed)
+    status_url = f"{second.url}/api/jobs/{research_id}"
+    async with aiohttp.ClientSession() as session, session.get(status_url, headers=ALICE) as response:
+        job = await response.json()
+    assert job["status"] == "completed" and job["report"] == report_of(resumed)

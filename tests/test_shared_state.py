@@ -1,0 +1,210 @@
+"""Shared state in a real Redis: two app instances (as two workers, or two hosts) see the same
+breakers, answer cache, rate limits and per-key task limits; a killed holder's lease lapses; and a
+Redis that dies mid-run is said in the log while tasks go on, each process on its own state."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import aiohttp
+import websockets
+from pydantic import SecretStr
+
+from fedresearch.core.shared import Leases, SharedRedis, connect
+from fedresearch.federation.contract import SearchOptions
+from fedresearch.federation.ratelimit import Rate
+from fedresearch.federation.runner import Deps, search_one
+from fedresearch.federation.shared_state import RedisRateLimiter
+from fedresearch.retrievers import brave
+from fedresearch.web.keys import RUNNING
+from tests.conftest import error_of, logs, make_settings, run_task
+from tests.redis_server import start_redis
+from tests.scholarly_fakes import scholarly_settings, start_scholarly
+from tests.test_faults import outcome
+
+LIMITS = {"retriever_timeout_s": 1.5, "retry_attempts": 0}
+
+
+async def two_servers(tmp_path, fakes, start_server, redis_url, **overrides):
+    """Two app instances sharing one Redis, each with its own data folder (as on two hosts)."""
+    servers = []
+    for name in ("a", "b"):
+        settings = make_settings(tmp_path / name, fakes, redis_url=SecretStr(redis_url), **{**LIMITS, **overrides})
+        servers.append(await start_server(settings))
+    return servers
+
+
+async def ask(server, question, retrievers="tavily,google", token=None):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with websockets.connect(server.ws_url, additional_headers=headers) as ws:
+        return await run_task(ws, {"task": question, "headers": {"retrievers": retrievers}})
+
+
+async def test_a_breaker_opened_on_one_instance_holds_on_the_other(tmp_path, fakes, start_server, redis_url):
+    first, second = await two_servers(tmp_path, fakes, start_server, redis_url)
+    fakes["tavily"].behaviour.mode = "401"
+    step, metadata = outcome(await ask(first, "rank fusion"), "tavily")
+    assert step == "retriever_failed" and "401" in metadata["error"]
+    step, metadata = outcome(await ask(second, "another question"), "tavily")
+    assert step == "retriever_skipped" and "suspended for another" in metadata["error"]
+    assert len(fakes["tavily"].requests) == 1  # the second instance sent nothing
+    assert outcome(await ask(second, "another question"), "google")[0] == "retriever_done"
+
+
+async def test_errors_counted_across_instances_open_the_breaker(tmp_path, fakes, start_server, redis_url):
+    servers = await two_servers(tmp_path, fakes, start_server, redis_url, breaker_error_threshold=3)
+    fakes["tavily"].behaviour.mode = "500"
+    for number in range(3):  # a, b, a: three failures in a row, though no instance saw three
+        step, _ = outcome(await ask(servers[number % 2], f"question {number}"), "tavily")
+        assert step == "retriever_failed"
+    step, metadata = outcome(await ask(servers[1], "question 4"), "tavily")
+    assert step == "retriever_skipped" and "suspended 30 s" in metadata["error"]
+
+
+async def test_an_answer_cached_by_one_instance_serves_the_other(tmp_path, fakes, start_server, redis_url):
+    first, second = await two_servers(tmp_path, fakes, start_server, redis_url)
+    step, metadata = outcome(await ask(first, "Rank Fusion"), "tavily")
+    assert step == "retriever_done" and not metadata["cached"]
+    step, metadata = outcome(await ask(second, "rank   fusion"), "tavily")
+    assert step == "retriever_done" and metadata["cached"] and metadata["count"] > 0
+    assert len(fakes["tavily"].requests) == 1
+
+
+async def test_two_processes_together_keep_to_the_upstreams_rate(tmp_path, redis_url):
+    upstreams = await start_scholarly()
+    try:
+        settings = make_settings(
+            tmp_path, **scholarly_settings(upstreams), brave_requests_per_s=20, retriever_timeout_s=30, retry_attempts=0
+        )
+        adapter = brave.adapters(settings)[0]
+        options = SearchOptions(query="dense passage retrieval", max_results=3)
+
+        async def one_process() -> list[object]:
+            shared = SharedRedis(connect(redis_url), redis_url)
+            limiter = RedisRateLimiter(shared, Leases(shared.client))
+            async with aiohttp.ClientSession() as session:
+                deps = Deps(session, settings, limiter=limiter)
+                try:
+                    return await asyncio.gather(*(search_one(adapter, options, deps) for _ in range(25)))
+                finally:
+                    await shared.close()
+
+        await asyncio.gather(one_process(), one_process())
+        arrivals = [entry["at"] for entry in upstreams["brave"].requests]
+        # 50 requests at 20/s from two meters that are one: spread over ~2.45 s, never 20+2 in a second
+        assert len(arrivals) == 50 and max(arrivals) - min(arrivals) >= 2.2
+        assert upstreams["brave"].per_second() <= 22
+    finally:
+        for fake in upstreams.values():
+            await fake.stop()
+
+
+async def test_a_keys_task_limit_holds_across_instances(tmp_path, fakes, start_server, redis_url):
+    keys = {"api_keys": SecretStr("team-key:alice"), "max_tasks_per_key": 1, "retriever_timeout_s": 10}
+    first, second = await two_servers(tmp_path, fakes, start_server, redis_url, **keys)
+    fakes["tavily"].behaviour.delay_s = 1.5
+    task = {"task": "slow question", "headers": {"retrievers": "tavily"}}
+    async with websockets.connect(first.ws_url, additional_headers={"Authorization": "Bearer team-key"}) as ws:
+        await ws.send("start " + json.dumps(task))
+        assert json.loads(await ws.recv())["content"] == "starting_research"  # its slot is taken
+        refused = await ask(second, "second question", "tavily", token="team-key")
+        assert "1 tasks are already running for this API key (MAX_TASKS_PER_KEY=1)" in error_of(refused)["output"]
+        while json.loads(await ws.recv())["type"] != "path":
+            pass
+    while first.app[RUNNING]:  # the path frame comes a moment before the task is done
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)  # and its lease's removal reaches Redis
+    assert outcome(await ask(second, "third question", "tavily", token="team-key"), "tavily")[0] == "retriever_done"
+    assert not first.app[RUNNING] and not second.app[RUNNING]
+
+
+HOLDER = """
+import asyncio, sys
+from fedresearch.core.shared import Leases, connect
+
+async def hold():
+    leases = Leases(connect(sys.argv[1]), lease_s=1.0)
+    token, _ = await leases.take("tasks:held", 1)
+    print("held" if token else "refused", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(hold())
+"""
+
+
+async def test_a_killed_holders_lease_lapses(redis_url):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, redis_url], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
+        leases = Leases(connect(redis_url), lease_s=1.0)
+        await asyncio.sleep(1.5)  # the living holder renews its lease past its first second
+        token, held = await leases.take("tasks:held", 1)
+        assert token is None and held == 1
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(10)
+        started = time.monotonic()
+        while (await leases.take("tasks:held", 1))[0] is None:
+            assert time.monotonic() - started < 10, "a dead holder's lease never lapsed"
+            await asyncio.sleep(0.1)
+        await leases.close()
+        await leases.redis.aclose()
+    finally:
+        holder.kill()
+        holder.wait(10)
+
+
+async def test_tasks_go_on_when_redis_dies_mid_run(tmp_path, fakes, start_server, caplog):
+    server_of_redis = start_redis()
+    try:
+        settings = make_settings(tmp_path, fakes, redis_url=SecretStr(server_of_redis.url), **LIMITS)
+        server = await start_server(settings)
+        assert outcome(await ask(server, "before"), "tavily")[0] == "retriever_done"
+        server_of_redis.stop()
+        with caplog.at_level(logging.WARNING, logger="fedresearch"):
+            started = time.monotonic()
+            frames = await ask(server, "after")
+            assert time.monotonic() - started < 5
+        assert frames[-1]["type"] == "path" and outcome(frames, "tavily")[0] == "retriever_done"
+        assert not logs(frames, "error")
+        said = [r.getMessage() for r in caplog.records if "Redis at unix://" in r.getMessage()]
+        assert said and "each process uses its own state" in said[0] and len(said) == 1  # once per outage
+    finally:
+        server_of_redis.stop()
+
+
+def limiter_of(redis_url: str) -> RedisRateLimiter:
+    shared = SharedRedis(connect(redis_url), redis_url)
+    return RedisRateLimiter(shared, Leases(shared.client))
+
+
+async def test_a_429_seen_by_one_process_pauses_the_upstream_for_the_other(redis_url):
+    first, second, rate = limiter_of(redis_url), limiter_of(redis_url), Rate(100)
+    async with first.slot("upstream", rate):
+        pass
+    assert first.observe("upstream", 429, {"Retry-After": "1"}) == 1.0
+    await asyncio.sleep(0.1)  # the pause travels to Redis in the background
+    started = time.monotonic()
+    async with second.slot("upstream", rate):
+        waited = time.monotonic() - started
+    assert waited >= 0.6  # the rest of the second-long pause, though this process saw no 429
+
+
+async def test_a_connection_cap_holds_across_processes(redis_url):
+    first, second, rate = limiter_of(redis_url), limiter_of(redis_url), Rate(1000, connections=1)
+    order: list[str] = []
+
+    async def hold(limiter: RedisRateLimiter, name: str) -> None:
+        async with limiter.slot("capped", rate):
+            order.append(f"{name} in")
+            await asyncio.sleep(0.3)
+            order.append(f"{name} out")
+
+    await asyncio.gather(hold(first, "a"), hold(second, "b"))
+    assert order in (["a in", "a out", "b in", "b out"], ["b in", "b out", "a in", "a out"])

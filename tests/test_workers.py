@@ -1,0 +1,160 @@
+"""`fedresearch serve --workers 2`: one port, two processes; a worker killed with SIGKILL is replaced
+while the other's task completes; SIGTERM stops them all gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import aiohttp
+import websockets
+
+from tests.fakes import FakeTavily
+
+STARTUP_S = 90  # two fresh interpreters on a loaded 2-core machine
+
+
+class Supervised:
+    """`fedresearch serve --workers 2 --port 0` in its own folder; its log collected as it comes."""
+
+    def __init__(self, folder: Path, env: dict[str, str]) -> None:
+        command = [sys.executable, "-m", "fedresearch", "serve", "--workers", "2", "--port", "0"]
+        self.process = subprocess.Popen(command, cwd=folder, env=env, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        threading.Thread(target=self._collect, daemon=True).start()
+
+    def _collect(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append(line)
+
+    async def logged(self, pattern: str, times: int = 1) -> list[re.Match[str]]:
+        """The first `times` log lines matching `pattern`, once that many have come."""
+        started = time.monotonic()
+        while time.monotonic() - started < STARTUP_S:
+            found = [match for line in list(self.lines) if (match := re.search(pattern, line))]
+            if len(found) >= times:
+                return found[:times]
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"never logged {pattern!r} {times} times:\n{''.join(self.lines)}")
+
+
+async def pids_answering(url: str, wanted: int) -> set[int]:
+    """The pids behind /healthz, asked on fresh connections until `wanted` distinct ones answered."""
+    seen: set[int] = set()
+    started = time.monotonic()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        while len(seen) < wanted:
+            assert time.monotonic() - started < STARTUP_S, f"only {seen} answered"
+            try:
+                async with session.get(url + "/healthz") as response:
+                    seen.add((await response.json())["pid"])
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.2)
+    return seen
+
+
+def owner(client_port: int, pids: set[int]) -> int | None:
+    """Which of `pids` holds the server end of the connection from `client_port` (/proc, Linux)."""
+    inodes: dict[int, int] = {}
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except FileNotFoundError:  # closed meanwhile
+                continue
+            if link.startswith("socket:["):
+                inodes[int(link[8:-1])] = pid
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].split(":")[1], 16) == client_port and int(fields[9]) in inodes:
+            return inodes[int(fields[9])]
+    return None
+
+
+async def socket_on_each(ws_url: str, pids: set[int]) -> dict[int, websockets.ClientConnection]:
+    """An open WebSocket to each worker (the kernel picks the worker: connect until both are held)."""
+    held: dict[int, websockets.ClientConnection] = {}
+    for _ in range(60):
+        ws = await websockets.connect(ws_url)
+        pid = owner(ws.local_address[1], pids)
+        if pid is not None and pid not in held:
+            held[pid] = ws
+            if len(held) == len(pids):
+                return held
+        else:
+            await ws.close()
+    raise AssertionError(f"60 connections never reached every worker: {set(held)} of {pids}")
+
+
+async def finish(ws: websockets.ClientConnection) -> str:
+    """How the task on `ws` ends: `path` (its report came) or `closed`."""
+    try:
+        async for raw in ws:
+            if json.loads(raw).get("type") == "path":
+                return "path"
+    except websockets.ConnectionClosed:
+        pass
+    return "closed"
+
+
+async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_url):
+    tavily = await FakeTavily().start()
+    tavily.behaviour.delay_s = 2.0
+    env = {
+        **os.environ,
+        "FEDRESEARCH_DATA_DIR": str(tmp_path / "data"),
+        "FEDRESEARCH_REDIS_URL": redis_url,
+        "FEDRESEARCH_API_KEYS": "",
+        "FEDRESEARCH_EMBEDDINGS": "false",
+        "TAVILY_API_KEY": FakeTavily.api_key,
+        "TAVILY_API_BASE_URL": tavily.url,
+        "RETRIEVER_TIMEOUT_S": "20",
+        "FETCH_PAGES": "false",
+    }
+    server = Supervised(tmp_path, env)
+    try:
+        port = int((await server.logged(r"2 workers on http://127\.0\.0\.1:(\d+)"))[0].group(1))
+        url = f"http://127.0.0.1:{port}"
+        pids = await pids_answering(url, 2)
+        assert server.process.pid not in pids
+        sockets = await socket_on_each(url.replace("http", "ws") + "/ws", pids)
+        task = {"task": "rank fusion", "headers": {"retrievers": "tavily"}}
+        for ws in sockets.values():
+            await ws.send("start " + json.dumps(task))
+        victim, survivor = sorted(pids)
+        ends = {pid: asyncio.create_task(finish(ws)) for pid, ws in sockets.items()}
+        await asyncio.sleep(0.5)
+        os.kill(victim, signal.SIGKILL)
+        assert await ends[survivor] == "path"  # the other worker's task completes
+        assert await ends[victim] == "closed"
+        await server.logged(rf"worker \d \(pid {victim}\) was killed by SIGKILL")
+        replacement = int((await server.logged(r"worker \d started \(pid (\d+)\)", times=3))[2].group(1))
+        assert await pids_answering(url, 2) == {survivor, replacement}
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(60) == 0
+        await server.logged(r"supervisor: stopped")
+        assert not pids_alive({survivor, replacement}), "a worker outlived its supervisor"
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+        await tavily.stop()
+
+
+def pids_alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            alive.add(pid)
+        except ProcessLookupError:
+            pass
+    return alive
