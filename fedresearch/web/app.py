@@ -22,7 +22,7 @@ from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_bases
 from fedresearch.library.open import open_library
 from fedresearch.retrievers import ADAPTERS
-from fedresearch.web import dify, documents, literature, mcp_server, openapi, reports, research_socket, status
+from fedresearch.web import dify, documents, literature, mcp_server, openapi, page, reports, research_socket, status
 from fedresearch.web.access_log import RedactingAccessLogger
 from fedresearch.web.keys import (
     ADAPTER_FACTORIES,
@@ -96,7 +96,7 @@ def create_app(
     app[RUNNING] = collections.Counter()
     app.cleanup_ctx.append(_resources)
     app.on_shutdown.append(_close_sockets)
-    app.router.add_get("/", status.index)
+    page.register(app)
     app.router.add_get("/healthz", status.healthz)
     app.router.add_get("/metrics", status.metrics)
     app.router.add_get("/api/retrievers", status.retrievers)
