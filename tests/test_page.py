@@ -14,10 +14,12 @@ import aiohttp
 import docx
 import pypdf
 import pytest
+from aiohttp import web
 
 from fedresearch.library.embedded import Library
 from fedresearch.library.ingest import ingest
 from tests.conftest import EXAMPLES, make_settings
+from tests.test_pages import StaticResolver
 
 CHROMIUM = "/usr/bin/chromium"
 # Chromium as Debian ships it, headless and quiet: no GPU, no sandbox (tests may run as root), and
@@ -53,10 +55,44 @@ async def browser() -> AsyncIterator[Any]:
             await launched.close()
 
 
+@pytest.fixture
+async def articles() -> AsyncIterator[str]:
+    """A web site the Tavily results point at, so the task reads pages (pages.test is 127.0.0.1)."""
+
+    async def article(request: web.Request) -> web.Response:
+        paragraph = "Reciprocal rank fusion merged the lexical and dense rankings of the pilot without tuning. " * 8
+        html = f"<html><head><title>Pilot</title></head><body><article><h1>Pilot</h1><p>{paragraph}</p></article>"
+        return web.Response(text=html + "</body></html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/article/{n}", article)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://pages.test:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    await runner.cleanup()
+
+
 async def _server(tmp_path: Path, fakes: Any, start_server: Any, **overrides: Any) -> Any:
     settings = make_settings(tmp_path, fakes, embeddings=False, api_keys=f"{KEY}:alice", **overrides)
     ingest(Library(settings.library_dir), "alice", [EXAMPLES])
-    return await start_server(settings)
+    resolver = StaticResolver({"pages.test": "127.0.0.1", "evil.test": "127.0.0.1"})
+    return await start_server(settings, resolver=resolver)
+
+
+def _tavily_results(site: str) -> list[dict[str, Any]]:
+    urls = [f"{site}/article/1", f"{site}/article/2", "http://evil.test/admin"]
+    return [
+        {
+            "url": url,
+            "title": f"Pilot study {i}",
+            "content": f"Pilot {i}: rank fusion combines lexical and dense retrieval well.",
+            "score": 0.9 - i / 10,
+            "raw_content": None,
+        }
+        for i, url in enumerate(urls, 1)
+    ]
 
 
 async def _open(browser: Any, url: str, lang: str = "en-US") -> Any:
@@ -86,10 +122,11 @@ async def _downloaded(page: Any, kind: str) -> bytes:
 
 
 async def test_a_question_runs_to_a_cited_report_with_exports_chat_history_and_upload(
-    tmp_path, fakes, start_server, browser
+    tmp_path, fakes, start_server, browser, articles
 ):
     fakes["google"].behaviour.mode = "500"  # one upstream fails; the page says so and the rest goes on
-    server = await _server(tmp_path, fakes, start_server)
+    fakes["tavily"].behaviour.items = _tavily_results(articles)
+    server = await _server(tmp_path, fakes, start_server, fetch_pages=True, fetch_allowed_hosts=["pages.test"])
     page = await _open(browser, server.url)
     await _sign_in(page)
     brave = page.locator("#retriever-list label[data-name=brave]")
@@ -109,6 +146,9 @@ async def test_a_question_runs_to_a_cited_report_with_exports_chat_history_and_u
     states = {name: (state, count) for name, state, count in rows}
     assert states["tavily"] == ("done", "3") and states["google"][0] == "failed"
     assert "500" in await page.inner_text("#retriever-table tr[data-name=google]")
+    read = await page.eval_on_selector_all("#pages li", "items => items.map(i => [i.dataset.status, i.textContent])")
+    assert sorted(status for status, _ in read) == ["fetched", "fetched", "skipped"], read
+    assert any("evil.test" in text and "127.0.0.1" in text for _, text in read)  # skipped, and why
 
     await _check_citations(page)
     await _check_exports(page)
@@ -230,3 +270,27 @@ async def test_the_page_and_its_files_are_served_safely(tmp_path, start_server):
         for name in ("..%2F..%2Fpage.py", "../page.py", "vendor/refresh.sh", "nothing.js"):
             async with session.get(f"{server.url}/static/{name}") as response:
                 assert response.status == 404, name
+
+
+async def test_errors_are_said_in_words(tmp_path, fakes, start_server, browser):
+    server = await _server(tmp_path, fakes, start_server)
+    page = await _open(browser, server.url)
+    await page.wait_for_selector("#key-box:not([hidden])")
+    await page.fill("#api-key", "not-a-key")
+    await page.click("#save-key")
+    await page.wait_for_selector("#notice:not([hidden])")
+    assert "needs a valid API key" in await page.inner_text("#notice-text")
+    assert "needs a valid API key" in await page.inner_text("#retriever-list")
+
+    keyless = await start_server(make_settings(tmp_path / "keyless", embeddings=False))  # and no default user
+    page = await _open(browser, keyless.url)
+    await page.wait_for_selector("#retriever-list input[value=internal_biblio]")
+    await page.check("#retriever-list input[value=internal_biblio]")
+    await page.fill("#question", "rank fusion")
+    await page.click("#run")
+    await page.wait_for_selector("#downloads button[data-kind=md]")  # a task that cannot run still ends
+    notice = await page.inner_text("#notice-text")
+    assert "user_id" in notice and "FEDRESEARCH_DEFAULT_USER" in notice, notice
+    assert "could not run" in await page.inner_text("#report")
+    assert await page.is_enabled("#run")
+    assert page.errors == []

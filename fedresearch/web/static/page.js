@@ -149,6 +149,7 @@
     } catch (error) {
       retrievers = null;
       $("retriever-list").textContent = error.message;
+      notify(error.message);
       return;
     }
     renderRetrieverChoices();
