@@ -133,6 +133,7 @@
       localStorage.removeItem(KEY_ITEM);
       $("api-key").value = "";
       reconnectFresh();
+      loadHistory();
     });
     $("user-id").addEventListener("change", () => {
       localStorage.setItem(USER_ITEM, $("user-id").value.trim());
@@ -626,10 +627,18 @@
     }
   }
 
+  // whose reports a local entry is: a hash of key and user, so switching keys switches lists (the
+  // server still checks every read; this only keeps one person's list from showing another's)
+  function ownerTag() {
+    let hash = 0x811c9dc5;
+    for (const char of `${apiKey()}|${userId()}`) hash = Math.imul(hash ^ char.codePointAt(0), 0x01000193) >>> 0;
+    return hash.toString(16);
+  }
+
   function addToHistory(entry) {
     if (!entry.id) return;
     const kept = localHistory().filter((old) => old.id !== entry.id);
-    localStorage.setItem(HISTORY_ITEM, JSON.stringify([entry, ...kept].slice(0, 50)));
+    localStorage.setItem(HISTORY_ITEM, JSON.stringify([{ ...entry, owner: ownerTag() }, ...kept].slice(0, 50)));
     loadHistory();
   }
 
@@ -647,7 +656,7 @@
       historyIsLocal = false;
     } catch (error) {
       if (error.status !== 404 && error.status !== 405) notify(error.message);
-      history = localHistory();
+      history = localHistory().filter((entry) => entry.owner === ownerTag());
       historyIsLocal = true;
     }
     renderHistory();
