@@ -185,7 +185,7 @@
   function newRun(question) {
     return {
       question: question || "", researchId: null, rows: new Map(), pages: new Map(), logs: [],
-      markdown: "", files: null, status: "", finished: false, references: 0,
+      markdown: "", files: null, status: "", finished: false, references: 0, resuming: false,
     };
   }
 
@@ -241,6 +241,11 @@
     } catch {
       return;
     }
+    if (run.resuming && frame.type === "error") {
+      resumeRefused(frame.output);
+      return;
+    }
+    if (frame.type !== "error") run.resuming = false;
     if (frame.type === "logs") onLog(frame);
     else if (frame.type === "report") {
       run.markdown += frame.output;
@@ -522,9 +527,21 @@
     const question = run.question;
     run = newRun(question); // the server replays every frame so far
     run.researchId = researchId;
+    run.resuming = true;
     run.status = t("resumed");
     ws.send(`resume ${JSON.stringify({ research_id: researchId })}`);
     setRunning();
+    renderProgress();
+  }
+
+  // the server no longer has the task (it restarted, or the research expired): say so and stop waiting
+  function resumeRefused(message) {
+    forgetResearch();
+    run.researchId = null;
+    run.resuming = false;
+    run.status = message;
+    notify(message);
+    resetRunButton();
     renderProgress();
   }
 
