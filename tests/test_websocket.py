@@ -68,7 +68,13 @@ async def test_unknown_retriever_then_a_valid_task_on_the_same_socket(tmp_path, 
         for known in ("internal_biblio", "internal_highlight", "internal_file", "tavily", "google"):
             assert known in message
         twin = frames[frames.index(error_of(frames)) + 1]
-        assert twin == {"type": "logs", "content": "error", "output": message, "metadata": {"then": "report"}}
+        research_id = twin["metadata"]["research_id"]  # the job it was, failed: listed and readable
+        assert twin == {
+            "type": "logs",
+            "content": "error",
+            "output": message,
+            "metadata": {"then": "report", "research_id": research_id},
+        }
         # it ends as a finished task does on GPT-Researcher's page: a short report saying why, then path
         assert frames[-1]["type"] == "path" and "could not run" in report_of(frames) and "'bing'" in report_of(frames)
         frames = await run_task(ws, {**TASK, "headers": {"retrievers": "tavily", "user_id": "u"}})

@@ -86,6 +86,7 @@ class ResearchRequest(BaseModel):
     language: str | None = None
     agent: str | None = None
     headers: dict[str, Any] = Field(default_factory=dict)
+    detach: bool = False  # keep running when the socket that started it closes (resume it by research_id)
 
     @field_validator("task", mode="before")
     @classmethod
@@ -113,7 +114,7 @@ class ResearchRequest(BaseModel):
             return None
         return value.strip() if isinstance(value, str) else str(value)
 
-    @field_validator("complement_source_urls", mode="before")
+    @field_validator("complement_source_urls", "detach", mode="before")
     @classmethod
     def _flag(cls, value: object) -> object:
         return False if value is None or value == "" else value

@@ -113,6 +113,10 @@ class Settings(BaseSettings):
     dify_upstreams: Path | None = Field(None, validation_alias="DIFY_UPSTREAMS")
     webhook_url: str | None = Field(None, validation_alias="WEBHOOK_URL")
     webhook_api_key: SecretStr | None = Field(None, validation_alias="WEBHOOK_API_KEY")
+    webhook_attempts: int = Field(5, ge=1, le=20, validation_alias="WEBHOOK_ATTEMPTS")
+    webhook_backoff_s: float = Field(1.0, ge=0, validation_alias="WEBHOOK_BACKOFF_S")
+    report_retention_days: float = Field(30.0, ge=0, validation_alias="REPORT_RETENTION_DAYS")
+    report_max_per_user: int = Field(200, ge=0, validation_alias="REPORT_MAX_PER_USER")
 
     _split = field_validator(
         "default_retrievers", "internal_api_allowed_hosts", "fetch_allowed_hosts", "llm_allowed_models", mode="before"
@@ -180,6 +184,10 @@ class Settings(BaseSettings):
     @property
     def reports_dir(self) -> Path:
         return self.data_dir / "reports"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
 
     @property
     def library_dir(self) -> Path:

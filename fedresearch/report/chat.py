@@ -4,18 +4,21 @@ that evidence does not cover the question, the same retrievers are asked again."
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import unquote
 
 from fedresearch.core.events import ProgressEvent
-from fedresearch.core.identifiers import is_url
+from fedresearch.core.identifiers import canonical_key, is_url
 from fedresearch.core.models import FusedResult, ResearchRequest
+from fedresearch.core.text import split_sentences
 from fedresearch.federation.contract import Adapter
 from fedresearch.federation.planning import Plan
 from fedresearch.federation.runner import Deps
 from fedresearch.report.citations import Citations
 from fedresearch.report.evidence import Claim, diversify, gather, rank, select_claims, terms
-from fedresearch.report.task import ResearchOutcome, gather_sources
+from fedresearch.report.task import ResearchOutcome, gather_sources, writing_for
 from fedresearch.report.writer import Writing, cite
 
 _CLAIMS = 4
@@ -80,3 +83,50 @@ class ChatSession:
 
 async def _quiet(_: ProgressEvent) -> None:
     return None
+
+
+_REFERENCE_LINE = re.compile(r"^\[(\d+)\]\s+(?:\[(?P<title>.+)\]\((?P<link>\S+)\)|(?P<plain>.+?) — (?P<id>\S+))\s*$")
+
+
+def report_sources(markdown: str) -> list[FusedResult]:
+    """A saved report's references as sources, numbered as the report numbers them, each carrying
+    the report's sentences that cite it: the evidence a chat about a report with no live task has."""
+    body, _, listed = markdown.partition("\n## References")
+    sentences = split_sentences(" ".join(body.split()))
+    sources = []
+    for line in listed.splitlines():
+        match = _REFERENCE_LINE.match(line.strip())
+        if match is None:
+            continue
+        number = int(match.group(1))
+        link = unquote(match.group("link") or match.group("id") or "")
+        title = match.group("title") or match.group("plain") or link
+        citing = " ".join(s for s in sentences if f"[{number}]" in s)
+        text = re.sub(r"\s*\[\d+\]", "", citing).strip()
+        sources.append(
+            FusedResult(
+                key=canonical_key(link), href=link, title=title, body=text, score=1 / number, retrievers=[], ranks={}
+            )
+        )
+    return sources
+
+
+def session_from_report(markdown: str, request: ResearchRequest, plan: Plan, deps: Deps) -> ChatSession:
+    """A chat session about a report known only by its text (a finished job, or GPT-Researcher's
+    `POST /api/chat` with `report`): the report's cited sentences are the evidence, and `plan`'s
+    retrievers are asked again when they do not cover a question."""
+    sources = report_sources(markdown)
+    citations = Citations()
+    for source in sources:
+        citations.cite(source)
+    outcome = ResearchOutcome(
+        report_id="",
+        markdown=markdown,
+        files={},
+        sources=sources,
+        references=citations.references,
+        outcomes=[],
+        retrieval_ms=0.0,
+        writing=writing_for(request, deps),
+    )
+    return ChatSession(request, plan, outcome)

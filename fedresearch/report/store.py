@@ -3,6 +3,7 @@ exports, rendered on first request and kept beside them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -12,11 +13,12 @@ from typing import Any
 
 from fedresearch.report.exports import RENDERERS
 
+REPORT_ID = re.compile(r"[0-9a-f]{32}")
 REPORT_NAME = re.compile(r"^([0-9a-f]{32})\.(md|json|html|pdf|docx)$")
 FORMATS = ("md", "pdf", "docx", "html", "json")  # what every path frame lists
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(temporary, "xb") as file:
         file.write(data)
@@ -27,8 +29,8 @@ def save_report(directory: Path, report_id: str, markdown: str, record: dict[str
     """Write the Markdown and the JSON; return every format's name relative to the reports directory
     (the exports are rendered when first fetched, so a task never pays for a PDF nobody reads)."""
     directory.mkdir(parents=True, exist_ok=True)
-    _write_atomic(directory / f"{report_id}.md", markdown.encode())
-    _write_atomic(directory / f"{report_id}.json", json.dumps(record, ensure_ascii=False, indent=2).encode())
+    write_atomic(directory / f"{report_id}.md", markdown.encode())
+    write_atomic(directory / f"{report_id}.json", json.dumps(record, ensure_ascii=False, indent=2).encode())
     return {kind: f"{report_id}.{kind}" for kind in FORMATS}
 
 
@@ -42,5 +44,15 @@ def export(directory: Path, report_id: str, kind: str) -> Path | None:
         return None
     markdown = source.read_text(encoding="utf-8")
     title = next((line[2:].strip() for line in markdown.splitlines() if line.startswith("# ")), "Report")
-    _write_atomic(path, RENDERERS[kind](markdown, title))
+    write_atomic(path, RENDERERS[kind](markdown, title))
     return path
+
+
+def delete_report(directory: Path, report_id: str) -> bool:
+    """Remove a report's Markdown, JSON and every rendered export; whether any file was there."""
+    removed = False
+    for kind in FORMATS:
+        with contextlib.suppress(FileNotFoundError):
+            (directory / f"{report_id}.{kind}").unlink()
+            removed = True
+    return removed

@@ -101,9 +101,11 @@ async def run_research(
     emit: Emit,
     send: SendReport | None = None,
     owner: str | None = None,
+    report_id: str | None = None,
 ) -> ResearchOutcome:
     """The task, start to saved report; with `send`, the report goes out paragraph by paragraph as written.
-    `owner`: the user whose key asked, the only one (with admins) who may read the saved report."""
+    `owner`: the user whose key asked, the only one (with admins) who may read the saved report;
+    `report_id`: the name it is saved under (a job's research_id), new when not given."""
     settings: Settings = deps.settings
     started = time.perf_counter()
     await _announce(request, plan, emit)
@@ -119,7 +121,7 @@ async def run_research(
         ProgressEvent("writing_report", f"✍️ Writing the {request.report_type.value} from {len(sources)} sources")
     )
     composed = await compose(request.task, request.report_type, sources, outcomes, writing, parts, config, emit, send)
-    report_id = uuid.uuid4().hex
+    report_id = report_id or uuid.uuid4().hex
     record = {"owner": owner} | _record(report_id, request, composed, outcomes, retrieval_ms)
     files = await asyncio.to_thread(save_report, settings.reports_dir, report_id, composed.markdown, record)
     markdown, references, streamed = composed.markdown, composed.references, send is not None

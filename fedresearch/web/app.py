@@ -21,14 +21,30 @@ from fedresearch.federation.resilience import Guard
 from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_bases
 from fedresearch.library.open import open_library
+from fedresearch.report.jobs import JobStore, LocalJobStore, enforce_retention
 from fedresearch.retrievers import ADAPTERS
-from fedresearch.web import dify, documents, literature, mcp_server, openapi, page, reports, research_socket, status
+from fedresearch.web import (
+    dify,
+    documents,
+    jobs,
+    literature,
+    mcp_server,
+    openapi,
+    page,
+    reports,
+    research_socket,
+    status,
+    tasks,
+)
 from fedresearch.web.access_log import RedactingAccessLogger
 from fedresearch.web.keys import (
     ADAPTER_FACTORIES,
+    BACKGROUND,
     DEPS,
+    JOBS,
     KEYS,
     KNOWLEDGE_BASES,
+    LIVE_JOBS,
     METRICS,
     REGISTRY,
     RESOLVER,
@@ -49,6 +65,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[KNOWLEDGE_BASES] = bases
     app[KEYS] = app[KEYS].with_keys(knowledge_base_keys(bases))
     library = await asyncio.to_thread(open_library, settings)
+    await _open_jobs(app)
     connector = aiohttp.TCPConnector(limit=200, limit_per_host=50)
     timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
     pages = PageReader(settings, resolver=app.get(RESOLVER))
@@ -70,6 +87,19 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             await pages.close()
 
 
+async def _open_jobs(app: web.Application) -> None:
+    """The jobs earlier runs saved (a store given to `create_app`, such as a shared one, is kept),
+    with the retention limits applied to them at once."""
+    settings = app[SETTINGS]
+    if JOBS not in app:
+        store = LocalJobStore(settings.jobs_dir)
+        await store.load()
+        app[JOBS] = store
+    days, most = settings.report_retention_days, settings.report_max_per_user
+    if days > 0 or most > 0:
+        await enforce_retention(app[JOBS], settings.reports_dir, days, most)
+
+
 async def _close_sockets(app: web.Application) -> None:
     open_sockets = app[SOCKETS]
     sockets = list(open_sockets)
@@ -80,11 +110,15 @@ def create_app(
     settings: Settings | None = None,
     adapters: Sequence[AdapterFactory] = ADAPTERS,
     resolver: AbstractResolver | None = None,
+    job_store: JobStore | None = None,
 ) -> web.Application:
     """The app; `adapters` is the registry tuple (a test may pass one with an adapter of its own),
-    `resolver` resolves the hosts of pages to read (tests inject one; the SSRF check wraps it)."""
+    `resolver` resolves the hosts of pages to read (tests inject one; the SSRF check wraps it),
+    `job_store` keeps the jobs (default: this process, saved under the data dir)."""
     settings = settings or Settings()
     app = web.Application(client_max_size=1 << 20)
+    if job_store is not None:
+        app[JOBS] = job_store
     if resolver is not None:
         app[RESOLVER] = resolver
     app[SETTINGS] = settings
@@ -94,8 +128,11 @@ def create_app(
     sockets: set[OpenSocket] = set()
     app[SOCKETS] = sockets
     app[RUNNING] = collections.Counter()
+    app[LIVE_JOBS] = {}
+    app[BACKGROUND] = set()
     app.cleanup_ctx.append(_resources)
     app.on_shutdown.append(_close_sockets)
+    app.on_shutdown.append(tasks.stop_jobs)
     page.register(app)
     app.router.add_get("/healthz", status.healthz)
     app.router.add_get("/metrics", status.metrics)
@@ -107,6 +144,7 @@ def create_app(
     app.router.add_post("/retrieval", dify.retrieval)
     app.router.add_post("//retrieval", dify.retrieval)
     documents.register(app)
+    jobs.register(app)
     for method in ("GET", "POST", "DELETE"):
         app.router.add_route(method, "/mcp", mcp_server.mcp_http)
     app.router.add_get("/openapi.json", openapi.openapi_json)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
+from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
@@ -15,12 +17,24 @@ from fedresearch.federation.contract import Adapter
 from fedresearch.federation.registry import AdapterFactory
 from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import KnowledgeBase
+from fedresearch.report.chat import ChatSession
+from fedresearch.report.jobs import JobStore
 
 
 class OpenSocket(Protocol):
     async def shut_down(self) -> None:
         """The server is stopping: tell the client, stop its work, close."""
         ...
+
+
+@dataclass
+class LiveJob:
+    """A job running in this process: its task (to cancel it), whether it outlives its socket, and
+    once written, the chat session about its report."""
+
+    task: asyncio.Task[None]
+    detached: bool
+    chat: ChatSession | None = None
 
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -33,3 +47,6 @@ KNOWLEDGE_BASES = web.AppKey[dict[str, KnowledgeBase]]("knowledge_bases")
 SOCKETS = web.AppKey[set[OpenSocket]]("sockets")
 RUNNING = web.AppKey[collections.Counter[str]]("running_per_key")
 RESOLVER = web.AppKey("resolver", AbstractResolver)
+JOBS = web.AppKey[JobStore]("jobs")
+LIVE_JOBS = web.AppKey[dict[str, LiveJob]]("live_jobs")
+BACKGROUND = web.AppKey[set[asyncio.Task[object]]]("background")  # webhooks, retention: awaited at shutdown

@@ -1,7 +1,8 @@
 """GPT-Researcher's WebSocket protocol at /ws: text frames in, a task run, progress and the report out.
 
-Only transport lives here: a frame becomes a `ResearchRequest`, the plan and task come from the
-floors below, and their progress events go back out as `logs` frames.
+Only transport lives here: a frame becomes a `ResearchRequest`, which runs as a job (`tasks.py`);
+the socket sends the job's frames as the job store hands them over, so a socket that resumes a job
+gets the same frames, in the same order, as the one that started it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import uuid
 from typing import Any
 
 import aiohttp
@@ -19,15 +19,12 @@ from pydantic import ValidationError
 
 from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
-from fedresearch.core.events import ProgressEvent
 from fedresearch.core.models import ResearchRequest
-from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import ChatSession
-from fedresearch.report.compose import report_chunks
-from fedresearch.report.store import save_report
-from fedresearch.report.task import run_research
+from fedresearch.report.jobs import follow
 from fedresearch.web.auth import principal_of, validation_message
-from fedresearch.web.keys import DEPS, METRICS, REGISTRY, RUNNING, SETTINGS, SOCKETS
+from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, METRICS, REGISTRY, SETTINGS, SOCKETS, LiveJob
+from fedresearch.web.tasks import may_see, start_job
 
 log = logging.getLogger("fedresearch")
 
@@ -56,13 +53,15 @@ def parse_start(payload: str) -> ResearchRequest:
 
 
 class ResearchSocket:
-    """One client connection: at most one task at a time, cancelled when the socket closes."""
+    """One client connection: it follows at most one job at a time. A job it started is cancelled when
+    the socket closes, unless it was started with `"detach": true`; `resume` follows a job again."""
 
     def __init__(self, ws: web.WebSocketResponse, app: web.Application, principal: Principal) -> None:
         self.ws = ws
         self.app = app
         self.principal = principal
-        self.task: asyncio.Task[None] | None = None
+        self.following: asyncio.Task[None] | None = None
+        self.owned: LiveJob | None = None  # the job this socket started, if it dies with the socket
         self.chat_session: ChatSession | None = None
 
     async def send(self, frame: dict[str, Any]) -> None:
@@ -70,9 +69,6 @@ class ResearchSocket:
             return
         with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
             await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
-
-    async def log_event(self, event: ProgressEvent) -> None:
-        await self.send({"type": "logs", "content": event.step, "output": event.output, "metadata": event.metadata})
 
     async def error(self, message: str, metadata: dict[str, Any] | None = None) -> None:
         # GPT-Researcher's page shows only logs frames, so every error is said both ways.
@@ -90,104 +86,64 @@ class ResearchSocket:
                 await self.ws.send_str("pong")
         elif text.startswith("start") or text.startswith("{"):
             await self.start(text.removeprefix("start").strip())
+        elif text.startswith("resume"):
+            await self.resume(text.removeprefix("resume").strip())
         elif text.startswith("chat"):
             await self.chat(text.removeprefix("chat").strip())
         else:
-            await self.error("Unknown command received by server: send ping, or start {json} with a task")
+            await self.error("Unknown command received by server: send ping, start {json} with a task, or resume")
+
+    @property
+    def busy(self) -> bool:
+        return self.following is not None and not self.following.done()
+
+    async def _refuse_when_busy(self) -> bool:
+        if self.busy:
+            busy = {"type": "logs", "content": "warning", "output": "Task already running. Please wait."}
+            await self.send({**busy, "metadata": None})
+        return self.busy
 
     async def start(self, payload: str) -> None:
         try:
             request = parse_start(payload)
-            if self.task is not None and not self.task.done():
-                busy = {"type": "logs", "content": "warning", "output": "Task already running. Please wait."}
-                await self.send({**busy, "metadata": None})
-                return
         except RequestError as error:
             await self.error(str(error))  # not a task at all: there is nothing to report on
             return
+        if await self._refuse_when_busy():
+            return
+        run, live = await start_job(self.app, self.principal, request, "websocket", request.detach)
+        self.owned = None if request.detach else live
+        self._follow(run.research_id, live)
+
+    async def resume(self, payload: str) -> None:
+        """`resume {"research_id": ...}`: every frame of that job so far, in order, then the rest live."""
         try:
-            plan = self._admit(request)
-        except RequestError as error:
-            await self.cannot_run(request, str(error))
+            body = json.loads(payload) if payload else {}
+        except json.JSONDecodeError as error:
+            await self.error(f"invalid JSON after resume: {error.msg} at position {error.pos}")
             return
-        self.task = asyncio.create_task(self.run(request, plan))
-        self._hold_slot(self.task)
-
-    def _hold_slot(self, task: asyncio.Task[None]) -> None:
-        """Count `task` against its key from now until it is done, however it ends.
-
-        Counted at once, so two sockets cannot both slip under the limit; released by a done
-        callback, which runs even for a task cancelled before its first step (a finally would not).
-        """
-        key = self.principal.key_id
-        running = self.app[RUNNING]
-        running[key] += 1
-        self.app[METRICS].tasks.inc()
-
-        def release(_: asyncio.Task[None]) -> None:
-            self.app[METRICS].tasks.dec()
-            running[key] -= 1
-            if running[key] <= 0:
-                del running[key]
-
-        task.add_done_callback(release)
-
-    def _admit(self, request: ResearchRequest) -> Plan:
-        """The plan for `request`, if this caller may run it now."""
-        settings = self.app[SETTINGS]
-        if len(request.task) > settings.max_task_chars:
-            raise RequestError(f"task is {len(request.task)} characters; MAX_TASK_CHARS is {settings.max_task_chars}")
-        running = self.app[RUNNING][self.principal.key_id]
-        if running >= settings.max_tasks_per_key:
-            raise RequestError(
-                f"{running} tasks are already running for this API key "
-                f"(MAX_TASKS_PER_KEY={settings.max_tasks_per_key}); wait for one to finish"
-            )
-        bound = None if self.principal.admin else self.principal.user_id
-        registry = self.app[REGISTRY]
-        return plan_request(request, settings, registry, bound_user=bound)
-
-    async def run(self, request: ResearchRequest, plan: Plan) -> None:
-        settings = self.app[SETTINGS]
-        try:
-            async with asyncio.timeout(settings.task_timeout_s):
-                owner = self.principal.user_id or plan.options.user_id
-                registry, deps = self.app[REGISTRY], self.app[DEPS]
-                outcome = await run_research(
-                    request, plan, registry, deps, self.log_event, self.send_report, owner=owner
-                )
-        except TimeoutError:
-            late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"
-            await self.cannot_run(request, late)
+        research_id = body.get("research_id") if isinstance(body, dict) else None
+        if not isinstance(research_id, str) or not research_id.strip():
+            await self.error('resume expects {"research_id": "..."}, the id announced by starting_research')
             return
-        except Exception:
-            log.exception("research task failed")
-            await self.cannot_run(request, "internal error while running the task; the server log has the details")
+        job = await self.app[JOBS].get(research_id.strip())
+        if job is None or not may_see(self.principal, job):
+            # another user's job is "not found", like a missing one: ids must not be probed
+            await self.error(f"no job {research_id.strip()[:64]!r} for this API key (unknown, expired or not yours)")
             return
-        self.chat_session = ChatSession(request, plan, outcome)
-        saved = f"📄 Report saved with {len(outcome.references)} references"
-        await self.deliver(outcome.markdown, outcome.files, saved, streamed=outcome.streamed)
+        if await self._refuse_when_busy():
+            return
+        self._follow(job.research_id, self.app[LIVE_JOBS].get(job.research_id))
 
-    async def send_report(self, chunk: str) -> None:
-        await self.send({"type": "report", "output": chunk})
+    def _follow(self, research_id: str, live: LiveJob | None) -> None:
+        self.chat_session = None
+        self.following = asyncio.create_task(self._pump(research_id, live))
 
-    async def deliver(self, markdown: str, saved: dict[str, str], message: str, streamed: bool = False) -> None:
-        for chunk in [] if streamed else report_chunks(markdown):
-            await self.send_report(chunk)
-        files = {kind: f"reports/{name}" for kind, name in saved.items()}
-        await self.log_event(ProgressEvent("report_written", message, {"files": files}))
-        await self.send({"type": "path", "output": files})
-
-    async def cannot_run(self, request: ResearchRequest, reason: str) -> None:
-        """A task that cannot run ends as a finished one does on GPT-Researcher's page: the error,
-        then a short report saying why, then `path`, so no client is left waiting."""
-        await self.error(reason, {"then": "report"})  # a report and `path` follow
-        markdown = f"# {request.task}\n\nThis research could not run: {reason}\n"
-        report_id = uuid.uuid4().hex
-        owner = self.principal.user_id or request.header("user_id") or self.app[SETTINGS].default_user
-        record = {"owner": owner, "id": report_id, "question": request.task, "error": reason, "report": markdown}
-        saved = await asyncio.to_thread(save_report, self.app[SETTINGS].reports_dir, report_id, markdown, record)
-        await self.deliver(markdown, saved, "📄 Report saved: the research could not run")
+    async def _pump(self, research_id: str, live: LiveJob | None) -> None:
+        async for frame in follow(self.app[JOBS], research_id):
+            await self.send(frame)
+        if live is not None:
+            self.chat_session = live.chat
 
     async def chat(self, payload: str) -> None:
         """GPT-Researcher's chat: answered from the last report's evidence, searching again if needed."""
@@ -209,16 +165,22 @@ class ResearchSocket:
 
     async def shut_down(self) -> None:
         """The server is stopping: say so, stop the task, close with 1001 (going away)."""
-        if self.task is not None and not self.task.done():
+        if self.busy:
             await self.error("the server is shutting down; the running task was stopped, please retry later")
         await self.close()
         await self.ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server shutting down")
 
     async def close(self) -> None:
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
+        """Stop sending; cancel the job this socket started unless it was detached."""
+        owned, self.owned = self.owned, None
+        if owned is not None and not owned.task.done():
+            owned.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+                await owned.task
+        if self.following is not None and not self.following.done():
+            self.following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.following
 
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:

@@ -1,0 +1,297 @@
+"""Research jobs: every task, WebSocket or REST, is a job with a `research_id`, an owner, a status,
+its progress and the ordered list of frames it sent, so a client can leave and come back for them.
+
+The state lives behind `JobStore`, a small async protocol, so it can be kept in this process
+(`LocalJobStore`, here) or shared by several workers (a Redis store implements the same methods):
+
+- `create(job)`: register a new job (its frames start empty).
+- `save(job)`: replace a job's metadata (status, progress, files, client fields); the frames are
+  not touched. Saving a job in a finished status wakes its waiters, as `finish` does.
+- `append(research_id, frame) -> int`: add one frame at the end; returns its index (0-based).
+- `frames(research_id, start=0) -> list[Frame]`: the frames from index `start` on, in order.
+- `wait(research_id, seen) -> bool`: return once the job has more than `seen` frames or is
+  finished (at once if either is already true); False when there is no such job.
+- `finish(research_id, status, error=None, files=None) -> Job | None`: the job ends in `status`
+  (completed, failed or cancelled); waiters wake, and no frame is appended after it.
+- `get(research_id) -> Job | None`, `list(owner, everyone=False) -> list[Job]` (newest first; the
+  jobs of `owner`, or every job when `everyone`), `delete(research_id) -> bool`.
+
+A reader that wants every frame exactly once reads by index: `follow` below is that loop
+(replay from an index, then wait for more, until the job is finished and fully read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from fedresearch.report.store import REPORT_ID, delete_report, write_atomic
+
+log = logging.getLogger("fedresearch")
+
+Frame = dict[str, Any]
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.completed, JobStatus.failed, JobStatus.cancelled)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What is known about one task besides its frames. `research_id` is also its report's id."""
+
+    research_id: str
+    owner: str | None  # the user whose key asked (None: no user, readable by admins only)
+    task: str
+    report_type: str = "research_report"
+    origin: str = "websocket"  # websocket | rest | client (a report a client saved through /api/reports)
+    detached: bool = False
+    status: JobStatus = JobStatus.queued
+    progress: float = 0.0  # 0..1
+    created_at: float = field(default_factory=time.time)  # Unix seconds
+    updated_at: float = field(default_factory=time.time)
+    error: str | None = None
+    files: dict[str, str] = field(default_factory=dict)  # format -> URL path, as in the `path` frame
+    client: dict[str, Any] = field(default_factory=dict)  # GPT-Researcher's orderedData, chatMessages...
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Job:
+        known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        return cls(**{**known, "status": JobStatus(known.get("status", "queued"))})
+
+
+class JobStore(Protocol):
+    """Where jobs and their frames live (module docstring: what each method promises)."""
+
+    async def create(self, job: Job) -> None: ...
+
+    async def save(self, job: Job) -> None: ...
+
+    async def append(self, research_id: str, frame: Frame) -> int: ...
+
+    async def frames(self, research_id: str, start: int = 0) -> builtins.list[Frame]: ...
+
+    async def wait(self, research_id: str, seen: int) -> bool: ...
+
+    async def finish(
+        self, research_id: str, status: JobStatus, error: str | None = None, files: dict[str, str] | None = None
+    ) -> Job | None: ...
+
+    async def get(self, research_id: str) -> Job | None: ...
+
+    async def list(self, owner: str | None, everyone: bool = False) -> builtins.list[Job]: ...
+
+    async def delete(self, research_id: str) -> bool: ...
+
+
+async def follow(store: JobStore, research_id: str, start: int = 0) -> AsyncIterator[Frame]:
+    """Every frame of a job from index `start`, each once and in order: first those already sent,
+    then the new ones as they come, until the job is finished and all its frames are read."""
+    seen = start
+    while True:
+        batch = await store.frames(research_id, seen)
+        for frame in batch:
+            yield frame
+        seen += len(batch)
+        if batch:
+            continue
+        job = await store.get(research_id)
+        if job is None or job.status.finished:
+            for frame in await store.frames(research_id, seen):  # appended between the read and the check
+                yield frame
+            return
+        await store.wait(research_id, seen)
+
+
+@dataclass
+class _Entry:
+    job: Job
+    frames: list[Frame] | None  # None: a finished job's frames, left on disk until asked for
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class LocalJobStore:
+    """Jobs in this process, written to `directory` (`<id>.json` metadata, `<id>.frames.jsonl`
+    once finished), so listing and replaying survive a restart. A job that was running when the
+    process died is found failed at `load`."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self._entries: dict[str, _Entry] = {}
+
+    async def load(self) -> int:
+        """Read the jobs saved by earlier runs; returns how many."""
+        if self.directory is None:
+            return 0
+        found = await asyncio.to_thread(_read_saved, self.directory)
+        for job in found:
+            if not job.status.finished:
+                job = replace(job, status=JobStatus.failed, error="the server stopped while this job ran")
+                await self._write_meta(job)
+            self._entries.setdefault(job.research_id, _Entry(job, None))
+        return len(found)
+
+    async def create(self, job: Job) -> None:
+        if job.research_id in self._entries:
+            raise ValueError(f"job {job.research_id} exists")
+        self._entries[job.research_id] = _Entry(job, [])
+        await self._write_meta(job)
+
+    async def save(self, job: Job) -> None:
+        entry = self._entries.get(job.research_id)
+        if entry is None:
+            raise KeyError(job.research_id)
+        entry.job = replace(job, updated_at=time.time())
+        if job.status.finished or job.origin == "client":
+            await self._write_meta(entry.job)
+        if job.status.finished:
+            entry.wake()
+
+    async def append(self, research_id: str, frame: Frame) -> int:
+        entry = self._entries[research_id]
+        if entry.job.status.finished:
+            raise ValueError(f"job {research_id} is finished: no frame may follow")
+        assert entry.frames is not None  # an unfinished job keeps its frames in memory
+        entry.frames.append(frame)
+        entry.wake()
+        return len(entry.frames) - 1
+
+    async def frames(self, research_id: str, start: int = 0) -> list[Frame]:
+        entry = self._entries.get(research_id)
+        if entry is None:
+            return []
+        if entry.frames is None:
+            if self.directory is None:
+                return []
+            return (await asyncio.to_thread(_read_frames, self.directory / f"{research_id}.frames.jsonl"))[start:]
+        return entry.frames[start:]
+
+    async def wait(self, research_id: str, seen: int) -> bool:
+        entry = self._entries.get(research_id)
+        if entry is None:
+            return False
+        if entry.job.status.finished or entry.frames is None or len(entry.frames) > seen:
+            return True
+        await entry.changed.wait()
+        return True
+
+    async def finish(
+        self, research_id: str, status: JobStatus, error: str | None = None, files: dict[str, str] | None = None
+    ) -> Job | None:
+        entry = self._entries.get(research_id)
+        if entry is None:
+            return None
+        progress = 1.0 if status is JobStatus.completed else entry.job.progress
+        job = replace(entry.job, status=status, error=error, files=files or entry.job.files, progress=progress)
+        entry.job = replace(job, updated_at=time.time())
+        if self.directory is not None and entry.frames is not None:
+            lines = "".join(json.dumps(frame, ensure_ascii=False) + "\n" for frame in entry.frames)
+            path = self.directory / f"{research_id}.frames.jsonl"
+            await asyncio.to_thread(write_atomic, path, lines.encode())
+            entry.frames = None  # on disk now; memory holds only running jobs' frames
+        await self._write_meta(entry.job)
+        entry.wake()
+        return entry.job
+
+    async def get(self, research_id: str) -> Job | None:
+        entry = self._entries.get(research_id)
+        return entry.job if entry is not None else None
+
+    async def list(self, owner: str | None, everyone: bool = False) -> list[Job]:
+        jobs = [e.job for e in self._entries.values() if everyone or e.job.owner == owner]
+        return sorted(jobs, key=lambda job: job.created_at, reverse=True)
+
+    async def delete(self, research_id: str) -> bool:
+        entry = self._entries.pop(research_id, None)
+        if entry is None:
+            return False
+        entry.wake()
+        if self.directory is not None:
+            await asyncio.to_thread(_remove, self.directory, research_id)
+        return True
+
+    async def _write_meta(self, job: Job) -> None:
+        if self.directory is None:
+            return
+        data = json.dumps(job.to_json(), ensure_ascii=False).encode()
+        await asyncio.to_thread(_write_meta_file, self.directory, job.research_id, data)
+
+
+def _write_meta_file(directory: Path, research_id: str, data: bytes) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    write_atomic(directory / f"{research_id}.json", data)
+
+
+def _read_saved(directory: Path) -> list[Job]:
+    jobs = []
+    for path in directory.glob("*.json") if directory.is_dir() else []:
+        if not REPORT_ID.fullmatch(path.stem):
+            continue
+        try:
+            jobs.append(Job.from_json(json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, ValueError, TypeError) as error:
+            log.warning("job record %s is unreadable and was skipped: %s", path.name, error)
+    return jobs
+
+
+def _read_frames(path: Path) -> list[Frame]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line]
+
+
+def _remove(directory: Path, research_id: str) -> None:
+    for name in (f"{research_id}.json", f"{research_id}.frames.jsonl"):
+        with contextlib.suppress(FileNotFoundError):
+            (directory / name).unlink()
+
+
+async def enforce_retention(
+    store: JobStore, reports_dir: Path, retention_days: float, max_per_user: int, owner: str | None = None
+) -> list[str]:
+    """Delete finished jobs (and their report files) older than `retention_days` (0: no age limit),
+    and beyond the newest `max_per_user` of each owner (0: no count limit); running jobs are kept.
+    With `owner`, only that owner's jobs are looked at. Returns the deleted research ids."""
+    jobs = await store.list(owner, everyone=owner is None)
+    cutoff = time.time() - retention_days * 86400 if retention_days > 0 else None
+    kept: dict[str | None, int] = {}
+    doomed = []
+    for job in jobs:  # newest first
+        if not job.status.finished:
+            continue
+        kept[job.owner] = kept.get(job.owner, 0) + 1
+        too_old = cutoff is not None and job.created_at < cutoff
+        if too_old or (max_per_user > 0 and kept[job.owner] > max_per_user):
+            doomed.append(job.research_id)
+    for research_id in doomed:
+        await store.delete(research_id)
+        await asyncio.to_thread(delete_report, reports_dir, research_id)
+    if doomed:
+        log.info("retention: deleted %d finished jobs and their reports", len(doomed))
+    return doomed

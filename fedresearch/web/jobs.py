@@ -1,0 +1,343 @@
+"""GPT-Researcher's REST API (its backend/server/app.py: `POST /report/`, `GET /report/{research_id}`,
+`/api/reports` CRUD with its chat history, `POST /api/chat`), plus `GET /api/jobs[/{research_id}]`.
+
+Every research task is a job (`tasks.py`); these routes start jobs and read them. Each route that
+reads a job or a report checks that the caller owns it (or is an admin): another user's job is
+answered exactly as a missing one, 404, so ids cannot be probed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fedresearch.core.auth import Principal
+from fedresearch.core.errors import RequestError
+from fedresearch.core.models import ResearchRequest
+from fedresearch.federation.contract import SearchOptions
+from fedresearch.federation.planning import Plan, plan_request
+from fedresearch.report.chat import session_from_report
+from fedresearch.report.jobs import Job, JobStatus
+from fedresearch.report.store import delete_report, export
+from fedresearch.web.auth import principal_of, validation_message
+from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, REGISTRY, SETTINGS
+from fedresearch.web.tasks import may_see, start_job
+
+_CLIENT_ID = re.compile(r"[\w.:-]{1,128}")
+_BACKGROUND_MESSAGE = "Your report is being generated in the background. Please check back later."
+
+
+class ReportRequest(ResearchRequest):
+    """GPT-Researcher's `ResearchRequest` of `POST /report/` (repo_name and branch_name, for its
+    GitHub report source, are accepted and ignored)."""
+
+    generate_in_background: bool = True
+    repo_name: str | None = None
+    branch_name: str | None = None
+
+
+class ChatRequest(BaseModel):
+    """GPT-Researcher's `ChatRequest`: the report and the conversation so far (its last user message
+    is the question); `research_id` (ours) names a saved report instead of sending its text."""
+
+    model_config = ConfigDict(extra="allow")
+
+    report: str = ""
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    research_id: str | None = None
+
+
+def _detail(kind: type[web.HTTPException], message: str) -> web.HTTPException:
+    # FastAPI's HTTPException body, which GPT-Researcher's clients read
+    return kind(text=json.dumps({"detail": message}), content_type="application/json")
+
+
+async def _body(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise _detail(web.HTTPBadRequest, f"the body is not JSON: {error}") from None
+
+
+async def _owned(request: web.Request, principal: Principal, research_id: str, missing: str) -> Job:
+    job = await request.app[JOBS].get(research_id)
+    if job is None or not may_see(principal, job):
+        raise _detail(web.HTTPNotFound, missing)
+    return job
+
+
+async def _report_text(request: web.Request, research_id: str) -> str | None:
+    path = request.app[SETTINGS].reports_dir / f"{research_id}.md"
+    try:
+        return await asyncio.to_thread(path.read_text, encoding="utf-8")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+async def generate_report(request: web.Request) -> web.Response:
+    """Start a research job; in the background (default) answer at once with its research_id,
+    otherwise answer with the report when it is written."""
+    principal = principal_of(request)
+    try:
+        asked = ReportRequest.model_validate(await _body(request))
+    except ValidationError as error:
+        raise _detail(web.HTTPUnprocessableEntity, validation_message(error)) from None
+    run, live = await start_job(request.app, principal, asked, "rest", detached=True)
+    if asked.generate_in_background:
+        return web.json_response({"message": _BACKGROUND_MESSAGE, "research_id": run.research_id})
+    await asyncio.shield(live.task)
+    if run.failure is not None or run.outcome is None:
+        failure = run.failure
+        reason = failure.reason if failure else "the task was cancelled"
+        body = {"research_id": run.research_id, "status": "failed", "error": reason, "detail": reason}
+        return web.json_response(body, status=failure.http_status if failure else 503)
+    outcome = run.outcome
+    information = {
+        "source_urls": [source.href for source in outcome.sources],
+        "research_costs": 0.0,  # no paid model was called that we pay per token for
+        "visited_urls": sorted(outcome.writing.pages),
+        "research_images": [],
+    }
+    return web.json_response(
+        {
+            "research_id": run.research_id,
+            "research_information": information,
+            "report": outcome.markdown,
+            "docx_path": f"reports/{run.research_id}.docx",
+            "pdf_path": f"reports/{run.research_id}.pdf",
+        }
+    )
+
+
+async def read_report(request: web.Request) -> web.StreamResponse:
+    """A job's report as DOCX (GPT-Researcher's `GET /report/{research_id}`)."""
+    principal = principal_of(request)
+    research_id = request.match_info["research_id"]
+    job = await request.app[JOBS].get(research_id)
+    path = None
+    if job is not None and may_see(principal, job):
+        path = await asyncio.to_thread(export, request.app[SETTINGS].reports_dir, research_id, "docx")
+    if path is None:
+        raise web.HTTPNotFound(text=json.dumps({"message": "Report not found."}), content_type="application/json")
+    disposition = f'attachment; filename="report-{research_id[:8]}.docx"'
+    return web.FileResponse(path, headers={"Content-Disposition": disposition})
+
+
+async def _job_view(request: web.Request, job: Job, with_report: bool) -> dict[str, Any]:
+    frames = await request.app[JOBS].frames(job.research_id)
+    view: dict[str, Any] = {
+        "research_id": job.research_id,
+        "status": job.status.value,
+        "progress": job.progress,
+        "task": job.task,
+        "report_type": job.report_type,
+        "origin": job.origin,
+        "detached": job.detached,
+        "created_at": datetime.fromtimestamp(job.created_at, UTC).isoformat(),
+        "updated_at": datetime.fromtimestamp(job.updated_at, UTC).isoformat(),
+        "error": job.error,
+        "frames": len(frames),
+        "files": job.files,
+    }
+    if with_report:
+        done = job.status is JobStatus.completed
+        view["report"] = await _report_text(request, job.research_id) if done else None
+    return view
+
+
+async def job_status(request: web.Request) -> web.Response:
+    """One job: status, progress (0..1), the report once completed, and its files."""
+    principal = principal_of(request)
+    job = await _owned(request, principal, request.match_info["research_id"], "Job not found")
+    return web.json_response(await _job_view(request, job, with_report=True))
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    """The caller's jobs, newest first (an admin sees everyone's, or one user's with ?user_id=)."""
+    principal = principal_of(request)
+    jobs = await _visible(request, principal)
+    return web.json_response({"jobs": [await _job_view(request, job, with_report=False) for job in jobs]})
+
+
+async def _visible(request: web.Request, principal: Principal) -> list[Job]:
+    store = request.app[JOBS]
+    if not principal.admin:
+        return await store.list(principal.user_id)
+    asked = request.query.get("user_id", "").strip()
+    return await store.list(asked) if asked else await store.list(None, everyone=True)
+
+
+async def _entry(request: web.Request, job: Job) -> dict[str, Any]:
+    """A job as GPT-Researcher's saved report: {id, question, answer, orderedData, chatMessages, timestamp}."""
+    client = job.client
+    answer = client.get("answer")
+    if answer is None and job.origin != "client":
+        answer = await _report_text(request, job.research_id)
+    stamp = client.get("timestamp")
+    timestamp = max(stamp if isinstance(stamp, int) else 0, int(job.updated_at * 1000))
+    return {
+        "id": job.research_id,
+        "question": client.get("question", job.task),
+        "answer": answer,
+        "orderedData": client.get("orderedData") or [],
+        "chatMessages": client.get("chatMessages") or [],
+        "timestamp": timestamp,
+    }
+
+
+async def list_reports(request: web.Request) -> web.Response:
+    """The caller's saved reports (`?report_ids=a,b` picks some), as GPT-Researcher lists them."""
+    principal = principal_of(request)
+    jobs = await _visible(request, principal)
+    wanted = request.query.get("report_ids")
+    if wanted:
+        order = [part.strip() for part in wanted.split(",")]
+        by_id = {job.research_id: job for job in jobs}
+        jobs = [by_id[research_id] for research_id in order if research_id in by_id]
+    return web.json_response({"reports": [await _entry(request, job) for job in jobs]})
+
+
+async def get_report(request: web.Request) -> web.Response:
+    """One saved report, as GPT-Researcher answers it."""
+    principal = principal_of(request)
+    job = await _owned(request, principal, request.match_info["research_id"], "Report not found")
+    return web.json_response({"report": await _entry(request, job)})
+
+
+def _client_fields(data: dict[str, Any], keep: dict[str, Any]) -> dict[str, Any]:
+    fields = dict(keep)
+    for name in ("question", "answer", "orderedData", "chatMessages", "timestamp"):
+        if data.get(name) is not None:
+            fields[name] = data[name]
+    return fields
+
+
+async def create_or_update_report(request: web.Request) -> web.Response:
+    """Save a report entry (GPT-Researcher's page keeps its history here); an existing id of the
+    caller's is updated, another user's is not found."""
+    principal = principal_of(request)
+    data = await _body(request)
+    if not isinstance(data, dict):
+        raise _detail(web.HTTPBadRequest, "expected a JSON object")
+    research_id = str(data.get("id") or "temp_id")
+    if not _CLIENT_ID.fullmatch(research_id):
+        raise _detail(web.HTTPBadRequest, "id must be 1 to 128 letters, digits or _ . : -")
+    store = request.app[JOBS]
+    existing = await store.get(research_id)
+    if existing is not None:
+        if not may_see(principal, existing):
+            raise _detail(web.HTTPNotFound, "Report not found")
+        await store.save(replace(existing, client=_client_fields(data, existing.client)))
+    else:
+        owner = principal.user_id or request.app[SETTINGS].default_user
+        question = data.get("question") if isinstance(data.get("question"), str) else ""
+        job = Job(research_id, owner, question or "", origin="client", status=JobStatus.completed)
+        await store.create(replace(job, client=_client_fields(data, {})))
+    return web.json_response({"success": True, "id": research_id})
+
+
+async def update_report(request: web.Request) -> web.Response:
+    """Update a saved report's fields (those sent and not null)."""
+    principal = principal_of(request)
+    job = await _owned(request, principal, request.match_info["research_id"], "Report not found")
+    data = await _body(request)
+    if not isinstance(data, dict):
+        raise _detail(web.HTTPBadRequest, "expected a JSON object")
+    await request.app[JOBS].save(replace(job, client=_client_fields(data, job.client)))
+    return web.json_response({"success": True, "id": job.research_id})
+
+
+async def delete_report_entry(request: web.Request) -> web.Response:
+    """Delete a report: its job (cancelled first if it still runs) and every file saved for it."""
+    principal = principal_of(request)
+    job = await _owned(request, principal, request.match_info["research_id"], "Report not found")
+    live = request.app[LIVE_JOBS].get(job.research_id)
+    if live is not None and not live.task.done():
+        live.task.cancel()
+        await asyncio.gather(live.task, return_exceptions=True)
+    await request.app[JOBS].delete(job.research_id)
+    await asyncio.to_thread(delete_report, request.app[SETTINGS].reports_dir, job.research_id)
+    return web.json_response({"success": True})
+
+
+async def report_chat(request: web.Request) -> web.Response:
+    """A saved report's chat messages."""
+    principal = principal_of(request)
+    job = await _owned(request, principal, request.match_info["research_id"], "Report not found")
+    return web.json_response({"chatMessages": job.client.get("chatMessages") or []})
+
+
+async def add_report_chat_message(request: web.Request) -> web.Response:
+    """Append one message to a saved report's chat."""
+    principal = principal_of(request)
+    job = await _owned(request, principal, request.match_info["research_id"], "Report not found")
+    message = await _body(request)
+    messages = job.client.get("chatMessages")
+    messages = [*messages, message] if isinstance(messages, list) else [message]
+    client = {**job.client, "chatMessages": messages, "timestamp": int(time.time() * 1000)}
+    await request.app[JOBS].save(replace(job, client=client))
+    return web.json_response({"success": True, "id": job.research_id})
+
+
+def _chat_plan(request: web.Request, principal: Principal, owner: str | None, question: str) -> Plan:
+    """The default retrievers for a follow-up search, as the caller; none when they cannot run."""
+    headers = {"user_id": owner} if owner else {}
+    follow_up = ResearchRequest(task=question[:2000] or "?", headers=headers)
+    bound = None if principal.admin else principal.user_id
+    app = request.app
+    registry = app[REGISTRY]
+    try:
+        return plan_request(follow_up, app[SETTINGS], registry, bound_user=bound)
+    except RequestError:  # e.g. no user for the library: the report's own evidence must do
+        return Plan([], SearchOptions(query=follow_up.task, max_results=app[SETTINGS].max_search_results))
+
+
+async def chat(request: web.Request) -> web.Response:
+    """Chat about a report: the answer is drawn from the report's cited evidence (and a new search
+    with the default retrievers when that does not cover the question), cited with its numbers."""
+    principal = principal_of(request)
+    try:
+        asked = ChatRequest.model_validate(await _body(request))
+    except ValidationError as error:
+        raise _detail(web.HTTPBadRequest, validation_message(error)) from None
+    question = next((str(m.get("content", "")) for m in reversed(asked.messages) if m.get("role") == "user"), "")
+    if not question.strip():
+        raise _detail(web.HTTPBadRequest, "messages holds no user message to answer")
+    report, owner = asked.report, principal.user_id
+    if asked.research_id:
+        job = await _owned(request, principal, asked.research_id, "Report not found")
+        report, owner = await _report_text(request, job.research_id) or "", job.owner
+    plan = _chat_plan(request, principal, owner or request.app[SETTINGS].default_user, question)
+    deps = request.app[DEPS]
+    session = session_from_report(report, ResearchRequest(task=question[:2000]), plan, deps)
+    answer = await session.answer(question.strip(), request.app[REGISTRY], deps)
+    message = {
+        "role": "assistant",
+        "content": answer.content,
+        "timestamp": int(time.time() * 1000),
+        "metadata": answer.metadata,
+    }
+    return web.json_response({"response": message})
+
+
+def register(app: web.Application) -> None:
+    app.router.add_post("/report/", generate_report)
+    app.router.add_get("/report/{research_id}", read_report)
+    app.router.add_get("/api/jobs", list_jobs)
+    app.router.add_get("/api/jobs/{research_id}", job_status)
+    app.router.add_get("/api/reports", list_reports)
+    app.router.add_post("/api/reports", create_or_update_report)
+    app.router.add_get("/api/reports/{research_id}", get_report)
+    app.router.add_put("/api/reports/{research_id}", update_report)
+    app.router.add_delete("/api/reports/{research_id}", delete_report_entry)
+    app.router.add_get("/api/reports/{research_id}/chat", report_chat)
+    app.router.add_post("/api/reports/{research_id}/chat", add_report_chat_message)
+    app.router.add_post("/api/chat", chat)

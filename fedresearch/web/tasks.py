@@ -1,0 +1,294 @@
+"""A research task run as a job, for the WebSocket and the REST API alike: admitted, planned, run under
+TASK_TIMEOUT_S, every frame it produces appended to the job store (whoever listens reads them from
+there: a socket, a REST call waiting for the report, or nobody), and its end announced by webhook."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aiohttp import web
+
+from fedresearch.core.auth import Principal
+from fedresearch.core.errors import RequestError
+from fedresearch.core.events import ProgressEvent
+from fedresearch.core.models import ResearchRequest
+from fedresearch.federation.planning import Plan, plan_request
+from fedresearch.report.chat import ChatSession
+from fedresearch.report.compose import report_chunks
+from fedresearch.report.jobs import Frame, Job, JobStatus, enforce_retention
+from fedresearch.report.store import save_report
+from fedresearch.report.task import ResearchOutcome, run_research
+from fedresearch.web import webhooks
+from fedresearch.web.keys import BACKGROUND, DEPS, JOBS, LIVE_JOBS, METRICS, REGISTRY, RUNNING, SETTINGS, LiveJob
+
+log = logging.getLogger("fedresearch")
+
+# how far along a job is when it reports a step (retriever_done moves it between the two marks)
+_PROGRESS = {
+    "starting_research": 0.05,
+    "planning": 0.1,
+    "merging": 0.45,
+    "fetching": 0.5,
+    "writing_report": 0.7,
+    "verification": 0.9,
+    "report_written": 0.98,
+}
+_RETRIEVERS_FROM, _RETRIEVERS_TO = 0.05, 0.45
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a job failed, and the HTTP status a REST caller waiting for it gets."""
+
+    reason: str
+    http_status: int
+
+
+def background(app: web.Application, work: Coroutine[Any, Any, object]) -> None:
+    """Run `work` beside the request that asked for it; the app awaits it (briefly) at shutdown."""
+    task: asyncio.Task[object] = asyncio.create_task(work)
+    pending = app[BACKGROUND]
+    pending.add(task)
+    task.add_done_callback(pending.discard)
+
+
+def may_see(principal: Principal, job: Job | None) -> bool:
+    """Admins see every job; a caller bound to a user sees that user's jobs only."""
+    return job is not None and (principal.admin or (job.owner is not None and job.owner == principal.user_id))
+
+
+class JobRun:
+    """One job from admission to its last frame."""
+
+    def __init__(self, app: web.Application, principal: Principal, request: ResearchRequest, origin: str) -> None:
+        self.app = app
+        self.principal = principal
+        self.request = request
+        self.origin = origin
+        self.research_id = uuid.uuid4().hex
+        self.failure: Failure | None = None
+        self.outcome: ResearchOutcome | None = None
+        self._done_retrievers = 0
+        self._retrievers = 1
+        self._progress = 0.0
+
+    async def emit(self, frame: Frame) -> None:
+        await self.app[JOBS].append(self.research_id, frame)
+        if frame.get("type") == "logs":
+            await self._advance(str(frame.get("content")))
+
+    async def _advance(self, step: str) -> None:
+        if step in ("retriever_done", "retriever_failed", "retriever_skipped"):
+            self._done_retrievers += 1
+            share = min(1.0, self._done_retrievers / self._retrievers)
+            progress = _RETRIEVERS_FROM + (_RETRIEVERS_TO - _RETRIEVERS_FROM) * share
+        else:
+            progress = _PROGRESS.get(step, self._progress)
+        if progress > self._progress:
+            self._progress = progress
+            job = await self.app[JOBS].get(self.research_id)
+            if job is not None and not job.status.finished:
+                await self.app[JOBS].save(replace(job, progress=round(progress, 3)))
+
+    async def log_event(self, event: ProgressEvent) -> None:
+        metadata = event.metadata
+        if event.step == "starting_research":  # the first frame names the job, for resume and REST
+            metadata = {**(metadata or {}), "research_id": self.research_id}
+        await self.emit({"type": "logs", "content": event.step, "output": event.output, "metadata": metadata})
+
+    async def error(self, message: str, metadata: dict[str, Any] | None = None) -> None:
+        # GPT-Researcher's page shows only logs frames, so every error is said both ways.
+        await self.emit({"type": "error", "content": "error", "output": message})
+        await self.emit({"type": "logs", "content": "error", "output": message, "metadata": metadata})
+
+    async def send_report(self, chunk: str) -> None:
+        await self.emit({"type": "report", "output": chunk})
+
+    async def deliver(self, markdown: str, saved: dict[str, str], message: str, streamed: bool = False) -> None:
+        for chunk in [] if streamed else report_chunks(markdown):
+            await self.send_report(chunk)
+        files = {kind: f"reports/{name}" for kind, name in saved.items()}
+        metadata = {"files": files, "research_id": self.research_id}
+        await self.log_event(ProgressEvent("report_written", message, metadata))
+        await self.emit({"type": "path", "output": files})
+
+    async def cannot_run(self, failure: Failure) -> None:
+        """A task that cannot run ends as a finished one does on GPT-Researcher's page: the error,
+        then a short report saying why, then `path`, so no client is left waiting."""
+        self.failure = failure
+        await self.error(failure.reason, {"then": "report", "research_id": self.research_id})
+        markdown = f"# {self.request.task}\n\nThis research could not run: {failure.reason}\n"
+        job = await self.app[JOBS].get(self.research_id)
+        owner = job.owner if job is not None else None
+        record = {
+            "owner": owner,
+            "id": self.research_id,
+            "question": self.request.task,
+            "error": failure.reason,
+            "report": markdown,
+        }
+        directory = self.app[SETTINGS].reports_dir
+        saved = await asyncio.to_thread(save_report, directory, self.research_id, markdown, record)
+        await self.deliver(markdown, saved, "📄 Report saved: the research could not run")
+
+    async def execute(self, plan: Plan | None, refusal: Failure | None) -> None:
+        """The job's whole life; it ends completed, failed or cancelled, never left running."""
+        try:
+            if plan is None:
+                await self.cannot_run(refusal or Failure("the task was refused", 400))
+            else:
+                self._retrievers = max(1, len(plan.names))
+                await self._research(plan)
+        except asyncio.CancelledError:
+            await self._finish(JobStatus.cancelled, "the task was cancelled")
+            raise
+        except Exception:
+            log.exception("job %s failed", self.research_id)
+            await self._finish(JobStatus.failed, "internal error while running the task")
+            return
+        if self.failure is not None:
+            await self._finish(JobStatus.failed, self.failure.reason)
+        else:
+            await self._finish(JobStatus.completed, None)
+
+    async def _research(self, plan: Plan) -> None:
+        settings = self.app[SETTINGS]
+        job = await self.app[JOBS].get(self.research_id)
+        try:
+            async with asyncio.timeout(settings.task_timeout_s):
+                registry, deps = self.app[REGISTRY], self.app[DEPS]
+                owner = job.owner if job is not None else None
+                self.outcome = await run_research(
+                    self.request, plan, registry, deps, self.log_event, self.send_report, owner, self.research_id
+                )
+        except TimeoutError:
+            late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"
+            await self.cannot_run(Failure(late, 504))
+            return
+        except Exception:
+            log.exception("research task failed")
+            reason = "internal error while running the task; the server log has the details"
+            await self.cannot_run(Failure(reason, 500))
+            return
+        live = self.app[LIVE_JOBS].get(self.research_id)
+        if live is not None:
+            live.chat = ChatSession(self.request, plan, self.outcome)
+        saved = f"📄 Report saved with {len(self.outcome.references)} references"
+        await self.deliver(self.outcome.markdown, self.outcome.files, saved, streamed=self.outcome.streamed)
+
+    async def _finish(self, status: JobStatus, error: str | None) -> None:
+        files = {kind: f"reports/{self.research_id}.{kind}" for kind in ("md", "pdf", "docx", "html", "json")}
+        saved = status is not JobStatus.cancelled or self.outcome is not None
+        job = await self.app[JOBS].finish(self.research_id, status, error, files if saved else None)
+        if job is None or status is JobStatus.cancelled:
+            return
+        settings = self.app[SETTINGS]
+        if settings.webhook_url:
+            deps = self.app[DEPS]
+            background(self.app, webhooks.notify(deps.session, settings, webhooks.payload(job, self.report_text())))
+        days, most = settings.report_retention_days, settings.report_max_per_user
+        if days > 0 or most > 0:
+            retention = enforce_retention(self.app[JOBS], settings.reports_dir, days, most, owner=job.owner)
+            background(self.app, _quietly(retention))
+
+    def report_text(self) -> str | None:
+        return self.outcome.markdown if self.outcome is not None and self.failure is None else None
+
+
+async def _quietly(work: Coroutine[Any, Any, Any]) -> None:
+    try:
+        await work
+    except Exception:
+        log.exception("background work failed")
+
+
+def _hold_slot(app: web.Application, key: str) -> Callable[[asyncio.Task[None]], None]:
+    """Count a task against its key from now until it is done, however it ends.
+
+    Counted at once, so two callers cannot both slip under the limit; released by a done
+    callback, which runs even for a task cancelled before its first step (a finally would not).
+    """
+    running = app[RUNNING]
+    running[key] += 1
+    app[METRICS].tasks.inc()
+
+    def release(_: asyncio.Task[None]) -> None:
+        app[METRICS].tasks.dec()
+        running[key] -= 1
+        if running[key] <= 0:
+            del running[key]
+
+    return release
+
+
+def _admit(app: web.Application, principal: Principal, request: ResearchRequest) -> Plan:
+    """The plan for `request`, if this caller may run it now."""
+    settings = app[SETTINGS]
+    if len(request.task) > settings.max_task_chars:
+        raise RequestError(f"task is {len(request.task)} characters; MAX_TASK_CHARS is {settings.max_task_chars}")
+    running = app[RUNNING][principal.key_id]
+    if running >= settings.max_tasks_per_key:
+        raise RequestError(
+            f"{running} tasks are already running for this API key "
+            f"(MAX_TASKS_PER_KEY={settings.max_tasks_per_key}); wait for one to finish"
+        )
+    bound = None if principal.admin else principal.user_id
+    registry = app[REGISTRY]
+    return plan_request(request, settings, registry, bound_user=bound)
+
+
+async def start_job(
+    app: web.Application, principal: Principal, request: ResearchRequest, origin: str, detached: bool
+) -> tuple[JobRun, LiveJob]:
+    """Admit, register and start a job; a refused one runs too, to its short report and `path`."""
+    run = JobRun(app, principal, request, origin)
+    plan: Plan | None = None
+    refusal: Failure | None = None
+    release = None
+    try:
+        plan = _admit(app, principal, request)
+        release = _hold_slot(app, principal.key_id)  # before the first await: no race past the limit
+        owner = principal.user_id or plan.options.user_id
+    except RequestError as error:
+        refusal = Failure(str(error), 429 if "MAX_TASKS_PER_KEY" in str(error) else 400)
+        owner = principal.user_id or request.header("user_id") or app[SETTINGS].default_user
+    job = Job(
+        run.research_id,
+        owner,
+        request.task,
+        request.report_type.value,
+        origin=origin,
+        detached=detached,
+        status=JobStatus.running,
+        created_at=time.time(),
+    )
+    await app[JOBS].create(job)
+    task = asyncio.create_task(run.execute(plan, refusal))
+    if release is not None:
+        task.add_done_callback(release)
+    live = LiveJob(task, detached)
+    app[LIVE_JOBS][run.research_id] = live
+    task.add_done_callback(lambda _: app[LIVE_JOBS].pop(run.research_id, None))
+    return run, live
+
+
+async def stop_jobs(app: web.Application) -> None:
+    """The server is stopping: cancel the jobs still running (each ends `cancelled`), then give the
+    webhooks under way a few seconds before they are cancelled too."""
+    tasks = [live.task for live in app[LIVE_JOBS].values()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    under_way = app[BACKGROUND]
+    pending = list(under_way)
+    if pending:
+        _, late = await asyncio.wait(pending, timeout=5)
+        for work in late:
+            work.cancel()
+        await asyncio.gather(*late, return_exceptions=True)

@@ -1,0 +1,90 @@
+"""The job store: frames read by index (none lost, none repeated), waiting, restart, retention."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from fedresearch.report.jobs import Job, JobStatus, LocalJobStore, enforce_retention, follow
+from fedresearch.report.store import save_report
+
+
+def _id(n: int) -> str:
+    return f"{n:032x}"
+
+
+async def test_a_follower_that_joins_late_gets_every_frame_once_in_order(tmp_path: Path) -> None:
+    store = LocalJobStore(tmp_path)
+    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+
+    async def produce() -> None:
+        for n in range(50):
+            await store.append(_id(1), {"n": n})
+            if n % 7 == 0:
+                await asyncio.sleep(0)
+        await store.finish(_id(1), JobStatus.completed)
+
+    for n in range(5):
+        await store.append(_id(1), {"n": -5 + n})
+    producer = asyncio.create_task(produce())
+    early = [frame["n"] async for frame in follow(store, _id(1))]
+    late = [frame["n"] async for frame in follow(store, _id(1), start=3)]
+    await producer
+    assert early == list(range(-5, 50))
+    assert late == list(range(-2, 50))
+    job = await store.get(_id(1))
+    assert job is not None and job.status is JobStatus.completed and job.progress == 1.0
+
+
+async def test_finished_jobs_survive_a_restart_and_running_ones_are_marked_failed(tmp_path: Path) -> None:
+    store = LocalJobStore(tmp_path)
+    await store.create(Job(_id(1), "alice", "done", status=JobStatus.running))
+    await store.append(_id(1), {"type": "logs"})
+    await store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"})
+    await store.create(Job(_id(2), "alice", "cut short", status=JobStatus.running))
+    await store.append(_id(2), {"type": "logs"})
+
+    again = LocalJobStore(tmp_path)
+    assert await again.load() == 2
+    done, cut = await again.get(_id(1)), await again.get(_id(2))
+    assert done is not None and done.status is JobStatus.completed and done.files == {"md": "reports/x.md"}
+    assert await again.frames(_id(1)) == [{"type": "logs"}]
+    assert cut is not None and cut.status is JobStatus.failed and cut.error
+    assert [job.research_id for job in await again.list("alice")] == [_id(2), _id(1)]
+    assert await again.list("bob") == []
+    assert await again.wait("nope", 0) is False
+
+
+async def test_retention_deletes_old_and_surplus_jobs_with_their_reports(tmp_path: Path) -> None:
+    store, reports = LocalJobStore(tmp_path / "jobs"), tmp_path / "reports"
+    now = time.time()
+    ages = {1: 40, 2: 3, 3: 2, 4: 1}  # days
+    for n, days in ages.items():
+        await store.create(Job(_id(n), "alice", f"q{n}", created_at=now - days * 86400, status=JobStatus.running))
+        await store.finish(_id(n), JobStatus.completed)
+        save_report(reports, _id(n), "# q\n", {"owner": "alice"})
+    await store.create(Job(_id(9), "alice", "running", created_at=now - 90 * 86400, status=JobStatus.running))
+    await store.create(Job(_id(8), "bob", "bob's", status=JobStatus.running))
+    await store.finish(_id(8), JobStatus.completed)
+
+    deleted = await enforce_retention(store, reports, retention_days=30, max_per_user=2)
+    assert sorted(deleted) == [_id(1), _id(2)]
+    left = {job.research_id for job in await store.list(None, everyone=True)}
+    assert left == {_id(3), _id(4), _id(8), _id(9)}  # a running job is never deleted
+    assert not (reports / f"{_id(1)}.md").exists() and not (reports / f"{_id(2)}.json").exists()
+    assert (reports / f"{_id(3)}.md").exists()
+    assert not (tmp_path / "jobs" / f"{_id(1)}.json").exists()
+
+
+async def test_saving_client_fields_keeps_the_frames(tmp_path: Path) -> None:
+    store = LocalJobStore(tmp_path)
+    await store.create(Job(_id(1), None, "q", status=JobStatus.running))
+    await store.append(_id(1), {"n": 1})
+    job = await store.get(_id(1))
+    assert job is not None
+    await store.save(replace(job, progress=0.5, client={"chatMessages": []}))
+    assert await store.frames(_id(1)) == [{"n": 1}]
+    saved = await store.get(_id(1))
+    assert saved is not None and saved.progress == 0.5 and saved.client == {"chatMessages": []}
