@@ -18,6 +18,7 @@ from aiohttp import web
 
 from fedresearch.library.embedded import Library
 from fedresearch.library.ingest import ingest
+from fedresearch.web.keys import SOCKETS
 from tests.conftest import EXAMPLES, make_settings
 from tests.test_pages import StaticResolver
 
@@ -219,6 +220,13 @@ async def _check_history(page: Any) -> None:
     await page.evaluate("document.getElementById('report').replaceChildren()")
     await entry.click()
     await page.wait_for_selector("#report ol.references li#ref-1")
+    assert await page.is_hidden("#history-note")  # the server's list (GET /api/reports), not the browser's
+    assert await page.get_attribute("#retriever-table tr[data-name=tavily]", "data-state") == "done"
+    await page.fill("#chat-input", "What does nDCG reward?")  # a saved report: POST /api/chat answers
+    await page.click("#chat-send")
+    answer = page.locator("#chat-log .chat.assistant").first
+    await answer.wait_for(timeout=20_000)
+    assert len((await answer.inner_text()).strip()) > 20
 
 
 async def _check_chinese(page: Any) -> None:
@@ -293,4 +301,34 @@ async def test_errors_are_said_in_words(tmp_path, fakes, start_server, browser):
     assert "user_id" in notice and "FEDRESEARCH_DEFAULT_USER" in notice, notice
     assert "could not run" in await page.inner_text("#report")
     assert await page.is_enabled("#run")
+    assert page.errors == []
+
+
+async def test_a_reload_or_a_dropped_connection_mid_task_resumes_it(tmp_path, fakes, start_server, browser):
+    fakes["tavily"].behaviour.delay_s = 3.0  # long enough to reload, then to lose the socket, mid-task
+    server = await _server(tmp_path, fakes, start_server)
+    page = await _open(browser, server.url)
+    await _sign_in(page)
+    for name in ("internal_biblio", "tavily"):
+        await page.check(f"#retriever-list input[value={name}]")
+    await page.fill("#question", QUESTION)
+    await page.click("#run")
+    await page.wait_for_selector("#retriever-table tr[data-name=tavily][data-state=searching]")
+    research_id = await page.evaluate("JSON.parse(sessionStorage.getItem('fedresearch.research')).id")
+
+    await page.reload()  # the task was started detached: it goes on, and the page follows it again
+    await page.wait_for_selector("#retriever-table tr[data-name=tavily][data-state=searching]")
+    assert await page.is_disabled("#run")
+    for socket in list(server.app[SOCKETS]):  # the network drops: the page reconnects by itself
+        await socket.ws.close()
+    await page.wait_for_selector("#downloads button[data-kind=pdf]", timeout=30_000)
+
+    states = await page.eval_on_selector_all("#retriever-table tbody tr", "rows => rows.map(r => r.dataset.state)")
+    assert states == ["done", "done"]
+    assert await page.locator("#report ol.references li[id^=ref-]").count() >= 2
+    assert len(fakes["tavily"].requests) == 1  # resumed, never run twice
+    assert await page.evaluate("sessionStorage.getItem('fedresearch.research')") is None
+    await page.wait_for_selector("#history-list li[data-id]")
+    ids = await page.eval_on_selector_all("#history-list li[data-id]", "items => items.map(i => i.dataset.id)")
+    assert ids == [research_id]
     assert page.errors == []

@@ -185,7 +185,8 @@
   function newRun(question) {
     return {
       question: question || "", researchId: null, rows: new Map(), pages: new Map(), logs: [],
-      markdown: "", files: null, status: "", finished: false, references: 0, resuming: false,
+      markdown: "", files: null, status: "", finished: false, references: 0, resuming: false, reopened: null,
+      chat: [],
     };
   }
 
@@ -618,15 +619,26 @@
     if (!message) return;
     $("chat-input").value = "";
     $("chat-log").append(chatEntry("user", message), element("div", { class: "chat pending", text: t("thinking") }));
+    run.chat.push({ role: "user", content: message });
     try {
-      (await readySocket()).send(`chat ${JSON.stringify({ message })}`);
+      if (run.reopened) await askSavedReport(run.reopened);
+      else (await readySocket()).send(`chat ${JSON.stringify({ message })}`);
     } catch (error) {
       document.querySelector("#chat-log .pending")?.remove();
       notify(error.message);
     }
   }
 
+  // a reopened report has no live task on the socket: POST /api/chat answers from the saved report
+  async function askSavedReport(researchId) {
+    const body = JSON.stringify({ research_id: researchId, messages: run.chat });
+    const headers = { "Content-Type": "application/json" };
+    const answer = await (await api("api/chat", { method: "POST", headers, body })).json();
+    answerChat(answer.response || {});
+  }
+
   function answerChat(frame) {
+    if (frame.content) run.chat.push({ role: "assistant", content: frame.content });
     document.querySelector("#chat-log .pending")?.remove();
     $("chat-log").append(chatEntry("assistant", frame.content || ""));
     $("chat-card").hidden = false;
@@ -662,7 +674,8 @@
   function fromServer(report) {
     const id = String(report.id ?? report.research_id ?? "");
     const files = report.files || Object.fromEntries(FORMATS.map((kind) => [kind, `reports/${id}.${kind}`]));
-    return { id, question: report.question || report.task || id, at: report.timestamp || report.created_at, files };
+    const question = report.question || report.task || id;
+    return { id, question, at: report.timestamp || report.created_at, files, answer: report.answer ?? null };
   }
 
   async function loadHistory() {
@@ -690,19 +703,31 @@
       entry.at ? element("span", { class: "hint", text: ` ${new Date(entry.at).toLocaleString(lang)}` }) : null)));
   }
 
+  // a past report: its Markdown (from the list, or its file), its retriever table from its record;
+  // a job still running is followed again instead
   async function reopen(entry) {
     clearNotice();
     try {
-      const markdown = await (await api(entry.files.md)).text();
+      let markdown = entry.answer;
+      if (markdown === null && !historyIsLocal) {
+        const job = await (await api(`api/jobs/${encodeURIComponent(entry.id)}`)).json();
+        if (!job.status || job.status === "running" || job.status === "queued") {
+          run = newRun(entry.question);
+          resume(entry.id);
+          return;
+        }
+        if (!job.report) throw new PageError(job.error || t("errNotFound"));
+        markdown = job.report;
+      }
+      markdown ??= await (await api(entry.files.md)).text();
       run = newRun(entry.question);
-      run.markdown = markdown;
-      run.files = entry.files;
-      run.finished = true;
+      Object.assign(run, { markdown, files: entry.files, finished: true, reopened: entry.id });
       if (entry.files.json) await restoreOutcomes(entry.files.json);
       renderProgress();
       renderReport();
       renderDownloads();
-      $("chat-card").hidden = true;
+      $("chat-log").replaceChildren();
+      $("chat-card").hidden = historyIsLocal; // chat about a saved report needs the server's POST /api/chat
       $("report-card").scrollIntoView({ behavior: "smooth" });
     } catch (error) {
       notify(error.message);
