@@ -824,6 +824,9 @@
     });
     $("notice-close").addEventListener("click", clearNotice);
     $("ask-form").addEventListener("submit", startResearch);
+    $("question").addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("ask-form").requestSubmit();
+    });
     $("chat-form").addEventListener("submit", askChat);
     $("upload-form").addEventListener("submit", upload);
     window.addEventListener("online", () => {
