@@ -30,3 +30,16 @@ async def test_every_route_is_described(tmp_path, start_server):
     assert {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}} in one["parameters"]
     ids = [op["operationId"] for ops in document["paths"].values() for op in ops.values()]
     assert len(ids) == len(set(ids))
+
+
+async def test_the_jobs_routes_carry_their_bodies(tmp_path, start_server):
+    server = await start_server(make_settings(tmp_path))
+    async with aiohttp.ClientSession() as session, session.get(server.url + "/openapi.json") as response:
+        paths = (await response.json())["paths"]
+    report = paths["/report/"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert {"task", "report_type", "report_source", "tone", "headers", "generate_in_background"} <= set(
+        report["properties"]
+    )
+    assert "404" in paths["/api/jobs/{research_id}"]["get"]["responses"]
+    chat = paths["/api/chat"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert {"report", "messages"} <= set(chat["properties"])

@@ -289,9 +289,9 @@ async def enforce_retention(
         too_old = cutoff is not None and job.created_at < cutoff
         if too_old or (max_per_user > 0 and kept[job.owner] > max_per_user):
             doomed.append(job.research_id)
-    for research_id in doomed:
-        await store.delete(research_id)
+    for research_id in doomed:  # files first: a job that is no longer listed has none left behind
         await asyncio.to_thread(delete_report, reports_dir, research_id)
+        await store.delete(research_id)
     if doomed:
         log.info("retention: deleted %d finished jobs and their reports", len(doomed))
     return doomed

@@ -93,7 +93,7 @@ async def generate_report(request: web.Request) -> web.Response:
     run, live = await start_job(request.app, principal, asked, "rest", detached=True)
     if asked.generate_in_background:
         return web.json_response({"message": _BACKGROUND_MESSAGE, "research_id": run.research_id})
-    await asyncio.shield(live.task)
+    await asyncio.wait({live.task})  # the job goes on if this request is dropped; a cancelled job is no error here
     if run.failure is not None or run.outcome is None:
         failure = run.failure
         reason = failure.reason if failure else "the task was cancelled"

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from fedresearch.knowledge.api import RetrievalRequest
+from fedresearch.web.jobs import ChatRequest, ReportRequest
 from fedresearch.web.literature import LiteratureQuery
 
 _PARAMETER = re.compile(r"\{(\w+)\}")
@@ -59,6 +60,50 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": schema}}}
 
 
+_SAVED_REPORT = {
+    "type": "object",
+    "description": "GPT-Researcher's saved report",
+    "properties": {
+        "id": {"type": "string"},
+        "question": {"type": "string"},
+        "answer": {"type": ["string", "null"]},
+        "orderedData": {"type": "array"},
+        "chatMessages": {"type": "array"},
+        "timestamp": {"type": "integer", "description": "Unix milliseconds"},
+    },
+}
+_NOT_YOURS = {"description": "no such job or report for this key (another user's is not found either)"}
+_REPORT_IDS = {"name": "report_ids", "in": "query", "description": "comma list of ids", "schema": {"type": "string"}}
+_JOB_DETAILS: dict[tuple[str, str], dict[str, Any]] = {
+    ("post", "/report/"): {
+        "requestBody": _json(ReportRequest.model_json_schema()),
+        "responses": {
+            "200": {"description": "{message, research_id} in the background; else the report"},
+            "400": {"description": "the task cannot run (the job is saved as failed)"},
+            "422": {"description": "malformed body"},
+            "429": {"description": "MAX_TASKS_PER_KEY tasks already run for this key"},
+            "504": {"description": "TASK_TIMEOUT_S passed"},
+        },
+    },
+    ("post", "/api/chat"): {"requestBody": _json(ChatRequest.model_json_schema())},
+    ("post", "/api/reports"): {"requestBody": _json(_SAVED_REPORT)},
+    ("put", "/api/reports/{research_id}"): {"requestBody": _json(_SAVED_REPORT)},
+    ("get", "/api/reports"): {"parameters": [_REPORT_IDS, _USER]},
+    ("get", "/api/jobs"): {"parameters": [_USER]},
+}
+for _route in (
+    ("get", "/report/{research_id}"),
+    ("get", "/api/jobs/{research_id}"),
+    ("get", "/api/reports/{research_id}"),
+    ("delete", "/api/reports/{research_id}"),
+    ("get", "/api/reports/{research_id}/chat"),
+    ("post", "/api/reports/{research_id}/chat"),
+):
+    _JOB_DETAILS.setdefault(_route, {})["responses"] = {"200": {"description": "OK"}, "404": _NOT_YOURS}
+for _details in _JOB_DETAILS.values():
+    _details["tags"] = ["jobs"]
+
+
 # what the router cannot tell: bodies, extra parameters, answers
 DETAILS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/retrieval"): {
@@ -80,6 +125,7 @@ DETAILS: dict[tuple[str, str], dict[str, Any]] = {
     ("get", "/api/documents"): {"tags": ["documents"], "parameters": [*_PAGED, _USER]},
     ("get", "/api/documents/{id}"): {"tags": ["documents"], "parameters": [_USER]},
     ("delete", "/api/documents/{id}"): {"tags": ["documents"], "parameters": [_USER]},
+    **_JOB_DETAILS,
 }
 
 

@@ -146,7 +146,10 @@ class JobRun:
                 self._retrievers = max(1, len(plan.names))
                 await self._research(plan)
         except asyncio.CancelledError:
-            await self._finish(JobStatus.cancelled, "the task was cancelled")
+            # whoever else follows this job (a resumed socket) learns why its frames stop here
+            stopped = "the task was cancelled: its socket closed, it was deleted, or the server is stopping"
+            await self.error(stopped, {"research_id": self.research_id})
+            await self._finish(JobStatus.cancelled, stopped)
             raise
         except Exception:
             log.exception("job %s failed", self.research_id)
