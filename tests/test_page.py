@@ -4,6 +4,7 @@ with the example library and the fake upstreams on 127.0.0.1."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -301,6 +302,15 @@ async def test_errors_are_said_in_words(tmp_path, fakes, start_server, browser):
     assert "user_id" in notice and "FEDRESEARCH_DEFAULT_USER" in notice, notice
     assert "could not run" in await page.inner_text("#report")
     assert await page.is_enabled("#run")
+
+    # a tab that remembers a task the server no longer has (expired, or another server's) stops waiting
+    gone = {"id": "f" * 32, "question": "rank fusion"}
+    await page.evaluate(f"sessionStorage.setItem('fedresearch.research', JSON.stringify({json.dumps(gone)}))")
+    await page.reload()
+    await page.wait_for_function("document.getElementById('notice-text').textContent.includes('no job')")
+    assert "unknown, expired or not yours" in await page.inner_text("#notice-text")
+    assert await page.is_enabled("#run")
+    assert await page.evaluate("sessionStorage.getItem('fedresearch.research')") is None
     assert page.errors == []
 
 

@@ -231,6 +231,11 @@
     if (frame.content === "error" || (frame.content === "warning" && frame.output.startsWith("Task already running"))) {
       notify(frame.output);
     }
+    // the task itself ended without a report (cancelled on the server): nothing more will come
+    if (frame.content === "error" && meta.research_id && meta.research_id === run.researchId && !meta.then) {
+      abandon(frame.output);
+      return;
+    }
     renderProgress();
   }
 
@@ -243,7 +248,7 @@
       return;
     }
     if (run.resuming && frame.type === "error") {
-      resumeRefused(frame.output);
+      abandon(frame.output);
       return;
     }
     if (frame.type !== "error") run.resuming = false;
@@ -535,8 +540,8 @@
     renderProgress();
   }
 
-  // the server no longer has the task (it restarted, or the research expired): say so and stop waiting
-  function resumeRefused(message) {
+  // the server no longer has the task (unknown, expired, cancelled): say so and stop waiting
+  function abandon(message) {
     forgetResearch();
     run.researchId = null;
     run.resuming = false;
