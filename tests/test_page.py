@@ -341,4 +341,22 @@ async def test_a_reload_or_a_dropped_connection_mid_task_resumes_it(tmp_path, fa
     await page.wait_for_selector("#history-list li[data-id]")
     ids = await page.eval_on_selector_all("#history-list li[data-id]", "items => items.map(i => i.dataset.id)")
     assert ids == [research_id]
+
+    page.on("dialog", lambda dialog: dialog.accept())  # "Delete this report and its files?"
+    await page.click(f"#history-list li[data-id='{research_id}'] button.delete")
+    await page.wait_for_selector(f"#history-list li[data-id='{research_id}']", state="detached")
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    async with (
+        aiohttp.ClientSession(headers=bearer) as session,
+        session.get(f"{server.url}/reports/{research_id}.md") as gone,
+    ):
+        assert gone.status == 404
+
+    await page.fill("#question", "What does nDCG reward?")  # a new question, stopped while Tavily searches
+    await page.click("#run")
+    await page.wait_for_selector("#retriever-table tr[data-name=tavily][data-state=searching]")
+    await page.click("#stop")
+    await page.wait_for_selector("#retriever-table tr[data-name=tavily][data-state=stopped]")
+    assert await page.is_enabled("#run") and await page.is_hidden("#stop")
+    assert await page.evaluate("sessionStorage.getItem('fedresearch.research')") is None
     assert page.errors == []

@@ -289,6 +289,7 @@
 
   function renderProgress() {
     $("progress").hidden = run.rows.size === 0 && run.logs.length === 0;
+    $("stop").hidden = !(run.researchId && !run.finished && $("run").disabled);
     $("status-line").textContent = run.status;
     const body = $("retriever-table").tBodies[0];
     body.replaceChildren(...[...run.rows].map(([name, entry]) => element("tr", { "data-name": name, "data-state": entry.state },
@@ -543,12 +544,39 @@
   // the server no longer has the task (unknown, expired, cancelled): say so and stop waiting
   function abandon(message) {
     forgetResearch();
+    for (const entry of run.rows.values()) {
+      if (entry.state === "waiting" || entry.state === "searching") entry.state = "stopped";
+    }
     run.researchId = null;
     run.resuming = false;
     run.status = message;
     notify(message);
     resetRunButton();
     renderProgress();
+  }
+
+  // stopping a detached task is deleting it: the server cancels it and keeps nothing
+  async function stopResearch() {
+    const researchId = run.researchId;
+    if (!researchId) return;
+    try {
+      await api(`api/reports/${encodeURIComponent(researchId)}`, { method: "DELETE" });
+      abandon(t("stoppedByYou"));
+      loadHistory();
+    } catch (error) {
+      notify(error.message);
+    }
+  }
+
+  async function deleteReport(entry) {
+    if (!window.confirm(t("confirmDelete"))) return;
+    try {
+      await api(`api/reports/${encodeURIComponent(entry.id)}`, { method: "DELETE" });
+    } catch (error) {
+      if (error.status !== 404) notify(error.message);
+    }
+    localStorage.setItem(HISTORY_ITEM, JSON.stringify(localHistory().filter((old) => old.id !== entry.id)));
+    loadHistory();
   }
 
   function rememberResearch(researchId) {
@@ -705,7 +733,10 @@
     }
     $("history-list").replaceChildren(...history.map((entry) => element("li", { "data-id": entry.id },
       element("button", { type: "button", class: "linkish", text: entry.question, onclick: () => reopen(entry) }),
-      entry.at ? element("span", { class: "hint", text: ` ${new Date(entry.at).toLocaleString(lang)}` }) : null)));
+      entry.at ? element("span", { class: "hint", text: ` ${new Date(entry.at).toLocaleString(lang)}` }) : null,
+      element("button", {
+        type: "button", class: "quiet delete", text: t("deleteReport"), onclick: () => deleteReport(entry),
+      }))));
   }
 
   // a past report: its Markdown (from the list, or its file), its retriever table from its record;
@@ -828,6 +859,7 @@
       applyStrings();
     });
     $("notice-close").addEventListener("click", clearNotice);
+    $("stop").addEventListener("click", stopResearch);
     $("ask-form").addEventListener("submit", startResearch);
     $("question").addEventListener("keydown", (event) => {
       if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("ask-form").requestSubmit();
