@@ -205,7 +205,7 @@
     },
     retriever_done(meta) {
       Object.assign(row(meta.name), {
-        state: "done", count: meta.count, elapsed: meta.elapsed_ms, note: meta.cached ? t("cached") : "",
+        state: "done", count: meta.count, elapsed: meta.elapsed_ms, cached: Boolean(meta.cached),
       });
     },
     retriever_failed(meta) {
@@ -295,6 +295,7 @@
     body.replaceChildren(...[...run.rows].map(([name, entry]) => element("tr", { "data-name": name, "data-state": entry.state },
       element("td", { text: name }),
       element("td", { class: `state ${entry.state}` }, t(`state_${entry.state}`),
+        entry.cached ? element("span", { class: "reason", text: ` (${t("cached")})` }) : null,
         entry.note ? element("span", { class: "reason", text: ` — ${entry.note}` }) : null),
       element("td", { class: "number", text: entry.count ?? "" }),
       element("td", { class: "number", text: elapsedText(entry) }))));
@@ -310,9 +311,15 @@
     }
     $("pages").replaceChildren(...pages.map((page) => element("li", { "data-status": page.status },
       element("span", { class: `state ${page.status}`, text: t(`page_${page.status}`) }), " ",
-      element("a", { href: page.url, target: "_blank", rel: "noopener noreferrer", text: page.url }),
+      webLink(page.url),
       page.chars ? element("span", { class: "hint", text: ` ${t("pageChars", { chars: page.chars })}` }) : null,
       page.reason ? element("span", { class: "reason", text: ` — ${page.reason}` }) : null)));
+  }
+
+  // a URL the server reports is a link only when it is a web address (never javascript: or file:)
+  function webLink(url) {
+    if (!/^https?:\/\//i.test(url)) return element("span", { text: url });
+    return element("a", { href: url, target: "_blank", rel: "noopener noreferrer", text: url });
   }
 
   setInterval(() => {
