@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -25,13 +24,12 @@ from fedresearch.core.models import ResearchRequest
 from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import session_from_report
-from fedresearch.report.jobs import Job, JobStatus
-from fedresearch.report.store import delete_report, export
+from fedresearch.report.jobs import JOB_ID, Job, JobStatus
+from fedresearch.report.store import REPORT_ID, delete_report, export
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, REGISTRY, SETTINGS
 from fedresearch.web.tasks import may_see, start_job
 
-_CLIENT_ID = re.compile(r"[\w.:-]{1,128}")
 _BACKGROUND_MESSAGE = "Your report is being generated in the background. Please check back later."
 
 
@@ -228,13 +226,14 @@ async def create_or_update_report(request: web.Request) -> web.Response:
     if not isinstance(data, dict):
         raise _detail(web.HTTPBadRequest, "expected a JSON object")
     research_id = str(data.get("id") or "temp_id")
-    if not _CLIENT_ID.fullmatch(research_id):
+    if not JOB_ID.fullmatch(research_id):
         raise _detail(web.HTTPBadRequest, "id must be 1 to 128 letters, digits or _ . : -")
     store = request.app[JOBS]
     existing = await store.get(research_id)
+    # ids shaped as this server's research ids are its own to give: a client cannot claim one
+    if (existing is None and REPORT_ID.fullmatch(research_id)) or (existing and not may_see(principal, existing)):
+        raise _detail(web.HTTPNotFound, "Report not found")
     if existing is not None:
-        if not may_see(principal, existing):
-            raise _detail(web.HTTPNotFound, "Report not found")
         await store.save(replace(existing, client=_client_fields(data, existing.client)))
     else:
         owner = principal.user_id or request.app[SETTINGS].default_user
