@@ -153,7 +153,7 @@ async def test_a_failed_job_is_announced_and_a_failing_receiver_is_retried(
     bad = {**TASK, "headers": {"retrievers": "internal_biblio,bing"}}
     async with aiohttp.ClientSession() as session:
         started = time.perf_counter()
-        body = {**bad, "generate_in_background": False}
+        body = bad  # in the background (the default): refused at once all the same
         async with session.post(f"{server.url}/report/", json=body, headers=ALICE) as response:
             assert response.status == 400
             answer = await response.json()

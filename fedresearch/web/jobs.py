@@ -82,14 +82,15 @@ async def _report_text(request: web.Request, research_id: str) -> str | None:
 
 async def generate_report(request: web.Request) -> web.Response:
     """Start a research job; in the background (default) answer at once with its research_id,
-    otherwise answer with the report when it is written."""
+    otherwise answer with the report when it is written. A task that cannot run (an unknown
+    retriever, a limit) is answered with why at once, either way; it is kept as a failed job."""
     principal = principal_of(request)
     try:
         asked = ReportRequest.model_validate(await _body(request))
     except ValidationError as error:
         raise _detail(web.HTTPUnprocessableEntity, validation_message(error)) from None
     run, live = await start_job(request.app, principal, asked, "rest", detached=True)
-    if asked.generate_in_background:
+    if asked.generate_in_background and run.failure is None:
         return web.json_response({"message": _BACKGROUND_MESSAGE, "research_id": run.research_id})
     await asyncio.wait({live.task})  # the job goes on if this request is dropped; a cancelled job is no error here
     if run.failure is not None or run.outcome is None:
