@@ -153,7 +153,7 @@ async def test_a_failed_job_is_announced_and_a_failing_receiver_is_retried(
     bad = {**TASK, "headers": {"retrievers": "internal_biblio,bing"}}
     async with aiohttp.ClientSession() as session:
         started = time.perf_counter()
-        body = {**bad, "generate_in_background": False}
+        body = bad  # in the background (the default): refused at once all the same
         async with session.post(f"{server.url}/report/", json=body, headers=ALICE) as response:
             assert response.status == 400
             answer = await response.json()
@@ -328,6 +328,9 @@ async def test_gpt_researcher_report_store_crud_and_chat(tmp_path, fakes, start_
         entry = {"id": "page-1", "question": "q?", "answer": "a.", "orderedData": [{"type": "logs"}], "timestamp": 5}
         async with session.post(f"{server.url}/api/reports", json=entry, headers=ALICE) as response:
             assert await response.json() == {"success": True, "id": "page-1"}
+        claimed = {**entry, "id": "f" * 32}  # shaped as a research id: only the server gives those out
+        async with session.post(f"{server.url}/api/reports", json=claimed, headers=ALICE) as response:
+            assert response.status == 404
         async with session.put(f"{server.url}/api/reports/page-1", json={"answer": "b."}, headers=ALICE) as response:
             assert await response.json() == {"success": True, "id": "page-1"}
         message = {"role": "user", "content": "hi", "timestamp": 7}

@@ -272,6 +272,7 @@ async def start_job(
         created_at=time.time(),
     )
     await app[JOBS].create(job)
+    run.failure = refusal  # known now: a REST caller is answered with it even in the background
     task = asyncio.create_task(run.execute(plan, refusal))
     if release is not None:
         task.add_done_callback(release)
