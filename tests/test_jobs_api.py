@@ -18,8 +18,10 @@ import websockets
 from aiohttp import web
 
 from fedresearch.core.settings import Settings
+from fedresearch.report.jobs import Job, JobStatus
+from fedresearch.web import tasks
 from fedresearch.web.app import create_app
-from fedresearch.web.keys import SETTINGS
+from fedresearch.web.keys import JOBS, SETTINGS
 from tests.conftest import make_settings, report_of, run_task
 
 TASK = {"task": "How does rank fusion combine lexical and dense retrieval?", "report_type": "research_report"}
@@ -356,3 +358,19 @@ async def test_gpt_researcher_report_store_crud_and_chat(tmp_path, fakes, start_
         async with session.delete(f"{server.url}/api/reports/{research_id}", headers=ALICE) as response:
             assert response.status == 404 and await response.json() == {"detail": "Report not found"}
         assert not (server.app[SETTINGS].reports_dir / f"{research_id}.md").exists()
+
+
+async def test_an_idle_server_still_expires_old_reports(tmp_path, fakes, start_server, monkeypatch):
+    monkeypatch.setattr(tasks, "_SWEEP_EVERY_S", 0.05)
+    server = await start_server(job_settings(tmp_path, fakes, report_retention_days=1))
+    store = server.app[JOBS]
+    old, recent = "a" * 32, "b" * 32
+    for research_id, age_days in ((old, 2), (recent, 0.5)):
+        created = time.time() - age_days * 86400
+        await store.create(Job(research_id, "alice", "q", created_at=created, status=JobStatus.running))
+        await store.finish(research_id, JobStatus.completed)
+    for _ in range(100):
+        if await store.get(old) is None:
+            break
+        await asyncio.sleep(0.02)
+    assert await store.get(old) is None and await store.get(recent) is not None
