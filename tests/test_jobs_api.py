@@ -345,6 +345,11 @@ async def test_gpt_researcher_report_store_crud_and_chat(tmp_path, fakes, start_
         async with session.get(f"{server.url}/api/reports?report_ids=page-1,{research_id}", headers=ALICE) as response:
             assert [r["id"] for r in (await response.json())["reports"]] == ["page-1", research_id]
 
+        async with session.get(f"{server.url}/api/jobs", headers=ALICE) as response:
+            listed = {job["research_id"]: job for job in (await response.json())["jobs"]}
+        assert listed[research_id]["status"] == "completed" and listed["page-1"]["origin"] == "client"
+        async with session.get(f"{server.url}/api/jobs", headers=BOB) as response:
+            assert (await response.json())["jobs"] == []
         async with session.post(f"{server.url}/api/chat", json=_chat(research_id), headers=ALICE) as response:
             reply = (await response.json())["response"]
         assert reply["role"] == "assistant" and re.search(r"\[\d+\]", reply["content"]) and reply["timestamp"] > 0
