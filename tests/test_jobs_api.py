@@ -75,6 +75,7 @@ def job_settings(tmp_path: Path, fakes: dict[str, Any], **overrides: Any) -> Set
         "internal_api_base_url": fakes["internal"].url,
         "api_keys": KEYS,
         "webhook_backoff_s": 0.05,
+        "embeddings": False,  # no encoder to load: these tests are about jobs, not ranking
         **overrides,
     }
     return make_settings(tmp_path, fakes, **values)
@@ -320,6 +321,7 @@ def _overrides(settings: Settings) -> dict[str, Any]:
         "internal_api_base_url": settings.internal_api_base_url,
         "api_keys": KEYS,
         "report_max_per_user": 2,
+        "embeddings": False,
     }
 
 
@@ -353,6 +355,11 @@ async def test_gpt_researcher_report_store_crud_and_chat(tmp_path, fakes, start_
         async with session.post(f"{server.url}/api/chat", json=_chat(research_id), headers=ALICE) as response:
             reply = (await response.json())["response"]
         assert reply["role"] == "assistant" and re.search(r"\[\d+\]", reply["content"]) and reply["timestamp"] > 0
+        async with session.get(f"{server.url}/api/jobs/{research_id}", headers=ALICE) as response:
+            text = (await response.json())["report"]
+        as_gptr = {"report": text, "messages": [{"role": "user", "content": "rank fusion"}]}  # its text, no id
+        async with session.post(f"{server.url}/api/chat", json=as_gptr, headers=BOB) as response:
+            assert re.search(r"\[\d+\]", (await response.json())["response"]["content"])
         async with session.post(f"{server.url}/api/chat", json={"report": "x"}, headers=ALICE) as response:
             assert response.status == 400
 
