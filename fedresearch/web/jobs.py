@@ -131,7 +131,6 @@ async def read_report(request: web.Request) -> web.StreamResponse:
 
 
 async def _job_view(request: web.Request, job: Job, with_report: bool) -> dict[str, Any]:
-    frames = await request.app[JOBS].frames(job.research_id)
     view: dict[str, Any] = {
         "research_id": job.research_id,
         "status": job.status.value,
@@ -143,10 +142,10 @@ async def _job_view(request: web.Request, job: Job, with_report: bool) -> dict[s
         "created_at": datetime.fromtimestamp(job.created_at, UTC).isoformat(),
         "updated_at": datetime.fromtimestamp(job.updated_at, UTC).isoformat(),
         "error": job.error,
-        "frames": len(frames),
         "files": job.files,
     }
-    if with_report:
+    if with_report:  # one job: what a client resuming it will be sent, and the report itself
+        view["frames"] = len(await request.app[JOBS].frames(job.research_id))
         done = job.status is JobStatus.completed
         view["report"] = await _report_text(request, job.research_id) if done else None
     return view
