@@ -73,6 +73,10 @@ def test_the_wheel_adds_only_the_fedresearch_namespace(fresh_install: Path) -> N
     assert len([name for name in added if name.endswith(".dist-info")]) == 1
     assert (purelib / "fedresearch" / "py.typed").is_file()
     assert list((purelib / "fedresearch" / "report" / "templates").glob("*.md.j2"))
+    static = purelib / "fedresearch" / "web" / "static"
+    assert {"index.html", "page.js", "strings.js", "page.css"} <= {path.name for path in static.iterdir()}
+    vendored = {path.name for path in (static / "vendor").iterdir()}
+    assert {"marked.min.js", "purify.min.js", "LICENSE.marked.txt", "LICENSE.dompurify.txt"} <= vendored
 
 
 def test_it_imports_and_serves_beside_unrelated_core_library_report(fresh_install: Path, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ import builtins
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, replace
@@ -34,11 +35,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from fedresearch.report.store import REPORT_ID, delete_report, write_atomic
+from fedresearch.report.store import delete_report, write_atomic
 
 log = logging.getLogger("fedresearch")
 
 Frame = dict[str, Any]
+JOB_ID = re.compile(r"[\w.:-]{1,128}")  # a file name too: no slash, so never outside the jobs folder
 
 
 class JobStatus(StrEnum):
@@ -252,12 +254,13 @@ def _write_meta_file(directory: Path, research_id: str, data: bytes) -> None:
 def _read_saved(directory: Path) -> list[Job]:
     jobs = []
     for path in directory.glob("*.json") if directory.is_dir() else []:
-        if not REPORT_ID.fullmatch(path.stem):
-            continue
         try:
-            jobs.append(Job.from_json(json.loads(path.read_text(encoding="utf-8"))))
-        except (OSError, ValueError, TypeError) as error:
+            job = Job.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError, AttributeError) as error:
             log.warning("job record %s is unreadable and was skipped: %s", path.name, error)
+            continue
+        if job.research_id == path.stem and JOB_ID.fullmatch(job.research_id):
+            jobs.append(job)
     return jobs
 
 

@@ -35,6 +35,7 @@ from fedresearch.web import (
     literature,
     mcp_server,
     openapi,
+    page,
     reports,
     research_socket,
     status,
@@ -145,9 +146,10 @@ def create_app(
     app[LIVE_JOBS] = {}
     app[BACKGROUND] = set()
     app.cleanup_ctx.append(_resources)
+    app.cleanup_ctx.append(tasks.retention_sweeps)  # after _resources: it reads the job store
     app.on_shutdown.append(_close_sockets)
     app.on_shutdown.append(tasks.stop_jobs)
-    app.router.add_get("/", status.index)
+    page.register(app)
     app.router.add_get("/healthz", status.healthz)
     app.router.add_get("/metrics", status.metrics)
     app.router.add_get("/api/retrievers", status.retrievers)

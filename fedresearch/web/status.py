@@ -1,4 +1,4 @@
-"""What the server is and how it fares: `/`, `/healthz`, `/metrics`, and `GET /api/retrievers`."""
+"""What the server is and how it fares: `/healthz`, `/metrics`, and `GET /api/retrievers`."""
 
 from __future__ import annotations
 
@@ -46,17 +46,3 @@ def retriever_list(registry: dict[str, Adapter], settings: Settings) -> dict[str
 async def retrievers(request: web.Request) -> web.Response:
     principal_of(request)
     return web.json_response(retriever_list(request.app[REGISTRY], request.app[SETTINGS]))
-
-
-async def index(request: web.Request) -> web.Response:
-    registry = request.app[REGISTRY]
-    names = ", ".join(sorted(registry))
-    return web.Response(
-        text=(
-            "fedresearch: federated research over your library and the web.\n"
-            "WebSocket research: /ws (GPT-Researcher protocol)\n"
-            "Literature API: POST /internal/biblios/vector_search/\n"
-            "Dify External Knowledge API: POST /retrieval\n"
-            f"Retrievers (GET /api/retrievers): {names}\n"
-        )
-    )
