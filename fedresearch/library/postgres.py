@@ -85,6 +85,8 @@ CREATE TABLE IF NOT EXISTS library_users (
 );
 """
 
+_TEXT_COLUMNS = {"english": "english", "cjk": "simple"}  # tsvector column: its text search configuration
+
 PASSAGE_COLUMNS = (
     "p.id, p.heading, p.page, p.position, p.text, p.kind, p.embedding AS vector, d.id AS document_id,"
     " d.title, d.authors::text AS authors, d.year, d.doi, d.url, d.tags::text AS tags, d.extra::text AS extra"
@@ -280,61 +282,66 @@ class PostgresStore:
         """Okapi BM25 (k1 1.2, b 0.75) of the user's passages matching any English stem or CJK bigram.
 
         PostgreSQL's ts_rank has no inverse document frequency and barely counts repeats, so it
-        ranks a passage with "rank" over one with "reciprocal rank"; BM25 is computed here from the
-        tsvector's positions (term frequency) and lexeme count (length), with document frequencies
-        among the user's passages counted up to DF_CAP.
+        ranks a passage with "rank" over one with "reciprocal rank"; BM25 is computed here: a
+        lexeme's frequency in a passage is ts_rank_cd of that lexeme alone / 0.1 (one cover per
+        occurrence), the length is the tsvector's lexeme count, and document frequencies among
+        the user's passages are counted up to DF_CAP.
         """
         # \w+ words only (no tsquery operators in them); CJK runs are matched by their bigrams
-        words = " | ".join(w for w in dict.fromkeys(tokens(query)) if not cjk_bigrams(w))
-        grams = " | ".join(dict.fromkeys(cjk_bigrams(query)))
-        if not words and not grams:
+        texts = {
+            "english": " | ".join(w for w in dict.fromkeys(tokens(query)) if not cjk_bigrams(w)),
+            "cjk": " | ".join(dict.fromkeys(cjk_bigrams(query))),
+        }
+        if not any(texts.values()):
             return []
-        arguments: dict[str, Any] = {"user": user_id, "kind": kind, "limit": limit, "words": words, "grams": grams}
         with self._db() as db:
-            idf, average = self._term_weights(db, user_id, words, grams)
-            if not idf["english"] and not idf["cjk"]:
+            terms, average = self._term_weights(db, user_id, texts)
+            if not terms:
                 return []  # stopwords only
-            matches, scores = [], []
-            for column, config in (("english", "english"), ("cjk", "simple")):
-                if idf[column]:
-                    query_text = "%(words)s" if column == "english" else "%(grams)s"
-                    matches.append(f"p.{column} @@ to_tsquery('{config}', {query_text})")
-                    scores.append(_bm25_sql(column))
-                    arguments[f"{column}_lexemes"] = list(idf[column])
-                    arguments[f"{column}_idf"] = list(idf[column].values())
-                    arguments[f"{column}_average"] = average[column]
+            arguments: dict[str, Any] = {"user": user_id, "kind": kind, "limit": limit, **texts}
+            frequencies, score = [], []
+            for number, (column, literal, idf) in enumerate(terms):
+                arguments[f"q{number}"], arguments[f"w{number}"] = literal, idf
+                frequencies.append(f"10 * ts_rank_cd(v.{column}, %(q{number})s::tsquery, 0) AS tf{number}")
+                score.append(f"%(w{number})s * t.tf{number} * 2.2 / (t.tf{number} + t.k_{column})")
+            lengths = [f"1.2 * (0.25 + 0.75 * length(v.{c}) / {average[c]!r}) AS k_{c}" for c in _TEXT_COLUMNS]
+            matches = [f"p.{c} @@ to_tsquery('{config}', %({c})s)" for c, config in _TEXT_COLUMNS.items() if texts[c]]
             scope, values = _scope(filters)
             sql = (
-                f"SELECT p.id, {' + '.join(scores)} AS score FROM library_passages p{_join(filters)}"
+                f"SELECT p.id, {' + '.join(score)} AS score FROM library_passages p{_join(filters)}"
+                # each tsvector decompressed once per row, not once per term (OFFSET 0 keeps it so)
+                " CROSS JOIN LATERAL (SELECT p.english || ''::tsvector AS english, p.cjk || ''::tsvector AS cjk"
+                " OFFSET 0) v"
+                f" CROSS JOIN LATERAL (SELECT {', '.join(frequencies + lengths)} OFFSET 0) t"
                 f" WHERE p.user_id = %(user)s AND ({' OR '.join(matches)}){_kind(kind)}{scope}"
                 " ORDER BY score DESC, p.id LIMIT %(limit)s"
             )
             return [(row["id"], float(row["score"])) for row in db.execute(sql, {**arguments, **values}).fetchall()]
 
     def _term_weights(
-        self, db: psycopg.Connection[dict[str, Any]], user_id: str, words: str, grams: str
-    ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
-        """Each query lexeme's idf, ln(1 + (N - df + 0.5) / (df + 0.5)), per column; and each column's
-        average passage length in lexemes."""
-        idf: dict[str, dict[str, float]] = {"english": {}, "cjk": {}}
+        self, db: psycopg.Connection[dict[str, Any]], user_id: str, texts: dict[str, str]
+    ) -> tuple[list[tuple[str, str, float]], dict[str, float]]:
+        """(column, lexeme as a tsquery literal, idf) of each query lexeme, idf = ln(1 + (N - df + 0.5) /
+        (df + 0.5)) among the user's passages; and each column's average passage length in lexemes."""
         found = db.execute(
             "SELECT passages, english_lexemes, cjk_lexemes FROM library_users WHERE user_id = %s", (user_id,)
         ).fetchone()
         if found is None or not found["passages"]:
-            return idf, {"english": 1.0, "cjk": 1.0}
+            return [], {}
         total = found["passages"]
-        average = {column: max(found[f"{column}_lexemes"] / total, 1.0) for column in idf}
-        for column, config, text in (("english", "english", words), ("cjk", "simple", grams)):
-            if not text:
+        average = {column: max(found[f"{column}_lexemes"] / total, 1.0) for column in _TEXT_COLUMNS}
+        terms = []
+        for column, config in _TEXT_COLUMNS.items():
+            if not texts[column]:
                 continue
             rows = db.execute(
-                f"SELECT lexeme, (SELECT count(*) FROM (SELECT 1 FROM library_passages p WHERE p.user_id = %s"
-                f" AND p.{column} @@ quote_literal(lexeme)::tsquery LIMIT {DF_CAP}) matched) AS df"
-                f" FROM unnest(tsvector_to_array(to_tsvector('{config}', replace(%s, ' | ', ' ')))) AS lexeme",
-                (user_id, text),
+                f"SELECT quote_literal(lexeme) AS literal, (SELECT count(*) FROM (SELECT 1 FROM library_passages p"
+                f" WHERE p.user_id = %s AND p.{column} @@ quote_literal(lexeme)::tsquery LIMIT {DF_CAP}) matched)"
+                f" AS df FROM unnest(tsvector_to_array(to_tsvector('{config}', replace(%s, ' | ', ' ')))) AS lexeme",
+                (user_id, texts[column]),
             ).fetchall()
-            idf[column] = {r["lexeme"]: math.log(1 + (total - r["df"] + 0.5) / (r["df"] + 0.5)) for r in rows}
-        return idf, average
+            terms += [(column, r["literal"], math.log(1 + (total - r["df"] + 0.5) / (r["df"] + 0.5))) for r in rows]
+        return terms, average
 
     def dense(
         self, user_id: str, query_vector: np.ndarray, kind: str | None, filters: SearchFilters, limit: int
@@ -442,17 +449,6 @@ def _insert(db: psycopg.Connection[Any], user_id: str, document: StoredDocument)
 
 def _vector(blob: bytes | None) -> np.ndarray | None:
     return None if blob is None else np.frombuffer(blob, dtype=np.float32)
-
-
-def _bm25_sql(column: str) -> str:
-    """A passage's BM25 over one tsvector column: term frequency from the lexeme's positions."""
-    tf = "cardinality(u.positions)"
-    norm = f"1.2 * (0.25 + 0.75 * length(p.{column}) / %({column}_average)s)"
-    return (
-        f"(SELECT COALESCE(sum(w.idf * {tf} * 2.2 / ({tf} + {norm})), 0) FROM unnest(p.{column}) u"
-        f" JOIN unnest(%({column}_lexemes)s::text[], %({column}_idf)s::float8[]) AS w(lexeme, idf)"
-        " ON w.lexeme = u.lexeme)"
-    )
 
 
 def _kind(kind: str | None) -> str:
