@@ -133,8 +133,12 @@ class EmbeddedStore:
 def open_store(location: Path | str, dims: int | None) -> Store:
     """The embedded store in a folder, or PostgreSQL for a `postgresql://` URL."""
     if isinstance(location, str) and location.startswith(POSTGRES_SCHEMES):
-        from fedresearch.library.postgres import PostgresStore  # psycopg: the optional `postgres` extra
-
+        try:
+            from fedresearch.library.postgres import PostgresStore  # psycopg: the optional `postgres` extra
+        except ImportError as error:
+            raise RuntimeError(
+                f'the library on PostgreSQL needs the postgres extra: pip install "fedresearch[postgres]" ({error})'
+            ) from error
         return PostgresStore(location, dims)
     return EmbeddedStore(Path(location), dims)
 

@@ -34,6 +34,7 @@ SCHEMA_VERSION = 1
 # is as fast and exact (bench/library_pg.py measures both; README, "Team scale: PostgreSQL").
 HNSW_FROM = 20_000
 HNSW_EF_SEARCH = 200
+CANDIDATES = 3_000  # BM25 scores the passages of the query's rarest terms, about this many
 DF_CAP = 10_000  # document frequencies are counted up to this: past it, a term's idf barely moves
 POOL_SIZE = 8
 _SCHEMA_LOCK = 7_215_420_091  # pg_advisory_lock key: one process creates or upgrades the schema
@@ -285,7 +286,10 @@ class PostgresStore:
         ranks a passage with "rank" over one with "reciprocal rank"; BM25 is computed here: a
         lexeme's frequency in a passage is ts_rank_cd of that lexeme alone / 0.1 (one cover per
         occurrence), the length is the tsvector's lexeme count, and document frequencies among
-        the user's passages are counted up to DF_CAP.
+        the user's passages are counted up to DF_CAP. Only passages holding one of the query's
+        rarer terms are scored (the rarest terms whose passages add up to at most CANDIDATES, and
+        at least the rarest one): scoring every passage that shares one common word with a long
+        question cost seconds at 100k passages (README, "Team scale: PostgreSQL").
         """
         # \w+ words only (no tsquery operators in them); CJK runs are matched by their bigrams
         texts = {
@@ -298,14 +302,19 @@ class PostgresStore:
             terms, average = self._term_weights(db, user_id, texts)
             if not terms:
                 return []  # stopwords only
-            arguments: dict[str, Any] = {"user": user_id, "kind": kind, "limit": limit, **texts}
+            arguments: dict[str, Any] = {"user": user_id, "kind": kind, "limit": limit}
             frequencies, score = [], []
-            for number, (column, literal, idf) in enumerate(terms):
+            for number, (column, literal, idf, _) in enumerate(terms):
                 arguments[f"q{number}"], arguments[f"w{number}"] = literal, idf
                 frequencies.append(f"10 * ts_rank_cd(v.{column}, %(q{number})s::tsquery, 0) AS tf{number}")
                 score.append(f"%(w{number})s * t.tf{number} * 2.2 / (t.tf{number} + t.k_{column})")
             lengths = [f"1.2 * (0.25 + 0.75 * length(v.{c}) / {average[c]!r}) AS k_{c}" for c in _TEXT_COLUMNS]
-            matches = [f"p.{c} @@ to_tsquery('{config}', %({c})s)" for c, config in _TEXT_COLUMNS.items() if texts[c]]
+            matches = []
+            for column, literals in _rarest(terms).items():
+                arguments[f"match_{column}"] = " | ".join(literals)
+                matches.append(f"p.{column} @@ %(match_{column})s::tsquery")
+            if not matches:
+                return []  # no term of the query occurs in the user's passages
             scope, values = _scope(filters)
             sql = (
                 f"SELECT p.id, {' + '.join(score)} AS score FROM library_passages p{_join(filters)}"
@@ -320,8 +329,8 @@ class PostgresStore:
 
     def _term_weights(
         self, db: psycopg.Connection[dict[str, Any]], user_id: str, texts: dict[str, str]
-    ) -> tuple[list[tuple[str, str, float]], dict[str, float]]:
-        """(column, lexeme as a tsquery literal, idf) of each query lexeme, idf = ln(1 + (N - df + 0.5) /
+    ) -> tuple[list[tuple[str, str, float, int]], dict[str, float]]:
+        """(column, lexeme as a tsquery literal, idf, df) of each query lexeme, idf = ln(1 + (N - df + 0.5) /
         (df + 0.5)) among the user's passages; and each column's average passage length in lexemes."""
         found = db.execute(
             "SELECT passages, english_lexemes, cjk_lexemes FROM library_users WHERE user_id = %s", (user_id,)
@@ -340,7 +349,9 @@ class PostgresStore:
                 f" AS df FROM unnest(tsvector_to_array(to_tsvector('{config}', replace(%s, ' | ', ' ')))) AS lexeme",
                 (user_id, texts[column]),
             ).fetchall()
-            terms += [(column, r["literal"], math.log(1 + (total - r["df"] + 0.5) / (r["df"] + 0.5))) for r in rows]
+            terms += [
+                (column, r["literal"], math.log(1 + (total - r["df"] + 0.5) / (r["df"] + 0.5)), r["df"]) for r in rows
+            ]
         return terms, average
 
     def dense(
@@ -449,6 +460,19 @@ def _insert(db: psycopg.Connection[Any], user_id: str, document: StoredDocument)
 
 def _vector(blob: bytes | None) -> np.ndarray | None:
     return None if blob is None else np.frombuffer(blob, dtype=np.float32)
+
+
+def _rarest(terms: list[tuple[str, str, float, int]]) -> dict[str, list[str]]:
+    """The tsquery literals, per column, of the rarest terms whose passages add up to at most
+    CANDIDATES (at least the rarest term): the passages worth scoring."""
+    chosen: dict[str, list[str]] = {}
+    covered = 0
+    for column, literal, _, df in sorted((t for t in terms if t[3] > 0), key=lambda t: t[3]):
+        if chosen and covered + df > CANDIDATES:
+            break
+        chosen.setdefault(column, []).append(literal)
+        covered += df
+    return chosen
 
 
 def _kind(kind: str | None) -> str:
