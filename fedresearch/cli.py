@@ -85,9 +85,13 @@ def _ingest(args: argparse.Namespace) -> int:
 def _library(args: argparse.Namespace) -> int:
     from fedresearch.library.embedded import Library
 
-    library = Library(Settings().library_dir)  # listing and deleting need no embedding model
+    if args.action == "migrate":
+        from fedresearch.library.migrate import migrate_command
+
+        return migrate_command(Settings(), args.to)
+    library = Library(Settings().library_location)  # listing and deleting need no embedding model
     if args.action == "check":
-        print(library.index.health(library.records))
+        print(library.health())
         return 0
     if args.action == "list":
         documents = library.list_documents(args.user)
@@ -173,6 +177,10 @@ def _add_library(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     delete = actions.add_parser("delete")
     delete.add_argument("--user", required=True)
     delete.add_argument("ids", nargs="+", type=int)
+    migrate = actions.add_parser(
+        "migrate", help="copy the embedded library (every user, passages and vectors) into PostgreSQL"
+    )
+    migrate.add_argument("--to", required=True, metavar="postgresql://…", help="the PostgreSQL library to fill")
     library.set_defaults(run=_library)
 
 

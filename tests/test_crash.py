@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fedresearch.library.embedded import Library
@@ -17,12 +18,51 @@ ROOT = Path(__file__).resolve().parent.parent
 FILES = 240
 
 
-def count(db: Path, sql: str) -> int:
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as connection:
-        return connection.execute(sql).fetchone()[0]
+# what the test counts, in each store's tables
+CHECKS = {
+    "embedded": {
+        "documents": "SELECT COUNT(*) FROM documents",
+        "sources": "SELECT COUNT(DISTINCT source) FROM documents",
+        "empty": "SELECT COUNT(*) FROM documents d WHERE NOT EXISTS"
+        " (SELECT 1 FROM chunks c WHERE c.document_id = d.id)",
+        "unembedded": "SELECT COUNT(*) FROM chunks WHERE vector IS NULL",
+        "unindexed": "SELECT COUNT(*) FROM documents WHERE indexed = 0",
+    },
+    "postgres": {
+        "documents": "SELECT COUNT(*) FROM library_documents",
+        "sources": "SELECT COUNT(DISTINCT source) FROM library_documents",
+        "empty": "SELECT COUNT(*) FROM library_documents d WHERE NOT EXISTS"
+        " (SELECT 1 FROM library_passages p WHERE p.user_id = d.user_id AND p.document_id = d.id)",
+        "unembedded": "SELECT COUNT(*) FROM library_passages WHERE embedding IS NULL",
+        "unindexed": "SELECT 0",  # full text is written with the passages, in their transaction
+    },
+}
 
 
-def test_sigkill_mid_ingest_then_rerun(tmp_path, encoder):
+def counter(location: Path | str, data: Path) -> Callable[[str], int]:
+    """count(check) for the library at `location` (embedded: the SQLite file under `data`)."""
+    if isinstance(location, str):
+        import psycopg
+
+        def count_postgres(check: str) -> int:
+            with psycopg.connect(location, connect_timeout=10) as connection:
+                row = connection.execute(CHECKS["postgres"][check]).fetchone()
+                assert row is not None
+                return int(row[0])
+
+        return count_postgres
+    db = data / "library" / "library.sqlite3"
+
+    def count_sqlite(check: str) -> int:
+        if not db.exists():
+            raise sqlite3.OperationalError("not created yet")
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as connection:
+            return int(connection.execute(CHECKS["embedded"][check]).fetchone()[0])
+
+    return count_sqlite
+
+
+def test_sigkill_mid_ingest_then_rerun(tmp_path, encoder, library_location):
     notes = tmp_path / "notes"
     notes.mkdir()
     for number in range(FILES):
@@ -31,39 +71,36 @@ def test_sigkill_mid_ingest_then_rerun(tmp_path, encoder):
         )
     data = tmp_path / "data"
     env = {**os.environ, "FEDRESEARCH_DATA_DIR": str(data)}
+    if isinstance(library_location, str):
+        env["FEDRESEARCH_LIBRARY_URL"] = library_location
     command = [sys.executable, "-m", "fedresearch", "ingest", "--user", "u", str(notes)]
-    db = data / "library" / "library.sqlite3"
+    count = counter(library_location, data)
 
     ingest = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        with contextlib.suppress(sqlite3.OperationalError):  # the schema may not be written yet
-            if db.exists() and count(db, "SELECT COUNT(*) FROM documents") >= 20:
+        with contextlib.suppress(Exception):  # the schema may not be written yet
+            if count("documents") >= 20:
                 break
         time.sleep(0.05)
     ingest.send_signal(signal.SIGKILL)
     ingest.wait()
-    stored = count(db, "SELECT COUNT(*) FROM documents")
+    stored = count("documents")
     assert 20 <= stored < FILES, "the kill did not land mid-ingest"
 
     # consistent: no document without passages, no passage without a vector
-    assert (
-        count(
-            db, "SELECT COUNT(*) FROM documents d WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.document_id = d.id)"
-        )
-        == 0
-    )
-    assert count(db, "SELECT COUNT(*) FROM chunks WHERE vector IS NULL") == 0
-    library = Library(data / "library", encoder=encoder)
+    assert count("empty") == 0
+    assert count("unembedded") == 0
+    library = Library(data / "library" if isinstance(library_location, Path) else library_location, encoder=encoder)
     first = library.search("u", "specimen zx000q", None, 1)
     assert first and "zx000q" in first[0].text  # searchable while half done
 
     rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     assert f"{FILES - stored} documents added" in rerun.stdout and f"{stored} unchanged" in rerun.stdout
-    assert count(db, "SELECT COUNT(*) FROM documents") == FILES
-    assert count(db, "SELECT COUNT(DISTINCT source) FROM documents") == FILES
-    assert count(db, "SELECT COUNT(*) FROM documents WHERE indexed = 0") == 0
+    assert count("documents") == FILES
+    assert count("sources") == FILES
+    assert count("unindexed") == 0
     for number in (0, stored - 1, stored, FILES - 1):
         # BM25 must rank the exact note first; for vectors, every note must be in the user's matrix
         # (240 near-identical notes are not something embeddings tell apart)

@@ -9,12 +9,12 @@ from fedresearch.library.embedded import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.retrievers.internal_api import parse_response, passage_result
 from fedresearch.web.literature import item_of
-from tests.conftest import EXAMPLES, make_settings, report_of, run_task
+from tests.conftest import EXAMPLES, report_of, run_task, settings_at
 from tests.pdfs import write_pdf
 
 
-def test_example_library_ingests_every_format(tmp_path):
-    library = Library(tmp_path)
+def test_example_library_ingests_every_format(library_location):
+    library = Library(library_location)
     report = ingest(library, "alice", [EXAMPLES])
     assert report.skipped == []
     kinds = {doc.kind for doc in library.list_documents("alice")}
@@ -28,10 +28,10 @@ def test_example_library_ingests_every_format(tmp_path):
     assert again.added == 0 and again.unchanged == report.added
 
 
-def test_changed_file_replaces_its_chunks(tmp_path):
+def test_changed_file_replaces_its_chunks(tmp_path, library_location):
     note = tmp_path / "note.md"
     note.write_text("# Note\n\nThe quokka is a small marsupial.\n")
-    library = Library(tmp_path / "lib")
+    library = Library(library_location)
     ingest(library, "alice", [note])
     note.write_text("# Note\n\nThe wombat digs burrows.\n")
     report = ingest(library, "alice", [note])
@@ -40,8 +40,8 @@ def test_changed_file_replaces_its_chunks(tmp_path):
     assert library.search("alice", "wombat", "highlight")[0].text == "The wombat digs burrows."
 
 
-def test_users_never_see_each_other(tmp_path):
-    library = Library(tmp_path)
+def test_users_never_see_each_other(tmp_path, library_location):
+    library = Library(library_location)
     secret = tmp_path / "secret.md"
     secret.write_text("# Alice only\n\nThe zebrafish experiment results are confidential.\n")
     ingest(library, "alice", [secret])
@@ -55,27 +55,27 @@ def test_users_never_see_each_other(tmp_path):
     assert library.list_documents("alice")
 
 
-def test_chinese_query_finds_the_chinese_note(tmp_path):
-    library = Library(tmp_path)
+def test_chinese_query_finds_the_chinese_note(library_location):
+    library = Library(library_location)
     ingest(library, "alice", [EXAMPLES])
     items = library.search("alice", "中文分词问题", "highlight", 3)
     assert items and "中文检索笔记" in items[0].display_title
 
 
-def test_broken_files_are_skipped_with_a_reason(tmp_path):
+def test_broken_files_are_skipped_with_a_reason(tmp_path, library_location):
     (tmp_path / "bad.jsonl").write_text('{"title": "ok"}\n{not json\n')
     (tmp_path / "empty.md").write_text("")
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00bad")
-    library = Library(tmp_path / "lib")
+    library = Library(library_location)
     report = ingest(library, "alice", [tmp_path / "bad.jsonl", tmp_path / "empty.md", tmp_path / "binary.txt"])
     assert len(report.skipped) == 3
     assert "not JSON" in report.skipped[0] and "no text" in report.skipped[1] and "UTF-8" in report.skipped[2]
     assert library.list_documents("alice") == []  # the good first line of bad.jsonl is not half-stored
 
 
-async def test_endpoint_and_websocket_use_the_embedded_library(tmp_path, start_server):
-    settings = make_settings(tmp_path)
-    library = Library(settings.library_dir)
+async def test_endpoint_and_websocket_use_the_library(tmp_path, start_server, library_location):
+    settings = settings_at(tmp_path, library_location)
+    library = Library(settings.library_location)
     ingest(library, "alice", [EXAMPLES])
     server = await start_server(settings)
     import aiohttp
@@ -112,11 +112,11 @@ async def test_endpoint_and_websocket_use_the_embedded_library(tmp_path, start_s
 
 
 @pytest.mark.parametrize("kind", ["biblio", "highlight", "file"])
-def test_in_process_results_equal_those_read_back_from_the_api_json(tmp_path, kind):
+def test_in_process_results_equal_those_read_back_from_the_api_json(tmp_path, kind, library_location):
     """The embedded library answers the internal adapter in process with typed passages; the same
     passages served as literature-API JSON and parsed back give the same results (the cosine aside,
     which JSON does not carry)."""
-    library = Library(tmp_path / "library")
+    library = Library(library_location)
     ingest(library, "alice", [EXAMPLES], kind="highlight")
     ingest(library, "alice", [write_pdf(tmp_path / "fusion.pdf", ["Rank fusion on page one.", "Dense retrieval."])])
     passages = library.search("alice", "rank fusion dense retrieval", kind, 10)

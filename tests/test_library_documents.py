@@ -10,7 +10,7 @@ from fedresearch.library.embedded import Library
 from fedresearch.library.formats import Document, Section
 from fedresearch.library.search import fuse_documents
 from fedresearch.retrievers.internal_api import LiteratureApi
-from tests.conftest import make_settings
+from tests.conftest import make_settings, settings_at
 
 _FILLER = " ".join(
     f"Sentence {i} of this section discusses tidal energy converters and their mooring loads in storms."
@@ -34,8 +34,8 @@ def papers() -> list[Document]:
 
 
 @pytest.fixture
-def library(tmp_path, encoder):
-    library = Library(tmp_path / "lib", encoder=encoder)
+def library(library_location, encoder):
+    library = Library(library_location, encoder=encoder)
     library.add_documents("alice", papers())
     return library
 
@@ -81,9 +81,9 @@ def test_the_internal_adapter_asks_for_papers_only_for_biblio(tmp_path):
         assert isinstance(request, LibraryRequest) and request.documents is documents
 
 
-async def test_the_literature_api_answers_papers_for_biblio(tmp_path, start_server, encoder):
-    settings = make_settings(tmp_path)
-    Library(settings.library_dir, encoder=encoder).add_documents("alice", papers())
+async def test_the_literature_api_answers_papers_for_biblio(tmp_path, start_server, encoder, library_location):
+    settings = settings_at(tmp_path, library_location)
+    Library(settings.library_location, encoder=encoder).add_documents("alice", papers())
     server = await start_server(settings)
     body = {"type": "biblio", "user_id": "alice", "query": "tidal energy mooring loads", "top_k": 5}
     url = f"{server.url}/internal/biblios/vector_search/"

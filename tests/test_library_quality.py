@@ -22,11 +22,11 @@ def ndcg_at_10(ranked: list[str], relevant: set[str]) -> float:
 
 
 @pytest.mark.skipif(not MED.is_dir(), reason="../shared/datasets is not beside this checkout")
-def test_hybrid_search_clears_a_floor_on_med(tmp_path, encoder):
+def test_hybrid_search_clears_a_floor_on_med(encoder, library_location):
     corpus, queries, qrels = load_collection(MED)
     judged = {doc for q in QUERIES for doc in qrels[q]}
     subset = [doc for doc in corpus if doc["_id"] in judged] + [doc for doc in corpus if doc["_id"] not in judged][:60]
-    library = Library(tmp_path, encoder=encoder)
+    library = Library(library_location, encoder=encoder)
     library.add_documents(
         "u", [Document(kind="biblio", source=d["_id"], title="", sections=[Section(d["text"])]) for d in subset]
     )

@@ -33,8 +33,8 @@ def test_both_encoders_match_sentence_transformers(encoder, numpy_encoder, backe
 
 
 @pytest.fixture
-def library(tmp_path, encoder):
-    library = Library(tmp_path / "lib", encoder=encoder)
+def library(library_location, encoder):
+    library = Library(library_location, encoder=encoder)
     ingest(library, "alice", [EXAMPLES])
     return library
 
@@ -73,8 +73,8 @@ def test_filters_hold_in_every_mode(library, mode):
 
 
 @pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
-def test_isolation_in_every_mode(tmp_path, encoder, mode):
-    library = Library(tmp_path / "lib", encoder=encoder)
+def test_isolation_in_every_mode(tmp_path, encoder, mode, library_location):
+    library = Library(library_location, encoder=encoder)
     secret = tmp_path / "secret.md"
     secret.write_text("# Alice only\n\nThe zebrafish experiment results are confidential.\n")
     ingest(library, "alice", [secret])
@@ -85,10 +85,10 @@ def test_isolation_in_every_mode(tmp_path, encoder, mode):
     assert library.search("carol", "zebrafish", None, 10, mode) == []
 
 
-def test_a_second_process_sees_writes_and_deletes(tmp_path, encoder):
-    reader = Library(tmp_path / "lib", encoder=encoder)
+def test_a_second_process_sees_writes_and_deletes(tmp_path, encoder, library_location):
+    reader = Library(library_location, encoder=encoder)
     assert reader.search("alice", "quokka marsupial", None, 5) == []
-    writer = Library(tmp_path / "lib", encoder=encoder)  # as `fedresearch ingest` beside a running server
+    writer = Library(library_location, encoder=encoder)  # as `fedresearch ingest` beside a running server
     note = tmp_path / "quokka.md"
     note.write_text("# Quokka\n\nThe quokka is a small marsupial from Rottnest Island.\n")
     ingest(writer, "alice", [note])
@@ -99,10 +99,10 @@ def test_a_second_process_sees_writes_and_deletes(tmp_path, encoder):
         assert reader.search("alice", "quokka marsupial", None, 5, mode) == []
 
 
-def test_a_library_built_without_vectors_gets_them_on_the_next_ingest(tmp_path, encoder):
-    plain = Library(tmp_path / "lib")
+def test_a_library_built_without_vectors_gets_them_on_the_next_ingest(encoder, library_location):
+    plain = Library(library_location)
     ingest(plain, "alice", [EXAMPLES])
-    upgraded = Library(tmp_path / "lib", encoder=encoder)
+    upgraded = Library(library_location, encoder=encoder)
     assert upgraded.search("alice", "reciprocal rank fusion", "biblio", 3)[0].document_id
     assert upgraded.search("alice", "reciprocal rank fusion", "biblio", 3, mode="dense") == []
     report = ingest(upgraded, "alice", [EXAMPLES])

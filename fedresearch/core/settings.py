@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     workers: int | Literal["auto"] = Field(1, validation_alias="FEDRESEARCH_WORKERS")
     redis_url: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_REDIS_URL")
     data_dir: Path = Field(Path("./data"), validation_alias="FEDRESEARCH_DATA_DIR")
+    # unset: the embedded library under data_dir; postgresql://…: on PostgreSQL (secret: it may hold a password)
+    library_url: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_LIBRARY_URL")
     default_retrievers: CommaList = Field(["library"], validation_alias="DEFAULT_RETRIEVERS")
     default_user: str | None = Field(None, validation_alias="FEDRESEARCH_DEFAULT_USER")
     retriever_timeout_s: float = Field(10.0, gt=0, validation_alias="RETRIEVER_TIMEOUT_S")
@@ -180,6 +182,7 @@ class Settings(BaseSettings):
         "brave_api_key",
         "llm_api_key",
         "redis_url",
+        "library_url",
         mode="before",
     )
     @classmethod
@@ -211,6 +214,18 @@ class Settings(BaseSettings):
     @property
     def library_dir(self) -> Path:
         return self.data_dir / "library"
+
+    @property
+    def library_location(self) -> Path | str:
+        """Where the library lives: the embedded library's folder, or FEDRESEARCH_LIBRARY_URL."""
+        return self.library_url.get_secret_value() if self.library_url is not None else self.library_dir
+
+    @field_validator("library_url")
+    @classmethod
+    def _postgres_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith(("postgresql://", "postgres://")):
+            raise ValueError("FEDRESEARCH_LIBRARY_URL must be a postgresql:// URL (unset: the embedded library)")
+        return value
 
 
 def secret(value: SecretStr | None) -> str | None:

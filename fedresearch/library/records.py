@@ -221,6 +221,24 @@ class Records:
         )
         return [row[0] for row in rows]
 
+    def user_ids(self) -> list[str]:
+        return [row[0] for row in self.db().execute("SELECT DISTINCT user_id FROM documents ORDER BY user_id")]
+
+    def document_rows(self, user_id: str) -> list[sqlite3.Row]:
+        """Every column of the user's documents, oldest first (what `library migrate` copies)."""
+        return self.db().execute("SELECT * FROM documents WHERE user_id = ? ORDER BY id", (user_id,)).fetchall()
+
+    def stored_chunks(self, user_id: str, document_id: int) -> list[sqlite3.Row]:
+        return (
+            self.db()
+            .execute(
+                "SELECT heading, page, position, text, vector FROM chunks WHERE user_id = ? AND document_id = ?"
+                " ORDER BY position, id",
+                (user_id, document_id),
+            )
+            .fetchall()
+        )
+
     def generation(self, user_id: str) -> int:
         row = self.db().execute("SELECT generation FROM user_state WHERE user_id = ?", (user_id,)).fetchone()
         return int(row[0]) if row else 0

@@ -1,0 +1,120 @@
+"""`fedresearch library migrate --to postgresql://…`: the embedded library, every user, into PostgreSQL.
+
+Documents are copied with their passages and vectors as stored (nothing is embedded again), a batch
+of documents per transaction. A document already there with the same content is skipped, one with
+other content replaced, so a re-run (after an interruption, or after more ingests) copies only what
+is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from sqlite3 import Row
+
+import psycopg
+
+from fedresearch.core.settings import Settings
+from fedresearch.library.postgres import DIMS, LibraryDatabaseError, PostgresStore, StoredDocument, StoredPassage
+from fedresearch.library.records import Records
+
+BATCH = 50  # documents per transaction
+
+
+@dataclass
+class MigrationSummary:
+    users: int = 0
+    copied: int = 0
+    replaced: int = 0
+    unchanged: int = 0
+    passages: int = 0
+    vectors: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"{self.users} users: {self.copied} documents copied ({self.replaced} of them replacing other content), "
+            f"{self.unchanged} already there; {self.passages} passages copied, {self.vectors} with vectors"
+        )
+
+
+def migrate(
+    records: Records, target: PostgresStore, on_document: Callable[[int], None] | None = None
+) -> MigrationSummary:
+    """Copy every user's documents from the embedded store of record into PostgreSQL."""
+    summary = MigrationSummary()
+    for user_id in records.user_ids():
+        summary.users += 1
+        documents = records.document_rows(user_id)
+        known = target.hashes(user_id, [row["source"] for row in documents])
+        missing = [row for row in documents if known.get(row["source"]) != row["content_hash"]]
+        summary.unchanged += len(documents) - len(missing)
+        if on_document is not None:
+            on_document(len(documents) - len(missing))
+        for start in range(0, len(missing), BATCH):
+            batch = [_stored(records, user_id, row) for row in missing[start : start + BATCH]]
+            added, replaced = target.write(user_id, batch)
+            summary.copied += added + replaced
+            summary.replaced += replaced
+            summary.passages += sum(len(document.passages) for document in batch)
+            summary.vectors += sum(p.vector is not None for document in batch for p in document.passages)
+            if on_document is not None:
+                on_document(len(batch))
+    return summary
+
+
+def _stored(records: Records, user_id: str, row: Row) -> StoredDocument:
+    passages = []
+    for chunk in records.stored_chunks(user_id, row["id"]):
+        vector = chunk["vector"]
+        if vector is not None and len(vector) != DIMS * 4:
+            raise ValueError(
+                f"document {row['id']} of {user_id!r} has {len(vector) // 4}-dimensional vectors; "
+                f"the PostgreSQL library holds {DIMS}"
+            )
+        passages.append(StoredPassage(chunk["heading"], chunk["page"], chunk["position"], chunk["text"], vector))
+    return StoredDocument(
+        kind=row["kind"],
+        source=row["source"],
+        content_hash=row["content_hash"],
+        title=row["title"],
+        authors=json.loads(row["authors"]),
+        year=row["year"],
+        doi=row["doi"],
+        url=row["url"],
+        tags=json.loads(row["tags"]),
+        extra=json.loads(row["extra"]),
+        passages=passages,
+        added_at=row["added_at"],
+    )
+
+
+def migrate_command(settings: Settings, url: str) -> int:
+    """The CLI's `library migrate`: a progress bar, then a summary with counts (exit 1 on failure)."""
+    from tqdm import tqdm
+
+    database = settings.library_dir / "library.sqlite3"
+    if not url.startswith(("postgresql://", "postgres://")):
+        print("--to must be a postgresql:// URL", file=sys.stderr)
+        return 2
+    if not database.is_file():
+        print(f"no embedded library at {database} (FEDRESEARCH_DATA_DIR): nothing to migrate", file=sys.stderr)
+        return 1
+    records = Records(database)
+    total = int(records.db().execute("SELECT COUNT(*) FROM documents").fetchone()[0])
+    try:
+        target = PostgresStore(url, dims=None)
+    except (LibraryDatabaseError, psycopg.Error) as error:
+        print(f"cannot open the PostgreSQL library: {error}", file=sys.stderr)
+        return 1
+    try:
+        with tqdm(total=total, unit="doc", desc="migrating", file=sys.stderr) as bar:
+            summary = migrate(records, target, bar.update)
+    except (ValueError, psycopg.Error) as error:
+        print(f"migration stopped (what was copied stays; re-run to go on): {error}", file=sys.stderr)
+        return 1
+    finally:
+        target.close()
+    print(f"migrated {summary}")
+    return 0

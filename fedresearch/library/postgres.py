@@ -1,0 +1,507 @@
+"""The library's store on PostgreSQL with pgvector: for teams that outgrow one process and one disk.
+
+Every table is keyed by (user_id, id) and every foreign key carries user_id, so the tables shard by
+user on Citus unchanged (README, "Team scale: PostgreSQL"), and every statement names the user.
+Full text: an 'english' tsvector (stemmed, stopwords out) and a 'simple' tsvector of the CJK bigrams
+the embedded index uses too, each in a GIN index led by user_id (btree_gin), so matching starts
+inside one user's slice. Vectors: an exact scan of the user's rows, or, for users with more than
+`hnsw_from` passages, pgvector's HNSW index (cosine) with iterative scans so filters keep recall.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import psycopg
+from pgvector.psycopg import register_vector
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from fedresearch.core.text import cjk_bigrams, tokens
+from fedresearch.library.records import DocumentInfo, Prepared
+from fedresearch.library.search import Row, SearchFilters, indexed_texts
+from fedresearch.library.store import Ranking
+
+DIMS = 384  # the vector column's width: the library's encoder (all-MiniLM-L6-v2)
+SCHEMA_VERSION = 1
+# Users with more passages than this search the HNSW index; below it an exact scan of their rows
+# is as fast and exact (bench/library_pg.py measures both; README, "Team scale: PostgreSQL").
+HNSW_FROM = 20_000
+HNSW_EF_SEARCH = 200
+CANDIDATES = 3_000  # BM25 scores the passages of the query's rarest terms, about this many
+DF_CAP = 10_000  # document frequencies are counted up to this: past it, a term's idf barely moves
+POOL_SIZE = 8
+_SCHEMA_LOCK = 7_215_420_091  # pg_advisory_lock key: one process creates or upgrades the schema
+
+DDL = """
+CREATE TABLE IF NOT EXISTS library_documents (
+    user_id text NOT NULL,
+    id bigserial,
+    kind text NOT NULL,
+    source text NOT NULL,
+    content_hash text NOT NULL,
+    title text NOT NULL,
+    authors jsonb NOT NULL DEFAULT '[]',
+    author_keys text[] NOT NULL DEFAULT '{}',
+    year integer,
+    doi text,
+    url text,
+    tags jsonb NOT NULL DEFAULT '[]',
+    tag_keys text[] NOT NULL DEFAULT '{}',
+    extra jsonb NOT NULL DEFAULT '{}',
+    added_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (user_id, id),
+    UNIQUE (user_id, source)
+);
+CREATE TABLE IF NOT EXISTS library_passages (
+    user_id text NOT NULL,
+    id bigserial,
+    document_id bigint NOT NULL,
+    kind text NOT NULL,
+    heading text NOT NULL DEFAULT '',
+    page integer,
+    position integer NOT NULL,
+    text text NOT NULL,
+    embedding vector(384),
+    english tsvector NOT NULL,
+    cjk tsvector NOT NULL,
+    PRIMARY KEY (user_id, id),
+    FOREIGN KEY (user_id, document_id) REFERENCES library_documents (user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX IF NOT EXISTS library_passages_by_document ON library_passages (user_id, document_id);
+CREATE INDEX IF NOT EXISTS library_passages_english ON library_passages USING gin (user_id, english);
+CREATE INDEX IF NOT EXISTS library_passages_cjk ON library_passages USING gin (user_id, cjk);
+CREATE INDEX IF NOT EXISTS library_passages_hnsw ON library_passages USING hnsw (embedding vector_cosine_ops);
+CREATE TABLE IF NOT EXISTS library_users (
+    user_id text PRIMARY KEY,
+    passages bigint NOT NULL DEFAULT 0,
+    english_lexemes bigint NOT NULL DEFAULT 0,
+    cjk_lexemes bigint NOT NULL DEFAULT 0
+);
+"""
+
+_TEXT_COLUMNS = {"english": "english", "cjk": "simple"}  # tsvector column: its text search configuration
+
+PASSAGE_COLUMNS = (
+    "p.id, p.heading, p.page, p.position, p.text, p.kind, p.embedding AS vector, d.id AS document_id,"
+    " d.title, d.authors::text AS authors, d.year, d.doi, d.url, d.tags::text AS tags, d.extra::text AS extra"
+)
+
+
+class LibraryDatabaseError(RuntimeError):
+    """PostgreSQL cannot hold the library as configured (no pgvector, another vector width...)."""
+
+
+@dataclass(frozen=True)
+class StoredPassage:
+    heading: str
+    page: int | None
+    position: int
+    text: str
+    vector: bytes | None  # float32, DIMS of them
+
+
+@dataclass(frozen=True)
+class StoredDocument:
+    """A document as the store keeps it: what ingest prepares, and what migrate reads from SQLite."""
+
+    kind: str
+    source: str
+    content_hash: str
+    title: str
+    authors: list[str]
+    year: int | None
+    doi: str | None
+    url: str | None
+    tags: list[str]
+    extra: dict[str, Any]
+    passages: list[StoredPassage]
+    added_at: str | None = None  # ISO 8601; None: now
+
+    @classmethod
+    def of(cls, item: Prepared) -> StoredDocument:
+        d = item.document
+        passages = [
+            StoredPassage(c.heading, c.page, c.position, c.text, v)
+            for c, v in zip(item.chunks, item.vectors, strict=True)
+        ]
+        return cls(
+            d.kind, d.source, d.content_hash, d.title, d.authors, d.year, d.doi, d.url, d.tags, d.extra, passages
+        )
+
+
+def create_schema(url: str) -> None:
+    """The tables and indexes, once: idempotent, and safe when several processes open at once."""
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute("SELECT pg_advisory_lock(%s)", (_SCHEMA_LOCK,))
+        try:
+            _require_extensions(db)
+            db.execute("CREATE TABLE IF NOT EXISTS library_schema (version integer NOT NULL)")
+            row = db.execute("SELECT max(version) FROM library_schema").fetchone()
+            version = row[0] if row else None
+            if version is not None and version > SCHEMA_VERSION:
+                raise LibraryDatabaseError(
+                    f"the library's tables are at version {version}, newer than this fedresearch ({SCHEMA_VERSION})"
+                )
+            if version != SCHEMA_VERSION:
+                with db.transaction():
+                    db.execute(DDL)
+                    db.execute("DELETE FROM library_schema")
+                    db.execute("INSERT INTO library_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+        finally:
+            db.execute("SELECT pg_advisory_unlock(%s)", (_SCHEMA_LOCK,))
+
+
+def _require_extensions(db: psycopg.Connection[Any]) -> None:
+    for name in ("vector", "btree_gin"):
+        try:
+            db.execute(f"CREATE EXTENSION IF NOT EXISTS {name}")
+        except psycopg.Error as error:
+            raise LibraryDatabaseError(
+                f"PostgreSQL extension {name!r} is missing and could not be created ({error}); "
+                f"a superuser can run: CREATE EXTENSION {name};"
+            ) from error
+
+
+class PostgresStore:
+    """A pool of synchronous connections: the facade is called from worker threads (asyncio.to_thread)."""
+
+    def __init__(self, url: str, dims: int | None, hnsw_from: int = HNSW_FROM, pool_size: int = POOL_SIZE) -> None:
+        if dims is not None and dims != DIMS:
+            raise LibraryDatabaseError(
+                f"the PostgreSQL library holds {DIMS}-dimensional vectors, the encoder makes {dims}"
+            )
+        self.hnsw_from = hnsw_from
+        create_schema(url)
+        self._pool = ConnectionPool(
+            url, min_size=1, max_size=pool_size, open=False, configure=register_vector, kwargs={"row_factory": dict_row}
+        )
+        self._pool.open(wait=True, timeout=30)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    @contextmanager
+    def _db(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """One transaction: committed when the block ends, rolled back when it raises."""
+        with self._pool.connection() as db:
+            yield db
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def store(self, user_id: str, prepared: Sequence[Prepared]) -> tuple[int, int]:
+        return self.write(user_id, [StoredDocument.of(item) for item in prepared])
+
+    def write(self, user_id: str, documents: Sequence[StoredDocument]) -> tuple[int, int]:
+        """Store documents in one transaction, replacing the user's earlier versions; (added, replaced)."""
+        added = replaced = 0
+        if not documents:
+            return 0, 0
+        with self._db() as db:
+            _lock_user(db, user_id)
+            for document in documents:
+                gone = db.execute(
+                    "DELETE FROM library_documents WHERE user_id = %s AND source = %s", (user_id, document.source)
+                ).rowcount
+                replaced += bool(gone)
+                added += not gone
+                _insert(db, user_id, document)
+            _recount(db, user_id)
+        return added, replaced
+
+    def set_vectors(self, user_id: str, vectors: Sequence[tuple[bytes | None, int]]) -> None:
+        with self._db() as db, db.cursor() as cursor:
+            cursor.executemany(
+                "UPDATE library_passages SET embedding = %s WHERE user_id = %s AND id = %s",
+                [(_vector(blob), user_id, chunk_id) for blob, chunk_id in vectors],
+            )
+
+    def delete(self, user_id: str, document_id: int) -> bool:
+        with self._db() as db:
+            _lock_user(db, user_id)
+            deleted = db.execute(
+                "DELETE FROM library_documents WHERE user_id = %s AND id = %s", (user_id, document_id)
+            ).rowcount
+            _recount(db, user_id)
+        return bool(deleted)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def hashes(self, user_id: str, sources: list[str]) -> dict[str, str]:
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT source, content_hash FROM library_documents WHERE user_id = %s AND source = ANY(%s)",
+                (user_id, sources),
+            ).fetchall()
+        return {row["source"]: row["content_hash"] for row in rows}
+
+    def without_vectors(self, user_id: str) -> list[Row]:
+        with self._db() as db:
+            return list(
+                db.execute(
+                    "SELECT p.id, p.heading, p.text, d.title FROM library_passages p JOIN library_documents d"
+                    " ON d.user_id = p.user_id AND d.id = p.document_id"
+                    " WHERE p.user_id = %s AND p.embedding IS NULL ORDER BY p.id",
+                    (user_id,),
+                ).fetchall()
+            )
+
+    def documents(self, user_id: str) -> list[DocumentInfo]:
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT d.id, d.kind, d.title, d.source, d.added_at, COUNT(p.id) AS chunks FROM library_documents d"
+                " LEFT JOIN library_passages p ON p.user_id = d.user_id AND p.document_id = d.id"
+                " WHERE d.user_id = %s GROUP BY d.user_id, d.id ORDER BY d.id",
+                (user_id,),
+            ).fetchall()
+        return [
+            DocumentInfo(r["id"], r["kind"], r["title"], r["source"], r["chunks"], r["added_at"].isoformat())
+            for r in rows
+        ]
+
+    def passages(self, user_id: str, chunk_ids: Sequence[int]) -> dict[int, Row]:
+        if not chunk_ids:
+            return {}
+        with self._db() as db:
+            rows = db.execute(
+                f"SELECT {PASSAGE_COLUMNS} FROM library_passages p JOIN library_documents d"
+                " ON d.user_id = p.user_id AND d.id = p.document_id WHERE p.user_id = %s AND p.id = ANY(%s)",
+                (user_id, list(chunk_ids)),
+            ).fetchall()
+        for row in rows:
+            vector = row["vector"]
+            row["vector"] = None if vector is None else vector.to_numpy().astype(np.float32).tobytes()
+        return {row["id"]: row for row in rows}
+
+    def bm25(self, user_id: str, kind: str | None, query: str, filters: SearchFilters, limit: int) -> Ranking:
+        """Okapi BM25 (k1 1.2, b 0.75) of the user's passages matching any English stem or CJK bigram.
+
+        PostgreSQL's ts_rank has no inverse document frequency and barely counts repeats, so it
+        ranks a passage with "rank" over one with "reciprocal rank"; BM25 is computed here: a
+        lexeme's frequency in a passage is ts_rank_cd of that lexeme alone / 0.1 (one cover per
+        occurrence), the length is the tsvector's lexeme count, and document frequencies among
+        the user's passages are counted up to DF_CAP. Only passages holding one of the query's
+        rarer terms are scored (the rarest terms whose passages add up to at most CANDIDATES, and
+        at least the rarest one): scoring every passage that shares one common word with a long
+        question cost seconds at 100k passages (README, "Team scale: PostgreSQL").
+        """
+        # \w+ words only (no tsquery operators in them); CJK runs are matched by their bigrams
+        texts = {
+            "english": " | ".join(w for w in dict.fromkeys(tokens(query)) if not cjk_bigrams(w)),
+            "cjk": " | ".join(dict.fromkeys(cjk_bigrams(query))),
+        }
+        if not any(texts.values()):
+            return []
+        with self._db() as db:
+            terms, average = self._term_weights(db, user_id, texts)
+            if not terms:
+                return []  # stopwords only
+            arguments: dict[str, Any] = {"user": user_id, "kind": kind, "limit": limit}
+            frequencies, score = [], []
+            for number, (column, literal, idf, _) in enumerate(terms):
+                arguments[f"q{number}"], arguments[f"w{number}"] = literal, idf
+                frequencies.append(f"10 * ts_rank_cd(v.{column}, %(q{number})s::tsquery, 0) AS tf{number}")
+                score.append(f"%(w{number})s * t.tf{number} * 2.2 / (t.tf{number} + t.k_{column})")
+            lengths = [f"1.2 * (0.25 + 0.75 * length(v.{c}) / {average[c]!r}) AS k_{c}" for c in _TEXT_COLUMNS]
+            matches = []
+            for column, literals in _rarest(terms).items():
+                arguments[f"match_{column}"] = " | ".join(literals)
+                matches.append(f"p.{column} @@ %(match_{column})s::tsquery")
+            if not matches:
+                return []  # no term of the query occurs in the user's passages
+            scope, values = _scope(filters)
+            sql = (
+                f"SELECT p.id, {' + '.join(score)} AS score FROM library_passages p{_join(filters)}"
+                # each tsvector decompressed once per row, not once per term (OFFSET 0 keeps it so)
+                " CROSS JOIN LATERAL (SELECT p.english || ''::tsvector AS english, p.cjk || ''::tsvector AS cjk"
+                " OFFSET 0) v"
+                f" CROSS JOIN LATERAL (SELECT {', '.join(frequencies + lengths)} OFFSET 0) t"
+                f" WHERE p.user_id = %(user)s AND ({' OR '.join(matches)}){_kind(kind)}{scope}"
+                " ORDER BY score DESC, p.id LIMIT %(limit)s"
+            )
+            return [(row["id"], float(row["score"])) for row in db.execute(sql, {**arguments, **values}).fetchall()]
+
+    def _term_weights(
+        self, db: psycopg.Connection[dict[str, Any]], user_id: str, texts: dict[str, str]
+    ) -> tuple[list[tuple[str, str, float, int]], dict[str, float]]:
+        """(column, lexeme as a tsquery literal, idf, df) of each query lexeme, idf = ln(1 + (N - df + 0.5) /
+        (df + 0.5)) among the user's passages; and each column's average passage length in lexemes."""
+        found = db.execute(
+            "SELECT passages, english_lexemes, cjk_lexemes FROM library_users WHERE user_id = %s", (user_id,)
+        ).fetchone()
+        if found is None or not found["passages"]:
+            return [], {}
+        total = found["passages"]
+        average = {column: max(found[f"{column}_lexemes"] / total, 1.0) for column in _TEXT_COLUMNS}
+        terms = []
+        for column, config in _TEXT_COLUMNS.items():
+            if not texts[column]:
+                continue
+            rows = db.execute(
+                f"SELECT quote_literal(lexeme) AS literal, (SELECT count(*) FROM (SELECT 1 FROM library_passages p"
+                f" WHERE p.user_id = %s AND p.{column} @@ quote_literal(lexeme)::tsquery LIMIT {DF_CAP}) matched)"
+                f" AS df FROM unnest(tsvector_to_array(to_tsvector('{config}', replace(%s, ' | ', ' ')))) AS lexeme",
+                (user_id, texts[column]),
+            ).fetchall()
+            terms += [
+                (column, r["literal"], math.log(1 + (total - r["df"] + 0.5) / (r["df"] + 0.5)), r["df"]) for r in rows
+            ]
+        return terms, average
+
+    def dense(
+        self, user_id: str, query_vector: np.ndarray, kind: str | None, filters: SearchFilters, limit: int
+    ) -> Ranking:
+        """Cosine ranking: exact over the user's rows, or through HNSW for users past `hnsw_from` passages."""
+        scope, values = _scope(filters)
+        arguments = {"user": user_id, "kind": kind, "query": query_vector, "limit": limit, **values}
+        with self._db() as db:
+            approximate = self.passage_count(db, user_id) > self.hnsw_from
+            if approximate:
+                db.execute(f"SET LOCAL hnsw.ef_search = {max(HNSW_EF_SEARCH, limit)}")
+                db.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            # `+ 0` hides the distance from the planner, which then scans the user's rows exactly
+            order = "p.embedding <=> %(query)s" if approximate else "(p.embedding <=> %(query)s) + 0"
+            sql = (
+                f"SELECT id, 1 - distance AS cosine FROM (SELECT p.id, {order} AS distance"
+                f" FROM library_passages p{_join(filters)} WHERE p.user_id = %(user)s AND p.embedding IS NOT NULL"
+                f"{_kind(kind)}{scope} ORDER BY {order} LIMIT %(limit)s) found ORDER BY distance, id"
+            )
+            return [(row["id"], float(row["cosine"])) for row in db.execute(sql, arguments).fetchall()]
+
+    @staticmethod
+    def passage_count(db: psycopg.Connection[dict[str, Any]], user_id: str) -> int:
+        row = db.execute("SELECT passages FROM library_users WHERE user_id = %s", (user_id,)).fetchone()
+        return int(row["passages"]) if row else 0
+
+    def health(self) -> str:
+        with self._db() as db:
+            version = db.execute("SELECT max(version) AS v FROM library_schema").fetchone()
+            counts = db.execute(
+                "SELECT (SELECT count(*) FROM library_users) AS users,"
+                " (SELECT count(*) FROM library_documents) AS documents,"
+                " (SELECT count(*) FROM library_passages) AS passages,"
+                " (SELECT count(*) FROM library_passages WHERE embedding IS NULL) AS unembedded"
+            ).fetchone()
+        assert version is not None and counts is not None
+        return (
+            f"PostgreSQL library, schema version {version['v']}: {counts['users']} users, "
+            f"{counts['documents']} documents, {counts['passages']} passages "
+            f"({counts['unembedded']} without a vector); full text and vectors are indexed as they are written"
+        )
+
+
+def _lock_user(db: psycopg.Connection[Any], user_id: str) -> None:
+    """Writers of one user take turns (as SQLite's one writer does); other users' writers never wait."""
+    db.execute("INSERT INTO library_users (user_id) VALUES (%s) ON CONFLICT (user_id) DO NOTHING", (user_id,))
+    db.execute("SELECT 1 FROM library_users WHERE user_id = %s FOR UPDATE", (user_id,))
+
+
+def _recount(db: psycopg.Connection[Any], user_id: str) -> None:
+    """The user's passage count (which picks exact or HNSW vector search) and lengths (for BM25)."""
+    db.execute(
+        "UPDATE library_users SET (passages, english_lexemes, cjk_lexemes) = (SELECT count(*),"
+        " COALESCE(sum(length(english)), 0), COALESCE(sum(length(cjk)), 0) FROM library_passages WHERE user_id = %s)"
+        " WHERE user_id = %s",
+        (user_id, user_id),
+    )
+
+
+def _insert(db: psycopg.Connection[Any], user_id: str, document: StoredDocument) -> None:
+    row = db.execute(
+        "INSERT INTO library_documents (user_id, kind, source, content_hash, title, authors, author_keys, year,"
+        " doi, url, tags, tag_keys, extra, added_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+        " COALESCE(%s::timestamptz, now())) RETURNING id",
+        (
+            user_id,
+            document.kind,
+            document.source,
+            document.content_hash,
+            document.title,
+            json.dumps(document.authors, ensure_ascii=False),
+            [author.lower() for author in document.authors],
+            document.year,
+            document.doi,
+            document.url,
+            json.dumps(document.tags, ensure_ascii=False),
+            [tag.lower() for tag in document.tags],
+            json.dumps(document.extra, ensure_ascii=False),
+            document.added_at,
+        ),
+    ).fetchone()
+    assert row is not None
+    document_id = row["id"]
+    with db.cursor() as cursor:
+        cursor.executemany(
+            "INSERT INTO library_passages (user_id, document_id, kind, heading, page, position, text, embedding,"
+            " english, cjk) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
+            " to_tsvector('english', %s), to_tsvector('simple', %s))",
+            [
+                (
+                    user_id,
+                    document_id,
+                    document.kind,
+                    p.heading,
+                    p.page,
+                    p.position,
+                    p.text,
+                    _vector(p.vector),
+                    *indexed_texts(document.title, p.heading, p.text),
+                )
+                for p in document.passages
+            ],
+        )
+
+
+def _vector(blob: bytes | None) -> np.ndarray | None:
+    return None if blob is None else np.frombuffer(blob, dtype=np.float32)
+
+
+def _rarest(terms: list[tuple[str, str, float, int]]) -> dict[str, list[str]]:
+    """The tsquery literals, per column, of the rarest terms whose passages add up to at most
+    CANDIDATES (at least the rarest term): the passages worth scoring."""
+    chosen: dict[str, list[str]] = {}
+    covered = 0
+    for column, literal, _, df in sorted((t for t in terms if t[3] > 0), key=lambda t: t[3]):
+        if chosen and covered + df > CANDIDATES:
+            break
+        chosen.setdefault(column, []).append(literal)
+        covered += df
+    return chosen
+
+
+def _kind(kind: str | None) -> str:
+    return "" if kind is None else " AND p.kind = %(kind)s"
+
+
+def _join(filters: SearchFilters) -> str:
+    """The documents join the metadata filters need (and only then: the plain search reads passages alone)."""
+    needed = filters.year_min is not None or filters.year_max is not None or filters.authors or filters.tags
+    return " JOIN library_documents d ON d.user_id = p.user_id AND d.id = p.document_id" if needed else ""
+
+
+def _scope(filters: SearchFilters) -> tuple[str, dict[str, Any]]:
+    """SQL conditions (and their values) for SearchFilters, the same filters the embedded store applies."""
+    clauses: list[str] = []
+    values: dict[str, Any] = {}
+    if filters.year_min is not None:
+        clauses.append(" AND d.year >= %(year_min)s")
+        values["year_min"] = filters.year_min
+    if filters.year_max is not None:
+        clauses.append(" AND d.year <= %(year_max)s")
+        values["year_max"] = filters.year_max
+    if filters.authors:
+        clauses.append(" AND d.author_keys && %(authors)s")
+        values["authors"] = [author.lower() for author in filters.authors]
+    if filters.tags:
+        clauses.append(" AND d.tag_keys && %(tags)s")
+        values["tags"] = [tag.lower() for tag in filters.tags]
+    if filters.document_ids:
+        clauses.append(" AND p.document_id = ANY(%(document_ids)s)")
+        values["document_ids"] = list(filters.document_ids)
+    return "".join(clauses), values
