@@ -122,6 +122,10 @@ async def test_a_keys_task_limit_holds_across_instances(tmp_path, fakes, start_s
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.2)  # and its lease's removal reaches Redis
     assert outcome(await ask(second, "third question", "tavily", token="team-key"), "tavily")[0] == "retriever_done"
+    for _ in range(200):  # the third task, too, ends a moment after its path frame
+        if not first.app[RUNNING] and not second.app[RUNNING]:
+            break
+        await asyncio.sleep(0.05)
     assert not first.app[RUNNING] and not second.app[RUNNING]
 
 
