@@ -144,6 +144,7 @@ class LocalJobStore:
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
         self._entries: dict[str, _Entry] = {}
+        self._writing = asyncio.Lock()  # one write at a time, so an older state never lands last
 
     async def load(self) -> int:
         """Read the jobs saved by earlier runs; returns how many."""
@@ -151,10 +152,12 @@ class LocalJobStore:
             return 0
         found = await asyncio.to_thread(_read_saved, self.directory)
         for job in found:
-            if not job.status.finished:
+            cut_short = not job.status.finished
+            if cut_short:
                 job = replace(job, status=JobStatus.failed, error="the server stopped while this job ran")
-                await self._write_meta(job)
             self._entries.setdefault(job.research_id, _Entry(job, None))
+            if cut_short:
+                await self._write_meta(job)
         return len(found)
 
     async def create(self, job: Job) -> None:
@@ -233,14 +236,19 @@ class LocalJobStore:
             return False
         entry.wake()
         if self.directory is not None:
-            await asyncio.to_thread(_remove, self.directory, research_id)
+            async with self._writing:
+                await asyncio.to_thread(_remove, self.directory, research_id)
         return True
 
     async def _write_meta(self, job: Job) -> None:
         if self.directory is None:
             return
-        data = json.dumps(job.to_json(), ensure_ascii=False).encode()
-        await asyncio.to_thread(_write_meta_file, self.directory, job.research_id, data)
+        async with self._writing:
+            entry = self._entries.get(job.research_id)
+            if entry is None:
+                return  # deleted meanwhile: writing it now would bring it back
+            data = json.dumps(entry.job.to_json(), ensure_ascii=False).encode()  # the latest state
+            await asyncio.to_thread(_write_meta_file, self.directory, job.research_id, data)
 
 
 def _write_meta_file(directory: Path, research_id: str, data: bytes) -> None:
