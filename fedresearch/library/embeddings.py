@@ -73,7 +73,7 @@ def cores() -> int:
 
 def length_batches(lengths: list[int], batch_size: int, padding_share: float = _PADDING_SHARE) -> list[list[int]]:
     """Indexes of texts grouped into batches: shortest first, at most `batch_size` each, and cut
-    where padding to the batch's longest text would cost more than `_PADDING_SHARE` of its tokens."""
+    where padding to the batch's longest text would cost more than `padding_share` of its tokens."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches: list[list[int]] = []
     current: list[int] = []
