@@ -4,7 +4,7 @@
 
 The server runs as its own process (`python server.py`, embeddings on when installed) with API
 keys and two knowledge bases; fake Tavily and Google answer in 50 ms from this process. At once:
-research tasks over /ws (every fourth client closes its socket mid-task), POST /retrieval on a
+research tasks over /ws (every fourth client closes its socket mid-task, after 1 to 12 frames), POST /retrieval on a
 library base and a web base, the literature API, and uploads to POST /api/documents (three new
 notes each time, every fifth upload with a 0.15 MB flate-bomb PDF that must be refused). A probe
 asks GET /healthz every 100 ms: its latency bounds the server loop's lag from above (it includes
@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,12 +78,21 @@ def server_figures(pid: int) -> tuple[float, int, int]:
     return rss, len(os.listdir(f"/proc/{pid}/fd")), threads
 
 
+async def aiter_enumerate(frames: AsyncIterable[Any]) -> AsyncIterator[tuple[int, Any]]:
+    count = 0
+    async for frame in frames:
+        count += 1
+        yield count, frame
+
+
 async def research(url: str, number: int, tally: Tally, stop: float) -> None:
-    """Tasks one after another on new sockets; every fourth client leaves each task mid-way."""
+    """Tasks one after another on new sockets; every fourth client leaves each task mid-way, after
+    1 to 12 frames (from the first retriever's start to the report's first paragraphs)."""
     run = 0
     while time.monotonic() < stop:
         run += 1
         leaves = number % 4 == 3
+        leave_after = run % 12 + 1 if leaves else -1
         kind = "research_disconnect" if leaves else "research"
         tally.requests[kind] += 1
         headers = {"retrievers": "tavily,google,internal_biblio", "user_id": "alice"}
@@ -91,12 +100,12 @@ async def research(url: str, number: int, tally: Tally, stop: float) -> None:
         try:
             async with websockets.connect(url + f"?token={KEY}", max_size=None, open_timeout=60) as ws:
                 await ws.send("start " + json.dumps(task))
-                async for raw in ws:
+                async for seen, raw in aiter_enumerate(ws):
                     frame = json.loads(raw)
                     if frame.get("type") == "error":
                         tally.error(kind, frame.get("output"))
                         break
-                    if frame.get("type") == "path" or (leaves and frame.get("content") == "retriever_started"):
+                    if frame.get("type") == "path" or seen == leave_after:
                         break
                 else:
                     tally.error(kind, "socket closed before the report")
