@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     max_task_chars: int = Field(2000, ge=10, validation_alias="MAX_TASK_CHARS")
     upstream_max_bytes: int = Field(5_000_000, ge=1024, validation_alias="UPSTREAM_MAX_BYTES")
     max_tasks_per_key: int = Field(4, ge=1, validation_alias="MAX_TASKS_PER_KEY")
-    max_queries_per_key: int = Field(16, ge=1, validation_alias="MAX_QUERIES_PER_KEY")
+    max_queries_per_key: int = Field(32, ge=1, validation_alias="MAX_QUERIES_PER_KEY")
     ingest_max_file_mb: float = Field(100.0, gt=0, validation_alias="INGEST_MAX_FILE_MB")
 
     # upstream faults
