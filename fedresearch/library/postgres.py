@@ -74,6 +74,8 @@ CREATE TABLE IF NOT EXISTS library_passages (
     PRIMARY KEY (user_id, id),
     FOREIGN KEY (user_id, document_id) REFERENCES library_documents (user_id, id) ON DELETE CASCADE
 );
+-- vectors inline (the toaster moves text out instead): an exact scan read 3-5x faster (README)
+ALTER TABLE library_passages ALTER COLUMN embedding SET STORAGE PLAIN;
 CREATE INDEX IF NOT EXISTS library_passages_by_document ON library_passages (user_id, document_id);
 CREATE INDEX IF NOT EXISTS library_passages_english ON library_passages USING gin (user_id, english);
 CREATE INDEX IF NOT EXISTS library_passages_cjk ON library_passages USING gin (user_id, cjk);
