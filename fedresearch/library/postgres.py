@@ -293,6 +293,7 @@ class PostgresStore:
         at least the rarest one): scoring every passage that shares one common word with a long
         question cost seconds at 100k passages (README, "Team scale: PostgreSQL").
         """
+        # (over 40 lines with its docstring, which says why BM25 is assembled here rather than ts_rank)
         # \w+ words only (no tsquery operators in them); CJK runs are matched by their bigrams
         texts = {
             "english": " | ".join(w for w in dict.fromkeys(tokens(query)) if not cjk_bigrams(w)),
@@ -437,7 +438,10 @@ def _insert(db: psycopg.Connection[Any], user_id: str, document: StoredDocument)
         ),
     ).fetchone()
     assert row is not None
-    document_id = row["id"]
+    _insert_passages(db, user_id, row["id"], document)
+
+
+def _insert_passages(db: psycopg.Connection[Any], user_id: str, document_id: int, document: StoredDocument) -> None:
     with db.cursor() as cursor:
         cursor.executemany(
             "INSERT INTO library_passages (user_id, document_id, kind, heading, page, position, text, embedding,"
