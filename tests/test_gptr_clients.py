@@ -11,7 +11,7 @@ import websockets
 from fedresearch.core.models import ReportSource, ReportType
 from fedresearch.library.embedded import Library
 from fedresearch.library.ingest import ingest
-from fedresearch.web.research_socket import report_chunks
+from fedresearch.report.compose import report_chunks
 from tests.conftest import EXAMPLES, logs, make_settings, report_of, run_task
 from tests.test_report import check_invariants
 

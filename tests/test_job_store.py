@@ -88,3 +88,15 @@ async def test_saving_client_fields_keeps_the_frames(tmp_path: Path) -> None:
     assert await store.frames(_id(1)) == [{"n": 1}]
     saved = await store.get(_id(1))
     assert saved is not None and saved.progress == 0.5 and saved.client == {"chatMessages": []}
+
+
+async def test_a_job_cut_short_is_saved_as_failed_and_a_deleted_one_stays_deleted(tmp_path: Path) -> None:
+    store = LocalJobStore(tmp_path)
+    await store.create(Job(_id(1), "alice", "cut short", status=JobStatus.running))
+    await LocalJobStore(tmp_path).load()
+    third = LocalJobStore(tmp_path)
+    await third.load()
+    job = await third.get(_id(1))
+    assert job is not None and job.status is JobStatus.failed  # written by the second load, read by the third
+    await asyncio.gather(third.save(replace(job, client={"x": 1})), third.delete(_id(1)))
+    assert not (tmp_path / f"{_id(1)}.json").exists()

@@ -18,8 +18,10 @@ import websockets
 from aiohttp import web
 
 from fedresearch.core.settings import Settings
+from fedresearch.report.jobs import Job, JobStatus
+from fedresearch.web import tasks
 from fedresearch.web.app import create_app
-from fedresearch.web.keys import SETTINGS
+from fedresearch.web.keys import JOBS, SETTINGS
 from tests.conftest import make_settings, report_of, run_task
 
 TASK = {"task": "How does rank fusion combine lexical and dense retrieval?", "report_type": "research_report"}
@@ -73,6 +75,7 @@ def job_settings(tmp_path: Path, fakes: dict[str, Any], **overrides: Any) -> Set
         "internal_api_base_url": fakes["internal"].url,
         "api_keys": KEYS,
         "webhook_backoff_s": 0.05,
+        "embeddings": False,  # no encoder to load: these tests are about jobs, not ranking
         **overrides,
     }
     return make_settings(tmp_path, fakes, **values)
@@ -153,7 +156,7 @@ async def test_a_failed_job_is_announced_and_a_failing_receiver_is_retried(
     bad = {**TASK, "headers": {"retrievers": "internal_biblio,bing"}}
     async with aiohttp.ClientSession() as session:
         started = time.perf_counter()
-        body = {**bad, "generate_in_background": False}
+        body = bad  # in the background (the default): refused at once all the same
         async with session.post(f"{server.url}/report/", json=body, headers=ALICE) as response:
             assert response.status == 400
             answer = await response.json()
@@ -318,6 +321,7 @@ def _overrides(settings: Settings) -> dict[str, Any]:
         "internal_api_base_url": settings.internal_api_base_url,
         "api_keys": KEYS,
         "report_max_per_user": 2,
+        "embeddings": False,
     }
 
 
@@ -328,6 +332,9 @@ async def test_gpt_researcher_report_store_crud_and_chat(tmp_path, fakes, start_
         entry = {"id": "page-1", "question": "q?", "answer": "a.", "orderedData": [{"type": "logs"}], "timestamp": 5}
         async with session.post(f"{server.url}/api/reports", json=entry, headers=ALICE) as response:
             assert await response.json() == {"success": True, "id": "page-1"}
+        claimed = {**entry, "id": "f" * 32}  # shaped as a research id: only the server gives those out
+        async with session.post(f"{server.url}/api/reports", json=claimed, headers=ALICE) as response:
+            assert response.status == 404
         async with session.put(f"{server.url}/api/reports/page-1", json={"answer": "b."}, headers=ALICE) as response:
             assert await response.json() == {"success": True, "id": "page-1"}
         message = {"role": "user", "content": "hi", "timestamp": 7}
@@ -340,9 +347,19 @@ async def test_gpt_researcher_report_store_crud_and_chat(tmp_path, fakes, start_
         async with session.get(f"{server.url}/api/reports?report_ids=page-1,{research_id}", headers=ALICE) as response:
             assert [r["id"] for r in (await response.json())["reports"]] == ["page-1", research_id]
 
+        async with session.get(f"{server.url}/api/jobs", headers=ALICE) as response:
+            listed = {job["research_id"]: job for job in (await response.json())["jobs"]}
+        assert listed[research_id]["status"] == "completed" and listed["page-1"]["origin"] == "client"
+        async with session.get(f"{server.url}/api/jobs", headers=BOB) as response:
+            assert (await response.json())["jobs"] == []
         async with session.post(f"{server.url}/api/chat", json=_chat(research_id), headers=ALICE) as response:
             reply = (await response.json())["response"]
         assert reply["role"] == "assistant" and re.search(r"\[\d+\]", reply["content"]) and reply["timestamp"] > 0
+        async with session.get(f"{server.url}/api/jobs/{research_id}", headers=ALICE) as response:
+            text = (await response.json())["report"]
+        as_gptr = {"report": text, "messages": [{"role": "user", "content": "rank fusion"}]}  # its text, no id
+        async with session.post(f"{server.url}/api/chat", json=as_gptr, headers=BOB) as response:
+            assert re.search(r"\[\d+\]", (await response.json())["response"]["content"])
         async with session.post(f"{server.url}/api/chat", json={"report": "x"}, headers=ALICE) as response:
             assert response.status == 400
 
@@ -353,3 +370,19 @@ async def test_gpt_researcher_report_store_crud_and_chat(tmp_path, fakes, start_
         async with session.delete(f"{server.url}/api/reports/{research_id}", headers=ALICE) as response:
             assert response.status == 404 and await response.json() == {"detail": "Report not found"}
         assert not (server.app[SETTINGS].reports_dir / f"{research_id}.md").exists()
+
+
+async def test_an_idle_server_still_expires_old_reports(tmp_path, fakes, start_server, monkeypatch):
+    monkeypatch.setattr(tasks, "_SWEEP_EVERY_S", 0.05)
+    server = await start_server(job_settings(tmp_path, fakes, report_retention_days=1))
+    store = server.app[JOBS]
+    old, recent = "a" * 32, "b" * 32
+    for research_id, age_days in ((old, 2), (recent, 0.5)):
+        created = time.time() - age_days * 86400
+        await store.create(Job(research_id, "alice", "q", created_at=created, status=JobStatus.running))
+        await store.finish(research_id, JobStatus.completed)
+    for _ in range(100):
+        if await store.get(old) is None:
+            break
+        await asyncio.sleep(0.02)
+    assert await store.get(old) is None and await store.get(recent) is not None

@@ -27,6 +27,7 @@ import builtins
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, replace
@@ -34,11 +35,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from fedresearch.report.store import REPORT_ID, delete_report, write_atomic
+from fedresearch.report.store import delete_report, write_atomic
 
 log = logging.getLogger("fedresearch")
 
 Frame = dict[str, Any]
+JOB_ID = re.compile(r"[\w.:-]{1,128}")  # a file name too: no slash, so never outside the jobs folder
 
 
 class JobStatus(StrEnum):
@@ -142,6 +144,7 @@ class LocalJobStore:
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
         self._entries: dict[str, _Entry] = {}
+        self._writing = asyncio.Lock()  # one write at a time, so an older state never lands last
 
     def __contains__(self, research_id: object) -> bool:
         return research_id in self._entries
@@ -152,10 +155,12 @@ class LocalJobStore:
             return 0
         found = await asyncio.to_thread(_read_saved, self.directory)
         for job in found:
-            if not job.status.finished:
+            cut_short = not job.status.finished
+            if cut_short:
                 job = replace(job, status=JobStatus.failed, error="the server stopped while this job ran")
-                await self._write_meta(job)
             self._entries.setdefault(job.research_id, _Entry(job, None))
+            if cut_short:
+                await self._write_meta(job)
         return len(found)
 
     async def create(self, job: Job) -> None:
@@ -234,14 +239,19 @@ class LocalJobStore:
             return False
         entry.wake()
         if self.directory is not None:
-            await asyncio.to_thread(_remove, self.directory, research_id)
+            async with self._writing:
+                await asyncio.to_thread(_remove, self.directory, research_id)
         return True
 
     async def _write_meta(self, job: Job) -> None:
         if self.directory is None:
             return
-        data = json.dumps(job.to_json(), ensure_ascii=False).encode()
-        await asyncio.to_thread(_write_meta_file, self.directory, job.research_id, data)
+        async with self._writing:
+            entry = self._entries.get(job.research_id)
+            if entry is None:
+                return  # deleted meanwhile: writing it now would bring it back
+            data = json.dumps(entry.job.to_json(), ensure_ascii=False).encode()  # the latest state
+            await asyncio.to_thread(_write_meta_file, self.directory, job.research_id, data)
 
 
 def _write_meta_file(directory: Path, research_id: str, data: bytes) -> None:
@@ -252,12 +262,13 @@ def _write_meta_file(directory: Path, research_id: str, data: bytes) -> None:
 def _read_saved(directory: Path) -> list[Job]:
     jobs = []
     for path in directory.glob("*.json") if directory.is_dir() else []:
-        if not REPORT_ID.fullmatch(path.stem):
-            continue
         try:
-            jobs.append(Job.from_json(json.loads(path.read_text(encoding="utf-8"))))
-        except (OSError, ValueError, TypeError) as error:
+            job = Job.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError, AttributeError) as error:
             log.warning("job record %s is unreadable and was skipped: %s", path.name, error)
+            continue
+        if job.research_id == path.stem and JOB_ID.fullmatch(job.research_id):
+            jobs.append(job)
     return jobs
 
 

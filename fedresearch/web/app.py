@@ -143,6 +143,7 @@ def create_app(
     app[LIVE_JOBS] = {}
     app[BACKGROUND] = set()
     app.cleanup_ctx.append(_resources)
+    app.cleanup_ctx.append(tasks.retention_sweeps)  # after _resources: it reads the job store
     app.on_shutdown.append(_close_sockets)
     app.on_shutdown.append(tasks.stop_jobs)
     app.router.add_get("/", status.index)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -25,13 +24,12 @@ from fedresearch.core.models import ResearchRequest
 from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import session_from_report
-from fedresearch.report.jobs import Job, JobStatus
-from fedresearch.report.store import delete_report, export
+from fedresearch.report.jobs import JOB_ID, Job, JobStatus
+from fedresearch.report.store import REPORT_ID, delete_report, export
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, REGISTRY, SETTINGS
 from fedresearch.web.tasks import may_see, start_job
 
-_CLIENT_ID = re.compile(r"[\w.:-]{1,128}")
 _BACKGROUND_MESSAGE = "Your report is being generated in the background. Please check back later."
 
 
@@ -84,14 +82,15 @@ async def _report_text(request: web.Request, research_id: str) -> str | None:
 
 async def generate_report(request: web.Request) -> web.Response:
     """Start a research job; in the background (default) answer at once with its research_id,
-    otherwise answer with the report when it is written."""
+    otherwise answer with the report when it is written. A task that cannot run (an unknown
+    retriever, a limit) is answered with why at once, either way; it is kept as a failed job."""
     principal = principal_of(request)
     try:
         asked = ReportRequest.model_validate(await _body(request))
     except ValidationError as error:
         raise _detail(web.HTTPUnprocessableEntity, validation_message(error)) from None
     run, live = await start_job(request.app, principal, asked, "rest", detached=True)
-    if asked.generate_in_background:
+    if asked.generate_in_background and run.failure is None:
         return web.json_response({"message": _BACKGROUND_MESSAGE, "research_id": run.research_id})
     await asyncio.wait({live.task})  # the job goes on if this request is dropped; a cancelled job is no error here
     if run.failure is not None or run.outcome is None:
@@ -132,7 +131,6 @@ async def read_report(request: web.Request) -> web.StreamResponse:
 
 
 async def _job_view(request: web.Request, job: Job, with_report: bool) -> dict[str, Any]:
-    frames = await request.app[JOBS].frames(job.research_id)
     view: dict[str, Any] = {
         "research_id": job.research_id,
         "status": job.status.value,
@@ -144,10 +142,10 @@ async def _job_view(request: web.Request, job: Job, with_report: bool) -> dict[s
         "created_at": datetime.fromtimestamp(job.created_at, UTC).isoformat(),
         "updated_at": datetime.fromtimestamp(job.updated_at, UTC).isoformat(),
         "error": job.error,
-        "frames": len(frames),
         "files": job.files,
     }
-    if with_report:
+    if with_report:  # one job: what a client resuming it will be sent, and the report itself
+        view["frames"] = len(await request.app[JOBS].frames(job.research_id))
         done = job.status is JobStatus.completed
         view["report"] = await _report_text(request, job.research_id) if done else None
     return view
@@ -228,13 +226,14 @@ async def create_or_update_report(request: web.Request) -> web.Response:
     if not isinstance(data, dict):
         raise _detail(web.HTTPBadRequest, "expected a JSON object")
     research_id = str(data.get("id") or "temp_id")
-    if not _CLIENT_ID.fullmatch(research_id):
+    if not JOB_ID.fullmatch(research_id):
         raise _detail(web.HTTPBadRequest, "id must be 1 to 128 letters, digits or _ . : -")
     store = request.app[JOBS]
     existing = await store.get(research_id)
+    # ids shaped as this server's research ids are its own to give: a client cannot claim one
+    if (existing is None and REPORT_ID.fullmatch(research_id)) or (existing and not may_see(principal, existing)):
+        raise _detail(web.HTTPNotFound, "Report not found")
     if existing is not None:
-        if not may_see(principal, existing):
-            raise _detail(web.HTTPNotFound, "Report not found")
         await store.save(replace(existing, client=_client_fields(data, existing.client)))
     else:
         owner = principal.user_id or request.app[SETTINGS].default_user

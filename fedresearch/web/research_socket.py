@@ -115,16 +115,23 @@ class ResearchSocket:
         self.owned = None if request.detach else live
         self._follow(run.research_id, live)
 
-    async def resume(self, payload: str) -> None:
-        """`resume {"research_id": ...}`: every frame of that job so far, in order, then the rest live."""
+    async def _text_field(self, command: str, payload: str, name: str) -> str | None:
+        """The non-blank string `name` of a command's JSON object; else an error frame and None."""
         try:
             body = json.loads(payload) if payload else {}
         except json.JSONDecodeError as error:
-            await self.error(f"invalid JSON after resume: {error.msg} at position {error.pos}")
-            return
-        research_id = body.get("research_id") if isinstance(body, dict) else None
-        if not isinstance(research_id, str) or not research_id.strip():
-            await self.error('resume expects {"research_id": "..."}, the id announced by starting_research')
+            await self.error(f"invalid JSON after {command}: {error.msg} at position {error.pos}")
+            return None
+        value = body.get(name) if isinstance(body, dict) else None
+        if not isinstance(value, str) or not value.strip():
+            await self.error(f'{command} expects {{"{name}": "..."}}')
+            return None
+        return value
+
+    async def resume(self, payload: str) -> None:
+        """`resume {"research_id": ...}`: every frame of that job so far, in order, then the rest live."""
+        research_id = await self._text_field("resume", payload, "research_id")
+        if research_id is None:
             return
         job = await self.app[JOBS].get(research_id.strip())
         if job is None or not may_see(self.principal, job):
@@ -147,14 +154,8 @@ class ResearchSocket:
 
     async def chat(self, payload: str) -> None:
         """GPT-Researcher's chat: answered from the last report's evidence, searching again if needed."""
-        try:
-            body = json.loads(payload) if payload else {}
-        except json.JSONDecodeError as error:
-            await self.error(f"invalid JSON after chat: {error.msg} at position {error.pos}")
-            return
-        message = body.get("message") if isinstance(body, dict) else None
-        if not isinstance(message, str) or not message.strip():
-            await self.error('chat expects {"message": "..."}')
+        message = await self._text_field("chat", payload, "message")
+        if message is None:
             return
         if self.chat_session is None:
             content = "Ask a research question first; then chat about its report here."

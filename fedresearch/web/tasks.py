@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -273,6 +273,7 @@ async def start_job(
         if release is not None:
             release(None)
         raise
+    run.failure = refusal  # known now: a REST caller is answered with it even in the background
     task = asyncio.create_task(run.execute(plan, refusal))
     if release is not None:
         task.add_done_callback(release)
@@ -296,3 +297,24 @@ async def stop_jobs(app: web.Application) -> None:
         for work in late:
             work.cancel()
         await asyncio.gather(*late, return_exceptions=True)
+
+
+_SWEEP_EVERY_S = 3600.0
+
+
+async def retention_sweeps(app: web.Application) -> AsyncIterator[None]:
+    """While the app runs, apply REPORT_RETENTION_DAYS every hour, so reports expire on an idle
+    server too (a finished job applies both limits to its owner at once)."""
+    settings = app[SETTINGS]
+
+    async def sweep() -> None:
+        while True:
+            await asyncio.sleep(_SWEEP_EVERY_S)
+            work = enforce_retention(app[JOBS], settings.reports_dir, settings.report_retention_days, 0)
+            await _quietly(work)
+
+    sweeper = asyncio.create_task(sweep()) if settings.report_retention_days > 0 else None
+    yield
+    if sweeper is not None:
+        sweeper.cancel()
+        await asyncio.gather(sweeper, return_exceptions=True)
