@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import hashlib
 import json
 import time
@@ -76,6 +77,11 @@ class RedisJobStore:
         self.here = LocalJobStore(None)  # the jobs run here, and those created while Redis failed
         self._only_here: set[str] = set()  # of those, the ones Redis does not have (whole)
         self._forgetting: set[asyncio.Task[bool]] = set()
+        # written behind: a running job's new frames and latest metadata go to Redis in one pipeline
+        # per batch (one round trip, not one per frame); finishing or deleting a job waits for it
+        self._frames_due: dict[str, list[str]] = {}
+        self._meta_due: dict[str, Job] = {}
+        self._writing: dict[str, asyncio.Task[None]] = {}
         self._append: Any = self.redis.register_script(_APPEND)
         self._end: Any = self.redis.register_script(_END)
 
@@ -106,6 +112,12 @@ class RedisJobStore:
     async def save(self, job: Job) -> None:
         if job.research_id in self.here:
             await self.here.save(job)
+            if not job.status.finished:
+                if job.research_id not in self._only_here:
+                    self._meta_due[job.research_id] = replace(job, updated_at=time.time())
+                    self._write_behind(job.research_id)
+                return
+            await self._written(job.research_id)
             await self._mirror(job.research_id, "saving a job", lambda: self._save(job))
         else:
             await self.shared.attempt("saving a job", lambda: self._save(job))
@@ -120,8 +132,39 @@ class RedisJobStore:
     async def append(self, research_id: str, frame: Frame) -> int:
         if research_id not in self.here:
             return await self.shared.attempt("adding a frame", lambda: self._append_one(research_id, frame))
-        await self._mirror(research_id, "adding a frame", lambda: self._append_one(research_id, frame))
-        return await self.here.append(research_id, frame)
+        index = await self.here.append(research_id, frame)
+        if research_id not in self._only_here:
+            self._frames_due.setdefault(research_id, []).append(_dumps(frame))
+            self._write_behind(research_id)
+        return index
+
+    def _write_behind(self, research_id: str) -> None:
+        if research_id not in self._only_here and research_id not in self._writing:
+            self._writing[research_id] = asyncio.get_running_loop().create_task(self._write_due(research_id))
+
+    async def _write_due(self, research_id: str) -> None:
+        try:
+            while research_id in self._frames_due or research_id in self._meta_due:
+                frames, job = self._frames_due.pop(research_id, []), self._meta_due.pop(research_id, None)
+                await self._mirror(
+                    research_id, "adding frames", functools.partial(self._write, research_id, frames, job)
+                )
+        finally:
+            del self._writing[research_id]
+
+    async def _write(self, research_id: str, frames: builtins.list[str], job: Job | None) -> None:
+        keys = [_frames(research_id), _ended(research_id)]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for frame in frames:
+                await self._append(keys=keys, args=[frame], client=pipe)
+            if job is not None:
+                pipe.set(_meta(research_id), _dumps(job.to_json()), xx=True)
+            await pipe.execute()
+
+    async def _written(self, research_id: str) -> None:
+        """Wait until every frame and save of a job run here has reached Redis (or Redis failed)."""
+        while (writing := self._writing.get(research_id)) is not None:
+            await asyncio.shield(writing)
 
     async def _append_one(self, research_id: str, frame: Frame) -> int:
         index = int(await self._append(keys=[_frames(research_id), _ended(research_id)], args=[_dumps(frame)]))
@@ -160,6 +203,7 @@ class RedisJobStore:
     ) -> Job | None:
         if research_id in self.here:
             job = await self.here.finish(research_id, status, error, files)
+            await self._written(research_id)
             if job is not None:
                 await self._mirror(research_id, "finishing a job", lambda: self._save(job))
                 if research_id not in self._only_here:
@@ -207,6 +251,7 @@ class RedisJobStore:
 
     async def delete(self, research_id: str) -> bool:
         if research_id in self.here:
+            await self._written(research_id)
             await self._mirror(research_id, "deleting a job", lambda: self._delete(research_id))
             self._only_here.discard(research_id)
             return await self.here.delete(research_id)
