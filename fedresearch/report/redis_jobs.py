@@ -38,6 +38,18 @@ redis.call('XADD', KEYS[1], '0-' .. next, 'f', ARGV[1])
 return next - 1
 """
 
+# a batch written behind: frames at the end of the stream, then the latest metadata (ARGV[1], or '')
+_WRITE_BEHIND = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local n = redis.call('XLEN', KEYS[1])
+for i = 2, #ARGV do
+    n = n + 1
+    redis.call('XADD', KEYS[1], '0-' .. n, 'f', ARGV[i])
+end
+if ARGV[1] ~= '' then redis.call('SET', KEYS[3], ARGV[1], 'XX') end
+return n
+"""
+
 _END = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 redis.call('SET', KEYS[2], ARGV[1])
@@ -84,6 +96,7 @@ class RedisJobStore:
         self._writing: dict[str, asyncio.Task[None]] = {}
         self._append: Any = self.redis.register_script(_APPEND)
         self._end: Any = self.redis.register_script(_END)
+        self._write_behind_script: Any = self.redis.register_script(_WRITE_BEHIND)
 
     async def _mirror(self, research_id: str, what: str, operation: Callable[[], Awaitable[object]]) -> None:
         """Write a job run here through to Redis; should Redis fail, the job goes on here alone."""
@@ -153,13 +166,11 @@ class RedisJobStore:
             del self._writing[research_id]
 
     async def _write(self, research_id: str, frames: builtins.list[str], job: Job | None) -> None:
-        keys = [_frames(research_id), _ended(research_id)]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for frame in frames:
-                await self._append(keys=keys, args=[frame], client=pipe)
-            if job is not None:
-                pipe.set(_meta(research_id), _dumps(job.to_json()), xx=True)
-            await pipe.execute()
+        """One batch in one round trip (a script, not a pipeline: redis-py checks a pipeline's scripts
+        with an extra SCRIPT EXISTS each time)."""
+        meta = "" if job is None else _dumps(job.to_json())
+        keys = [_frames(research_id), _ended(research_id), _meta(research_id)]
+        await self._write_behind_script(keys=keys, args=[meta, *frames])
 
     async def _written(self, research_id: str) -> None:
         """Wait until every frame and save of a job run here has reached Redis (or Redis failed)."""
