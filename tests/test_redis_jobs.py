@@ -29,7 +29,15 @@ async def store(redis_url):
     await shared.close()
 
 
-async def test_a_follower_that_joins_late_gets_every_frame_once_in_order(store) -> None:
+@pytest.fixture
+async def elsewhere(redis_url):
+    """The same store as another worker sees it: only through Redis."""
+    shared = SharedRedis(connect(redis_url), redis_url)
+    yield RedisJobStore(shared)
+    await shared.close()
+
+
+async def test_a_follower_that_joins_late_gets_every_frame_once_in_order(store, elsewhere) -> None:
     await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
 
     async def produce() -> None:
@@ -42,34 +50,41 @@ async def test_a_follower_that_joins_late_gets_every_frame_once_in_order(store) 
     for n in range(5):
         assert await store.append(_id(1), {"n": -5 + n}) == n
     producer = asyncio.create_task(produce())
-    early = [frame["n"] async for frame in follow(store, _id(1))]
-    late = [frame["n"] async for frame in follow(store, _id(1), start=3)]
+    early = asyncio.create_task(_numbers(follow(elsewhere, _id(1))))  # through Redis, while it is written
+    here = [frame["n"] async for frame in follow(store, _id(1), start=3)]  # the worker's own mirror
     await producer
-    assert early == list(range(-5, 50)) and late == list(range(-2, 50))
-    assert (await store.frames(_id(1), 54))[0] == {"n": 49, "text": "文献 ✓"}
-    job = await store.get(_id(1))
+    assert await early == list(range(-5, 50)) and here == list(range(-2, 50))
+    assert [frame["n"] async for frame in follow(elsewhere, _id(1), start=3)] == here
+    assert (await elsewhere.frames(_id(1), 54))[0] == {"n": 49, "text": "文献 ✓"}
+    job = await elsewhere.get(_id(1))
     assert job is not None and job.status is JobStatus.completed and job.progress == 1.0
     assert job.files == {"md": "reports/x.md"}
-    with pytest.raises(ValueError, match="no frame may follow"):
-        await store.append(_id(1), {"n": 50})
-    assert len(await store.frames(_id(1))) == 55  # the end marker is no frame
+    for writer in (store, elsewhere):
+        with pytest.raises(ValueError, match="no frame may follow"):
+            await writer.append(_id(1), {"n": 50})
+    assert len(await elsewhere.frames(_id(1))) == 55  # the end marker is no frame
 
 
-async def test_jobs_are_listed_by_owner_newest_first_and_deleted(store) -> None:
+async def _numbers(frames) -> list[int]:
+    return [frame["n"] async for frame in frames]
+
+
+async def test_jobs_are_listed_by_owner_newest_first_and_deleted(store, elsewhere) -> None:
     for n, owner in enumerate(("alice", "bob", "alice", None)):
         await store.create(Job(_id(n), owner, f"q{n}", created_at=1000.0 + n))
     with pytest.raises(ValueError, match="exists"):
         await store.create(Job(_id(0), "alice", "again"))
-    assert [job.research_id for job in await store.list("alice")] == [_id(2), _id(0)]
-    assert [job.research_id for job in await store.list(None)] == [_id(3)]
-    assert len(await store.list(None, everyone=True)) == 4
-    waiting = asyncio.create_task(store.wait(_id(2), 0))
+    for reader in (store, elsewhere):
+        assert [job.research_id for job in await reader.list("alice")] == [_id(2), _id(0)]
+        assert [job.research_id for job in await reader.list(None)] == [_id(3)]
+        assert len(await reader.list(None, everyone=True)) == 4
+    waiting = asyncio.create_task(elsewhere.wait(_id(2), 0))
     await asyncio.sleep(0.1)
     assert await store.delete(_id(2)) and not await store.delete(_id(2))
     assert await asyncio.wait_for(waiting, 5) is False  # a deleted job's waiter is told, not left waiting
-    assert [job.research_id for job in await store.list("alice")] == [_id(0)]
+    assert [job.research_id for job in await elsewhere.list("alice")] == [_id(0)]
     with pytest.raises(KeyError):
-        await store.save(Job(_id(2), "alice", "gone"))
+        await elsewhere.save(Job(_id(2), "alice", "gone"))
 
 
 async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes, start_server, redis_url):
@@ -95,3 +110,19 @@ async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes
     async with aiohttp.ClientSession() as session, session.get(status_url, headers=ALICE) as response:
         job = await response.json()
     assert job["status"] == "completed" and job["report"] == report_of(resumed)
+
+
+async def test_a_finished_jobs_mirror_is_dropped_and_redis_serves_it_after(redis_url) -> None:
+    shared = SharedRedis(connect(redis_url), redis_url)
+    store = RedisJobStore(shared, keep_finished_s=0.1)
+    await store.create(Job(_id(7), "alice", "q", status=JobStatus.running))
+    for n in range(3):
+        await store.append(_id(7), {"n": n})
+    await store.finish(_id(7), JobStatus.completed)
+    assert _id(7) in store.here
+    await asyncio.sleep(0.5)
+    assert _id(7) not in store.here  # memory holds only recent jobs
+    assert [frame["n"] async for frame in follow(store, _id(7))] == [0, 1, 2]
+    job = await store.get(_id(7))
+    assert job is not None and job.status is JobStatus.completed
+    await shared.close()

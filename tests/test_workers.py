@@ -15,8 +15,12 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 import websockets
+from pydantic import ValidationError
 
+from fedresearch.cli import parser
+from fedresearch.core.settings import Settings
 from tests.fakes import FakeTavily
 
 STARTUP_S = 90  # two fresh interpreters on a loaded 2-core machine
@@ -158,3 +162,15 @@ def pids_alive(pids: set[int]) -> set[int]:
         except ProcessLookupError:
             pass
     return alive
+
+
+def test_the_worker_count_is_a_number_or_auto():
+    assert Settings(_env_file=None).worker_count == 1
+    assert Settings(_env_file=None, FEDRESEARCH_WORKERS="auto").worker_count == (os.cpu_count() or 1)
+    assert Settings(_env_file=None, FEDRESEARCH_WORKERS="3").worker_count == 3
+    for wrong in ("0", "-2", "many"):
+        with pytest.raises(ValidationError):
+            Settings(_env_file=None, FEDRESEARCH_WORKERS=wrong)
+    assert parser().parse_args(["serve", "--workers", "auto"]).workers == (os.cpu_count() or 1)
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve", "--workers", "0"])

@@ -61,6 +61,7 @@ class RedisBreaker:
         self.shared = shared
         self.settings = settings
         self.local = CircuitBreaker(settings)
+        self._clean: dict[tuple[str, str], bool] = {}
 
     @staticmethod
     def _keys(key: tuple[str, str]) -> tuple[str, str]:
@@ -68,21 +69,30 @@ class RedisBreaker:
         return base + ":failures", base + ":open"
 
     async def check(self, key: tuple[str, str]) -> None:
-        _, opened = self._keys(key)
+        counted, opened = self._keys(key)
 
         async def read() -> list[Any]:
             async with self.shared.client.pipeline(transaction=False) as pipe:
                 pipe.get(opened)
                 pipe.pttl(opened)
+                pipe.exists(counted)
                 return list(await pipe.execute())
 
-        reason, remaining_ms = await self.shared.run("checking a breaker", read, lambda: _local_check(self.local, key))
+        reason, remaining_ms, failing = await self.shared.run(
+            "checking a breaker", read, lambda: _local_check(self.local, key)
+        )
+        # a success after a clean check has nothing to reset: it spares a round trip on nearly every call
+        self._clean[key] = reason is None and not failing
         if reason is not None and remaining_ms > 0:
             raise RetrieverSkipped(suspended_message(remaining_ms / 1000, reason.decode()))
 
     async def succeeded(self, key: tuple[str, str]) -> None:
+        if self._clean.get(key):
+            return
+
         async def clear() -> None:
             await self.shared.client.delete(*self._keys(key))
+            self._clean[key] = True
 
         await self.shared.run("closing a breaker", clear, lambda: self.local.succeeded(key))
 
@@ -95,6 +105,7 @@ class RedisBreaker:
 
     async def _failed(self, key: tuple[str, str], failure: RetrieverFailed) -> str | None:
         counted, opened = self._keys(key)
+        self._clean[key] = False
         async with self.shared.client.pipeline(transaction=True) as pipe:
             pipe.incr(counted)
             pipe.pexpire(counted, _FAILURES_KEPT_MS)
@@ -108,7 +119,7 @@ class RedisBreaker:
 
 async def _local_check(breaker: CircuitBreaker, key: tuple[str, str]) -> list[Any]:
     await breaker.check(key)  # raises while open
-    return [None, 0]
+    return [None, 0, 1]  # "failing": so that a success is passed on to the local breaker to reset
 
 
 class RedisAnswerCache:

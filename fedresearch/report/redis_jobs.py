@@ -6,14 +6,18 @@ so reading from an index is one XRANGE and waiting for the next frame is one XRE
 a job adds one last entry with no frame in it, which wakes every waiter; a Lua script refuses any
 frame after it. Owners' job lists are sorted sets scored by creation time.
 
-While Redis fails (said once in the log), new jobs live in this process (an in-memory LocalJobStore:
-resumable on this worker only) and jobs already in Redis fail with SharedDown saying so; nothing
-waits without end: every command has a 1 s timeout, and a wait blocks under a second at a time.
+The jobs a process runs are mirrored in its memory (a LocalJobStore), so its own sockets follow them
+without a Redis round trip per frame; other workers read them from Redis. While Redis fails (said
+once in the log), the jobs run here go on here alone (resumable on this worker only), jobs elsewhere
+cannot be read (SharedDown says why), and nothing waits without end: every command has a 1 s
+timeout, and a wait blocks under a second at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import functools
 import hashlib
 import json
 import time
@@ -32,6 +36,18 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 local next = redis.call('XLEN', KEYS[1]) + 1
 redis.call('XADD', KEYS[1], '0-' .. next, 'f', ARGV[1])
 return next - 1
+"""
+
+# a batch written behind: frames at the end of the stream, then the latest metadata (ARGV[1], or '')
+_WRITE_BEHIND = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local n = redis.call('XLEN', KEYS[1])
+for i = 2, #ARGV do
+    n = n + 1
+    redis.call('XADD', KEYS[1], '0-' .. n, 'f', ARGV[i])
+end
+if ARGV[1] ~= '' then redis.call('SET', KEYS[3], ARGV[1], 'XX') end
+return n
 """
 
 _END = """
@@ -63,22 +79,40 @@ _EVERY_JOB = f"{PREFIX}jobs:all"
 
 
 class RedisJobStore:
-    def __init__(self, shared: SharedRedis) -> None:
+    """Jobs in Redis, and those this process runs mirrored here: its own sockets follow them without
+    a round trip to Redis per frame (the usual case); any other worker reads them from Redis."""
+
+    def __init__(self, shared: SharedRedis, keep_finished_s: float = 60.0) -> None:
         self.shared = shared
         self.redis = shared.client
-        self.local = LocalJobStore(None)  # the jobs created while Redis failed
+        self.keep_finished_s = keep_finished_s  # how long a finished job's mirror serves late readers
+        self.here = LocalJobStore(None)  # the jobs run here, and those created while Redis failed
+        self._only_here: set[str] = set()  # of those, the ones Redis does not have (whole)
+        self._forgetting: set[asyncio.Task[bool]] = set()
+        # written behind: a running job's new frames and latest metadata go to Redis in one pipeline
+        # per batch (one round trip, not one per frame); finishing or deleting a job waits for it
+        self._frames_due: dict[str, list[str]] = {}
+        self._meta_due: dict[str, Job] = {}
+        self._writing: dict[str, asyncio.Task[None]] = {}
         self._append: Any = self.redis.register_script(_APPEND)
         self._end: Any = self.redis.register_script(_END)
+        self._write_behind_script: Any = self.redis.register_script(_WRITE_BEHIND)
 
-    async def _either(
-        self, research_id: str, what: str, in_redis: Callable[[], Awaitable[T]], here: Callable[[], Awaitable[T]]
-    ) -> T:
-        if research_id in self.local:
-            return await here()
-        return await self.shared.attempt(what, in_redis)
+    async def _mirror(self, research_id: str, what: str, operation: Callable[[], Awaitable[object]]) -> None:
+        """Write a job run here through to Redis; should Redis fail, the job goes on here alone."""
+        if research_id in self._only_here:
+            return
+        try:
+            await self.shared.attempt(what, operation)
+        except SharedDown:
+            self._only_here.add(research_id)
 
     async def create(self, job: Job) -> None:
-        await self.shared.run("creating a job", lambda: self._create(job), lambda: self.local.create(job))
+        try:
+            await self.shared.attempt("creating a job", lambda: self._create(job))
+        except SharedDown:
+            self._only_here.add(job.research_id)
+        await self.here.create(job)
 
     async def _create(self, job: Job) -> None:
         if not await self.redis.set(_meta(job.research_id), _dumps(job.to_json()), nx=True):
@@ -89,7 +123,17 @@ class RedisJobStore:
             await pipe.execute()
 
     async def save(self, job: Job) -> None:
-        await self._either(job.research_id, "saving a job", lambda: self._save(job), lambda: self.local.save(job))
+        if job.research_id in self.here:
+            await self.here.save(job)
+            if not job.status.finished:
+                if job.research_id not in self._only_here:
+                    self._meta_due[job.research_id] = replace(job, updated_at=time.time())
+                    self._write_behind(job.research_id)
+                return
+            await self._written(job.research_id)
+            await self._mirror(job.research_id, "saving a job", lambda: self._save(job))
+        else:
+            await self.shared.attempt("saving a job", lambda: self._save(job))
 
     async def _save(self, job: Job) -> None:
         job = replace(job, updated_at=time.time())
@@ -99,12 +143,39 @@ class RedisJobStore:
             await self._end(keys=[_frames(job.research_id), _ended(job.research_id)], args=[job.status.value])
 
     async def append(self, research_id: str, frame: Frame) -> int:
-        return await self._either(
-            research_id,
-            "adding a frame",
-            lambda: self._append_one(research_id, frame),
-            lambda: self.local.append(research_id, frame),
-        )
+        if research_id not in self.here:
+            return await self.shared.attempt("adding a frame", lambda: self._append_one(research_id, frame))
+        index = await self.here.append(research_id, frame)
+        if research_id not in self._only_here:
+            self._frames_due.setdefault(research_id, []).append(_dumps(frame))
+            self._write_behind(research_id)
+        return index
+
+    def _write_behind(self, research_id: str) -> None:
+        if research_id not in self._only_here and research_id not in self._writing:
+            self._writing[research_id] = asyncio.get_running_loop().create_task(self._write_due(research_id))
+
+    async def _write_due(self, research_id: str) -> None:
+        try:
+            while research_id in self._frames_due or research_id in self._meta_due:
+                frames, job = self._frames_due.pop(research_id, []), self._meta_due.pop(research_id, None)
+                await self._mirror(
+                    research_id, "adding frames", functools.partial(self._write, research_id, frames, job)
+                )
+        finally:
+            del self._writing[research_id]
+
+    async def _write(self, research_id: str, frames: builtins.list[str], job: Job | None) -> None:
+        """One batch in one round trip (a script, not a pipeline: redis-py checks a pipeline's scripts
+        with an extra SCRIPT EXISTS each time)."""
+        meta = "" if job is None else _dumps(job.to_json())
+        keys = [_frames(research_id), _ended(research_id), _meta(research_id)]
+        await self._write_behind_script(keys=keys, args=[meta, *frames])
+
+    async def _written(self, research_id: str) -> None:
+        """Wait until every frame and save of a job run here has reached Redis (or Redis failed)."""
+        while (writing := self._writing.get(research_id)) is not None:
+            await asyncio.shield(writing)
 
     async def _append_one(self, research_id: str, frame: Frame) -> int:
         index = int(await self._append(keys=[_frames(research_id), _ended(research_id)], args=[_dumps(frame)]))
@@ -113,12 +184,9 @@ class RedisJobStore:
         return index
 
     async def frames(self, research_id: str, start: int = 0) -> builtins.list[Frame]:
-        return await self._either(
-            research_id,
-            "reading frames",
-            lambda: self._frames_from(research_id, start),
-            lambda: self.local.frames(research_id, start),
-        )
+        if research_id in self.here:
+            return await self.here.frames(research_id, start)
+        return await self.shared.attempt("reading frames", lambda: self._frames_from(research_id, start))
 
     async def _frames_from(self, research_id: str, start: int) -> builtins.list[Frame]:
         entries = cast(
@@ -128,8 +196,8 @@ class RedisJobStore:
         return [json.loads(fields[b"f"]) for _, fields in entries if b"f" in fields]
 
     async def wait(self, research_id: str, seen: int) -> bool:
-        if research_id in self.local:
-            return await self.local.wait(research_id, seen)
+        if research_id in self.here:
+            return await self.here.wait(research_id, seen)
         while True:
             job = await self.get(research_id)
             if job is None:
@@ -144,30 +212,44 @@ class RedisJobStore:
     async def finish(
         self, research_id: str, status: JobStatus, error: str | None = None, files: dict[str, str] | None = None
     ) -> Job | None:
-        job = await self.get(research_id)
-        if job is None:
+        if research_id in self.here:
+            job = await self.here.finish(research_id, status, error, files)
+            await self._written(research_id)
+            if job is not None:
+                await self._mirror(research_id, "finishing a job", lambda: self._save(job))
+                if research_id not in self._only_here:
+                    asyncio.get_running_loop().call_later(self.keep_finished_s, self._forget, research_id)
+            return job
+        found = await self.get(research_id)
+        if found is None:
             return None
-        progress = 1.0 if status is JobStatus.completed else job.progress
-        job = replace(job, status=status, error=error, files=files or job.files, progress=progress)
-        await self.save(job)
+        progress = 1.0 if status is JobStatus.completed else found.progress
+        await self.save(replace(found, status=status, error=error, files=files or found.files, progress=progress))
         return await self.get(research_id)
 
+    def _forget(self, research_id: str) -> None:
+        """Drop a finished job's mirror (Redis has it all); readers still on it finish from Redis."""
+        task = asyncio.get_running_loop().create_task(self.here.delete(research_id))
+        self._forgetting.add(task)
+        task.add_done_callback(self._forgetting.discard)
+
     async def get(self, research_id: str) -> Job | None:
-        return await self._either(
-            research_id, "reading a job", lambda: self._get(research_id), lambda: self.local.get(research_id)
-        )
+        if research_id in self.here:
+            return await self.here.get(research_id)
+        return await self.shared.attempt("reading a job", lambda: self._get(research_id))
 
     async def _get(self, research_id: str) -> Job | None:
         stored = await self.redis.get(_meta(research_id))
         return None if stored is None else Job.from_json(json.loads(stored))
 
     async def list(self, owner: str | None, everyone: bool = False) -> builtins.list[Job]:
-        here = await self.local.list(owner, everyone)
+        here = {job.research_id: job for job in await self.here.list(owner, everyone)}
         try:
             shared = await self.shared.attempt("listing jobs", lambda: self._list(owner, everyone))
         except SharedDown:
             shared = []
-        return sorted(here + shared, key=lambda job: job.created_at, reverse=True)
+        jobs = [*here.values(), *(job for job in shared if job.research_id not in here)]
+        return sorted(jobs, key=lambda job: job.created_at, reverse=True)
 
     async def _list(self, owner: str | None, everyone: bool) -> builtins.list[Job]:
         ids = cast(
@@ -179,9 +261,12 @@ class RedisJobStore:
         return [Job.from_json(json.loads(value)) for value in stored if value is not None]
 
     async def delete(self, research_id: str) -> bool:
-        return await self._either(
-            research_id, "deleting a job", lambda: self._delete(research_id), lambda: self.local.delete(research_id)
-        )
+        if research_id in self.here:
+            await self._written(research_id)
+            await self._mirror(research_id, "deleting a job", lambda: self._delete(research_id))
+            self._only_here.discard(research_id)
+            return await self.here.delete(research_id)
+        return await self.shared.attempt("deleting a job", lambda: self._delete(research_id))
 
     async def _delete(self, research_id: str) -> bool:
         job = await self._get(research_id)
