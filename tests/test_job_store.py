@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from fedresearch.report.jobs import Job, JobStatus, LocalJobStore, enforce_retention, follow
+from fedresearch.report.jobs import Job, JobStatus, LocalJobStore, RetentionPace, enforce_retention, follow
 from fedresearch.report.store import save_report
 
 
@@ -100,3 +100,18 @@ async def test_a_job_cut_short_is_saved_as_failed_and_a_deleted_one_stays_delete
     assert job is not None and job.status is JobStatus.failed  # written by the second load, read by the third
     await asyncio.gather(third.save(replace(job, client={"x": 1})), third.delete(_id(1)))
     assert not (tmp_path / f"{_id(1)}.json").exists()
+
+
+async def test_retention_runs_when_the_count_limit_may_be_passed_and_keeps_a_tenth_less(tmp_path: Path) -> None:
+    store, reports = LocalJobStore(tmp_path / "jobs"), tmp_path / "reports"
+    pace = RetentionPace(max_per_user=20)
+    passes = 0
+    for n in range(1, 61):
+        await store.create(Job(_id(n), "alice", f"q{n}", created_at=time.time() + n, status=JobStatus.running))
+        await store.finish(_id(n), JobStatus.completed)
+        if pace.due("alice"):
+            passes += 1
+            await enforce_retention(store, reports, 0, 20, owner="alice", keep=pace.keep, kept_out=pace.counts)
+        assert len(await store.list("alice")) <= 20  # never more than the limit
+    assert passes == 1 + (60 - 18) // 3  # the first job, then every third: 18 kept, a pass at 21
+    assert {job.research_id for job in await store.list("alice")} >= {_id(n) for n in range(58, 61)}

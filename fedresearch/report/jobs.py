@@ -287,12 +287,20 @@ def _remove(directory: Path, research_id: str) -> None:
 
 
 async def enforce_retention(
-    store: JobStore, reports_dir: Path, retention_days: float, max_per_user: int, owner: str | None = None
+    store: JobStore,
+    reports_dir: Path,
+    retention_days: float,
+    max_per_user: int,
+    owner: str | None = None,
+    keep: int | None = None,
+    kept_out: dict[str | None, int] | None = None,
 ) -> list[str]:
     """Delete finished jobs (and their report files) older than `retention_days` (0: no age limit),
-    and beyond the newest `max_per_user` of each owner (0: no count limit); running jobs are kept.
-    With `owner`, only that owner's jobs are looked at. Returns the deleted research ids."""
+    and beyond the newest `max_per_user` of each owner (0: no count limit; `keep`, when given, is
+    kept instead); running jobs are kept. With `owner`, only that owner's jobs are looked at.
+    Returns the deleted research ids; `kept_out` receives each owner's finished jobs left."""
     jobs = await store.list(owner, everyone=owner is None)
+    max_per_user = keep if keep is not None and max_per_user > 0 else max_per_user
     cutoff = time.time() - retention_days * 86400 if retention_days > 0 else None
     kept: dict[str | None, int] = {}
     doomed = []
@@ -308,4 +316,27 @@ async def enforce_retention(
         await store.delete(research_id)
     if doomed:
         log.info("retention: deleted %d finished jobs and their reports", len(doomed))
+    if kept_out is not None:
+        kept_out.update({who: min(count, max_per_user) if max_per_user > 0 else count for who, count in kept.items()})
     return doomed
+
+
+class RetentionPace:
+    """When a finished job runs its owner's retention pass. The pass lists every job of the owner,
+    so running it after every job cost a sixth of the server's CPU for a busy user: it runs when
+    the owner may have passed REPORT_MAX_PER_USER, and then keeps a tenth less (never more than the
+    limit), so a busy user's next pass comes that many jobs later. Age limits are the hourly sweep's.
+    Counts are this process's: another worker's jobs are seen at this one's next pass."""
+
+    def __init__(self, max_per_user: int) -> None:
+        self.max_per_user = max_per_user
+        self.keep = max_per_user - max_per_user // 10
+        self.counts: dict[str | None, int] = {}
+
+    def due(self, owner: str | None) -> bool:
+        if self.max_per_user <= 0:
+            return False
+        if owner not in self.counts:
+            return True  # not counted yet
+        self.counts[owner] += 1
+        return self.counts[owner] > self.max_per_user

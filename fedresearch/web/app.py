@@ -25,7 +25,7 @@ from fedresearch.federation.registry import AdapterFactory, build_registry
 from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_bases
 from fedresearch.library.open import open_library
-from fedresearch.report.jobs import JobStore, LocalJobStore, enforce_retention
+from fedresearch.report.jobs import JobStore, LocalJobStore, RetentionPace, enforce_retention
 from fedresearch.report.redis_jobs import RedisJobStore
 from fedresearch.retrievers import ADAPTERS
 from fedresearch.web import (
@@ -55,6 +55,7 @@ from fedresearch.web.keys import (
     QUERYING,
     REGISTRY,
     RESOLVER,
+    RETENTION_PACE,
     RUNNING,
     SETTINGS,
     SOCKETS,
@@ -144,6 +145,7 @@ def create_app(
     app[RUNNING] = collections.Counter()
     app[QUERYING] = collections.Counter()
     app[LIVE_JOBS] = {}
+    app[RETENTION_PACE] = RetentionPace(settings.report_max_per_user)
     app[BACKGROUND] = set()
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(tasks.retention_sweeps)  # after _resources: it reads the job store

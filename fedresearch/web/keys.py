@@ -18,7 +18,7 @@ from fedresearch.federation.registry import AdapterFactory
 from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import KnowledgeBase
 from fedresearch.report.chat import ChatSession
-from fedresearch.report.jobs import JobStore
+from fedresearch.report.jobs import JobStore, RetentionPace
 from fedresearch.web.task_slots import TaskSlots
 
 
@@ -51,5 +51,6 @@ QUERYING = web.AppKey[collections.Counter[str]]("querying_per_key")  # /retrieva
 RESOLVER = web.AppKey("resolver", AbstractResolver)
 TASK_SLOTS = web.AppKey[TaskSlots]("task_slots")
 JOBS = web.AppKey[JobStore]("jobs")
+RETENTION_PACE = web.AppKey("retention_pace", RetentionPace)
 LIVE_JOBS = web.AppKey[dict[str, LiveJob]]("live_jobs")
 BACKGROUND = web.AppKey[set[asyncio.Task[object]]]("background")  # webhooks, retention: awaited at shutdown

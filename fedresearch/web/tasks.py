@@ -25,7 +25,18 @@ from fedresearch.report.jobs import Frame, Job, JobStatus, enforce_retention
 from fedresearch.report.store import save_report
 from fedresearch.report.task import ResearchOutcome, run_research
 from fedresearch.web import webhooks
-from fedresearch.web.keys import BACKGROUND, DEPS, JOBS, LIVE_JOBS, METRICS, REGISTRY, SETTINGS, TASK_SLOTS, LiveJob
+from fedresearch.web.keys import (
+    BACKGROUND,
+    DEPS,
+    JOBS,
+    LIVE_JOBS,
+    METRICS,
+    REGISTRY,
+    RETENTION_PACE,
+    SETTINGS,
+    TASK_SLOTS,
+    LiveJob,
+)
 
 log = logging.getLogger("fedresearch")
 
@@ -195,10 +206,18 @@ class JobRun:
         if settings.webhook_url:
             deps = self.app[DEPS]
             background(self.app, webhooks.notify(deps.session, settings, webhooks.payload(job, self.report_text())))
-        days, most = settings.report_retention_days, settings.report_max_per_user
-        if days > 0 or most > 0:
-            retention = enforce_retention(self.app[JOBS], settings.reports_dir, days, most, owner=job.owner)
-            background(self.app, _quietly(retention))
+        pace = self.app[RETENTION_PACE]
+        if pace.due(job.owner):
+            pass_ = enforce_retention(
+                self.app[JOBS],
+                settings.reports_dir,
+                settings.report_retention_days,
+                pace.max_per_user,
+                owner=job.owner,
+                keep=pace.keep,
+                kept_out=pace.counts,
+            )
+            background(self.app, _quietly(pass_))
 
     def report_text(self) -> str | None:
         return self.outcome.markdown if self.outcome is not None and self.failure is None else None
