@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from aiohttp import web
 
 from fedresearch.web.keys import QUERYING, SETTINGS
+from fedresearch.web.task_slots import LocalTaskSlots
 
 RETRY_AFTER_S = 1  # a query is answered within seconds: a slot frees soon
 
@@ -23,13 +24,11 @@ def query_slot(request: web.Request, key_id: str, refuse: Refusal) -> Iterator[N
     if running[key_id] >= limit:
         message = f"{running[key_id]} queries are already running for this API key (MAX_QUERIES_PER_KEY={limit})"
         raise refuse(f"{message}; retry after {RETRY_AFTER_S} s", {"Retry-After": str(RETRY_AFTER_S)})
-    running[key_id] += 1
+    release = LocalTaskSlots(running).count(key_id)
     try:
         yield
     finally:
-        running[key_id] -= 1
-        if running[key_id] <= 0:
-            del running[key_id]
+        release()
 
 
 def query_too_long(query: str, request: web.Request) -> str | None:
