@@ -88,7 +88,12 @@ def _library(args: argparse.Namespace) -> int:
     if args.action == "migrate":
         from fedresearch.library.migrate import migrate_command
 
-        return migrate_command(Settings(), args.to)
+        settings = Settings()
+        target = args.to or (settings.library_url.get_secret_value() if settings.library_url else "")
+        if not target:
+            print("name the PostgreSQL library: FEDRESEARCH_LIBRARY_URL (or --to)", file=sys.stderr)
+            return 2
+        return migrate_command(settings, target)
     library = Library(Settings().library_location)  # listing and deleting need no embedding model
     if args.action == "check":
         print(library.health())
@@ -180,7 +185,11 @@ def _add_library(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     migrate = actions.add_parser(
         "migrate", help="copy the embedded library (every user, passages and vectors) into PostgreSQL"
     )
-    migrate.add_argument("--to", required=True, metavar="postgresql://…", help="the PostgreSQL library to fill")
+    migrate.add_argument(
+        "--to",
+        metavar="postgresql://…",
+        help="the PostgreSQL library to fill (default: FEDRESEARCH_LIBRARY_URL, which keeps its password out of ps)",
+    )
     library.set_defaults(run=_library)
 
 

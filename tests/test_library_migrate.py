@@ -62,3 +62,9 @@ def test_migrate_says_what_is_wrong(tmp_path, monkeypatch, capsys):
     assert main(["library", "migrate", "--to", "postgresql://127.0.0.1:9/x"]) == 1
     assert "no embedded library" in capsys.readouterr().err
     assert main(["library", "migrate", "--to", "mysql://x"]) == 2
+    monkeypatch.delenv("FEDRESEARCH_LIBRARY_URL", raising=False)
+    assert main(["library", "migrate"]) == 2
+    assert "FEDRESEARCH_LIBRARY_URL" in capsys.readouterr().err
+    monkeypatch.setenv("FEDRESEARCH_LIBRARY_URL", "postgresql://127.0.0.1:9/x")  # the target without --to
+    assert main(["library", "migrate"]) == 1
+    assert "no embedded library" in capsys.readouterr().err
