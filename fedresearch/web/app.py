@@ -151,6 +151,11 @@ def create_app(
     app.cleanup_ctx.append(tasks.retention_sweeps)  # after _resources: it reads the job store
     app.on_shutdown.append(_close_sockets)
     app.on_shutdown.append(tasks.stop_jobs)
+    _add_routes(app)
+    return app
+
+
+def _add_routes(app: web.Application) -> None:
     page.register(app)
     app.router.add_get("/healthz", status.healthz)
     app.router.add_get("/metrics", status.metrics)
@@ -166,7 +171,6 @@ def create_app(
     for method in ("GET", "POST", "DELETE"):
         app.router.add_route(method, "/mcp", mcp_server.mcp_http)
     app.router.add_get("/openapi.json", openapi.openapi_json)
-    return app
 
 
 async def serve_mcp_stdio(settings: Settings | None = None) -> None:
