@@ -20,6 +20,8 @@ from fedresearch.web.literature import LiteratureQuery
 _PARAMETER = re.compile(r"\{(\w+)\}")
 _WORDLESS = re.compile(r"\W+")
 _BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
+# answered to anyone, keys or not (the page asks for its key itself)
+_PUBLIC = {"/", "/static/{name}", "/healthz", "/metrics", "/openapi.json"}
 _PAGED = [
     {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "default": 0}},
     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50}},
@@ -134,7 +136,7 @@ def _operation(method: str, path: str, handler: Any) -> dict[str, Any]:
     operation: dict[str, Any] = {
         "operationId": f"{method}_{_WORDLESS.sub('_', path).strip('_') or 'root'}",
         "summary": doc.splitlines()[0],
-        "security": _BEARER,
+        "security": [] if path in _PUBLIC else _BEARER,
         "responses": {"200": {"description": "OK"}},
     }
     details = DETAILS.get((method, path), {})
