@@ -39,7 +39,7 @@ from typing import Any
 
 import websockets
 
-from bench.load import ROOT, UPSTREAM_S, cpu_seconds, free_port, percentile, raise_fd_limit
+from bench.load import ROOT, UPSTREAM_S, cpu_seconds, free_port, machine_busy, percentile, raise_fd_limit
 from tests.fakes import FakeGoogle, FakeTavily
 from tests.redis_server import RedisServer, start_redis
 
@@ -211,10 +211,12 @@ def measure(server: Server, options: argparse.Namespace, label: str) -> dict[str
     procs, per = options.client_procs, max(1, options.concurrency // options.client_procs)
     in_client_processes(1, "closed", lambda n: (url, 8, 1.0, f"warm-{label}"))
     before = {pid: cpu_seconds(pid) for pid in server.pids}
+    busy_before, total_before = machine_busy()
     started = time.perf_counter()
     latencies, errors = in_client_processes(procs, "closed", lambda n: (url, per, options.seconds, f"{label}-{n}"))
     wall = time.perf_counter() - started
     used = {pid: cpu_seconds(pid) - before[pid] for pid in server.pids}
+    busy_after, total_after = machine_busy()
     throughput = len(latencies) / wall
     p50, p99 = overheads(latencies)
     rate = options.rate * throughput / procs
@@ -228,6 +230,8 @@ def measure(server: Server, options: argparse.Namespace, label: str) -> dict[str
         "p99 over": p99,
         "CPU ms/task": 1000 * sum(used.values()) / max(1, len(latencies)),
         "balance": min(used.values()) / max(max(used.values()), 1e-9),
+        # the whole machine's CPU in use (server, clients, fakes, Redis): near 1, the box is the limit
+        "machine busy": (busy_after - busy_before) / max(total_after - total_before, 1e-9),
         "errors": errors,
         "steady rate": rate * procs,
         "steady p50": s50,
@@ -253,7 +257,8 @@ def print_row(workers: int, balance: str, redis: bool, row: dict[str, Any], base
     print(
         f"{workers:>7} {balance if workers > 1 else '-':>9} {state:>7} {row['tasks/s']:>8.1f} {efficiency:>6.2f} "
         f"{row['p50 over']:>8.1f} {row['p99 over']:>8.1f} {row['CPU ms/task']:>7.2f} {row['balance']:>7.2f} "
-        f"{row['errors']:>4} | {row['steady rate']:>7.1f} {row['steady p50']:>8.1f} {row['steady p99']:>8.1f} "
+        f"{row['errors']:>4} {row['machine busy']:>5.0%} | "
+        f"{row['steady rate']:>7.1f} {row['steady p50']:>8.1f} {row['steady p99']:>8.1f} "
         f"{row['steady errors']:>4} | {os.getloadavg()[0]:>5.2f}",
         flush=True,
     )
@@ -276,7 +281,8 @@ def main(options: argparse.Namespace) -> None:
     )
     print(
         f"{'workers':>7} {'balance':>9} {'state':>7} {'tasks/s':>8} {'eff':>6} {'p50 over':>8} {'p99 over':>8} "
-        f"{'CPU ms':>7} {'spread':>7} {'err':>4} | {'rate/s':>7} {'p50 over':>8} {'p99 over':>8} {'err':>4} | "
+        f"{'CPU ms':>7} {'spread':>7} {'err':>4} {'busy':>5} | "
+        f"{'rate/s':>7} {'p50 over':>8} {'p99 over':>8} {'err':>4} | "
         f"{'load':>5}"
     )
     base = 0.0
