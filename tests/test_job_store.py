@@ -112,6 +112,24 @@ async def test_retention_runs_when_the_count_limit_may_be_passed_and_keeps_a_ten
         if pace.due("alice"):
             passes += 1
             await enforce_retention(store, reports, 0, 20, owner="alice", keep=pace.keep, kept_out=pace.counts)
+            pace.done("alice")
         assert len(await store.list("alice")) <= 20  # never more than the limit
     assert passes == 1 + (60 - 18) // 3  # the first job, then every third: 18 kept, a pass at 21
     assert {job.research_id for job in await store.list("alice")} >= {_id(n) for n in range(58, 61)}
+
+
+async def test_jobs_finishing_while_a_retention_pass_runs_start_no_second_pass(tmp_path: Path) -> None:
+    store, reports = LocalJobStore(tmp_path / "jobs"), tmp_path / "reports"
+    pace = RetentionPace(max_per_user=20)
+    for n in range(1, 31):
+        await store.create(Job(_id(n), "alice", f"q{n}", created_at=time.time() + n, status=JobStatus.running))
+        await store.finish(_id(n), JobStatus.completed)
+    assert pace.due("alice")  # never counted: a pass starts
+    assert not any(pace.due("alice") for _ in range(50))  # 50 more finish while it runs: none starts
+    await enforce_retention(store, reports, 0, 20, owner="alice", keep=pace.keep, kept_out=pace.counts)
+    assert len(await store.list("alice")) == 18
+    assert pace.due("bob")  # another owner is not held up by alice's pass
+    pace.done("alice")
+    pace.done("bob")
+    assert pace.counts["alice"] == 18
+    assert pace.due("alice") is False and pace.counts["alice"] == 19

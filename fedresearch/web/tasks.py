@@ -21,7 +21,7 @@ from fedresearch.core.models import ResearchRequest
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.compose import report_chunks
-from fedresearch.report.jobs import Frame, Job, JobStatus, enforce_retention
+from fedresearch.report.jobs import Frame, Job, JobStatus, RetentionPace, enforce_retention
 from fedresearch.report.store import save_report
 from fedresearch.report.task import ResearchOutcome, run_research
 from fedresearch.web import webhooks
@@ -217,10 +217,17 @@ class JobRun:
                 keep=pace.keep,
                 kept_out=pace.counts,
             )
-            background(self.app, _quietly(pass_))
+            background(self.app, _paced(pass_, pace, job.owner))
 
     def report_text(self) -> str | None:
         return self.outcome.markdown if self.outcome is not None and self.failure is None else None
+
+
+async def _paced(work: Coroutine[Any, Any, Any], pace: RetentionPace, owner: str | None) -> None:
+    try:
+        await _quietly(work)
+    finally:
+        pace.done(owner)
 
 
 async def _quietly(work: Coroutine[Any, Any, Any]) -> None:
