@@ -107,13 +107,23 @@ async def write_extractive(
     writing: Writing,
     parts: Sequence[Part],
 ) -> tuple[str, list[Reference], Verification]:
-    markdown, references = await asyncio.to_thread(
-        write_report, question, report_type, sources, outcomes, writing, parts
-    )
+    # one trip to a thread for both steps: each trip costs a wake-up on either side
+    return await asyncio.to_thread(_write_and_verify, question, report_type, sources, outcomes, writing, parts)
+
+
+def _write_and_verify(
+    question: str,
+    report_type: ReportType,
+    sources: list[FusedResult],
+    outcomes: Sequence[RetrieverOutcome],
+    writing: Writing,
+    parts: Sequence[Part],
+) -> tuple[str, list[Reference], Verification]:
+    markdown, references = write_report(question, report_type, sources, outcomes, writing, parts)
     texts = _evidence_texts(references, writing)
     # its sentences are quotations, matched word for word: encoding whole pages would buy nothing
     thresholds = Thresholds(support=writing.support_threshold, drop=writing.support_threshold / 2)
-    markdown, verification = await asyncio.to_thread(verify_rendered, markdown, texts, None, thresholds)
+    markdown, verification = verify_rendered(markdown, texts, None, thresholds)
     for checked in verification.sentences:
         checked.numbers = list(checked.cited)
     return markdown, references, verification

@@ -3,6 +3,7 @@ question, diversified, and cut into the sentences (claims) the extractive writer
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
@@ -25,6 +26,7 @@ _PAGE_PASSAGE_TOKENS = 120
 Embed = Callable[[list[str]], np.ndarray]  # texts -> unit vectors (the library's encoder)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a report's vocabulary is small and every passage repeats it
 def _stem(word: str) -> str:
     for suffix in ("ations", "ation", "ings", "ing", "ies", "ers", "er", "es", "ed", "ly", "s"):
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
@@ -128,10 +130,10 @@ def rank(question: str, passages: Sequence[Evidence], embed: Embed | None = None
     )
 
 
-def _similarity(a: Ranked, b: Ranked) -> float:
+def _similarity(a: Ranked, b: Ranked, words: dict[int, set[str]]) -> float:
     if a.vector is not None and b.vector is not None:
         return float(a.vector @ b.vector)
-    x, y = set(terms(a.evidence.text)), set(terms(b.evidence.text))
+    x, y = words[id(a)], words[id(b)]
     return len(x & y) / len(x | y) if x and y else 0.0
 
 
@@ -142,13 +144,14 @@ def diversify(ranked: Sequence[Ranked], k: int, per_source: int = 3, balance: fl
         return []
     top = ranked[0].score or 1.0
     pool, used = list(ranked[: k * 4]), Counter[str]()
+    words = {id(r): set(terms(r.evidence.text)) for r in pool}  # each pick compares with every chosen one
     chosen: list[Ranked] = []
     while pool and len(chosen) < k:
         best, best_value = None, -math.inf
         for candidate in pool:
             if used[candidate.evidence.source.key] >= per_source:
                 continue
-            likeness = max((_similarity(candidate, other) for other in chosen), default=0.0)
+            likeness = max((_similarity(candidate, other, words) for other in chosen), default=0.0)
             value = balance * candidate.score / top - (1 - balance) * likeness
             if value > best_value:
                 best, best_value = candidate, value

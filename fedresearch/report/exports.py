@@ -24,7 +24,9 @@ from markdown_it.token import Token
 
 _MARKDOWN = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
 _TEMPLATES = Environment(
-    loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape(["html", "j2"])
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=select_autoescape(["html", "j2"]),
+    auto_reload=False,
 )
 EXPORTS = {
     "html": "text/html; charset=utf-8",

@@ -217,11 +217,10 @@ class LocalJobStore:
         job = replace(entry.job, status=status, error=error, files=files or entry.job.files, progress=progress)
         entry.job = replace(job, updated_at=time.time())
         if self.directory is not None and entry.frames is not None:
-            lines = "".join(json.dumps(frame, ensure_ascii=False) + "\n" for frame in entry.frames)
-            path = self.directory / f"{research_id}.frames.jsonl"
-            await asyncio.to_thread(write_atomic, path, lines.encode())
+            await self._write_meta(entry.job, entry.frames)
             entry.frames = None  # on disk now; memory holds only running jobs' frames
-        await self._write_meta(entry.job)
+        else:
+            await self._write_meta(entry.job)
         entry.wake()
         return entry.job
 
@@ -243,20 +242,25 @@ class LocalJobStore:
                 await asyncio.to_thread(_remove, self.directory, research_id)
         return True
 
-    async def _write_meta(self, job: Job) -> None:
+    async def _write_meta(self, job: Job, frames: builtins.list[Frame] | None = None) -> None:
+        """Write the job's latest state, and with `frames` its frames first (one trip to a thread)."""
         if self.directory is None:
             return
         async with self._writing:
             entry = self._entries.get(job.research_id)
             if entry is None:
                 return  # deleted meanwhile: writing it now would bring it back
-            data = json.dumps(entry.job.to_json(), ensure_ascii=False).encode()  # the latest state
-            await asyncio.to_thread(_write_meta_file, self.directory, job.research_id, data)
+            meta = entry.job.to_json()  # the latest state
+            await asyncio.to_thread(_write_meta_file, self.directory, job.research_id, meta, frames)
 
 
-def _write_meta_file(directory: Path, research_id: str, data: bytes) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    write_atomic(directory / f"{research_id}.json", data)
+def _write_meta_file(directory: Path, research_id: str, meta: dict[str, Any], frames: list[Frame] | None) -> None:
+    if not directory.is_dir():
+        directory.mkdir(parents=True, exist_ok=True)
+    if frames is not None:  # before the state that says the job finished, which promises them
+        lines = "".join(json.dumps(frame, ensure_ascii=False) + "\n" for frame in frames)
+        write_atomic(directory / f"{research_id}.frames.jsonl", lines.encode())
+    write_atomic(directory / f"{research_id}.json", json.dumps(meta, ensure_ascii=False).encode())
 
 
 def _read_saved(directory: Path) -> list[Job]:

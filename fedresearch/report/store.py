@@ -28,9 +28,11 @@ def write_atomic(path: Path, data: bytes) -> None:
 def save_report(directory: Path, report_id: str, markdown: str, record: dict[str, Any]) -> dict[str, str]:
     """Write the Markdown and the JSON; return every format's name relative to the reports directory
     (the exports are rendered when first fetched, so a task never pays for a PDF nobody reads)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    if not directory.is_dir():
+        directory.mkdir(parents=True, exist_ok=True)
     write_atomic(directory / f"{report_id}.md", markdown.encode())
-    write_atomic(directory / f"{report_id}.json", json.dumps(record, ensure_ascii=False, indent=2).encode())
+    # compact: json's C encoder serves only unindented output, the indented one runs in Python
+    write_atomic(directory / f"{report_id}.json", json.dumps(record, ensure_ascii=False).encode())
     return {kind: f"{report_id}.{kind}" for kind in FORMATS}
 
 

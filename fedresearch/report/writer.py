@@ -41,6 +41,7 @@ TEMPLATES = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
     keep_trailing_newline=True,
+    auto_reload=False,  # templates ship with the package: checking their mtime on every render is waste
 )
 _WORDS = re.compile(r"[A-Za-z][A-Za-z0-9\-]+")
 _MAX_THEMES = 5

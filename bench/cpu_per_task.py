@@ -1,0 +1,119 @@
+"""The server's CPU per research task: this checkout against another, side by side in one run.
+
+    python -m bench.cpu_per_task --against DIR [--rounds 3] [--seconds 10] [--concurrency 32]
+
+DIR is another checkout of the project (`git worktree add /tmp/old <commit>`), started with the
+interpreter running this bench (`python -m fedresearch serve`, or `python server.py` for checkouts
+older than the namespace; any package it needs and this environment lacks goes on PYTHONPATH).
+Both servers get the same task as bench/scaling.py (Tavily and Google, fakes answering in 50 ms
+from a process of their own, pages not read, embeddings off) from the same clients; rounds
+alternate the two so drift on a shared machine hits both alike. With two cores or more the server
+is pinned to the last core and the clients and fakes to the others. Printed per round: tasks/s and
+the server's CPU per task (/proc); then the medians and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.load import ROOT, cpu_seconds, free_port, raise_fd_limit
+from bench.scaling import closed_loop, run_upstreams, start_server_env
+
+
+def server_command(checkout: Path, port: int) -> list[str]:
+    if (checkout / "fedresearch" / "__main__.py").is_file():
+        return [sys.executable, "-m", "fedresearch", "serve", "--port", str(port)]
+    return [sys.executable, "server.py"]  # before the namespace: the port comes from FEDRESEARCH_PORT
+
+
+def start(checkout: Path, env: dict[str, str], core: int | None) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+
+    def prepare() -> None:
+        raise_fd_limit()
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+
+    process = subprocess.Popen(
+        server_command(checkout, port),
+        cwd=checkout,
+        env={**env, "FEDRESEARCH_PORT": str(port)},
+        stderr=subprocess.DEVNULL,
+        preexec_fn=prepare,
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+                return process, port
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the server in {checkout} did not start") from None
+            time.sleep(0.2)
+
+
+def measure(checkout: Path, env: dict[str, str], core: int | None, options: argparse.Namespace) -> tuple[float, float]:
+    process, port = start(checkout, env, core)
+    try:
+        url = f"ws://127.0.0.1:{port}/ws"
+        asyncio.run(closed_loop(url, 8, 2.0, "warm"))
+        before, started = cpu_seconds(process.pid), time.perf_counter()
+        latencies, errors = asyncio.run(closed_loop(url, options.concurrency, options.seconds, checkout.name))
+        wall, used = time.perf_counter() - started, cpu_seconds(process.pid) - before
+    finally:
+        process.terminate()
+        process.wait(30)
+    if errors:
+        raise SystemExit(f"{errors} tasks failed on {checkout}")
+    return len(latencies) / wall, 1000 * used / max(1, len(latencies))
+
+
+def main(options: argparse.Namespace) -> None:
+    raise_fd_limit()
+    cores = sorted(os.sched_getaffinity(0))
+    server_core = cores[-1] if len(cores) > 1 else None
+    if server_core is not None:
+        os.sched_setaffinity(0, set(cores[:-1]))  # inherited by the clients and the fakes
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    upstreams = context.Process(target=run_upstreams, args=(theirs,), daemon=True)
+    upstreams.start()
+    tavily_url, google_url = ours.recv()
+    checkouts = {"this": ROOT, "against": options.against.resolve()}
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in checkouts}
+    print(f"this: {ROOT}  against: {checkouts['against']}  server pinned to core {server_core}")
+    print(f"{'round':>5} {'checkout':>8} {'tasks/s':>8} {'CPU ms/task':>12}")
+    try:
+        for number in range(1, options.rounds + 1):
+            for name, checkout in checkouts.items():
+                env = start_server_env(tavily_url, google_url)
+                rate, cpu = measure(checkout, env, server_core, options)
+                results[name].append((rate, cpu))
+                print(f"{number:>5} {name:>8} {rate:>8.1f} {cpu:>12.2f}", flush=True)
+    finally:
+        ours.send("stop")
+        upstreams.join(10)
+    medians = {name: statistics.median(cpu for _, cpu in rows) for name, rows in results.items()}
+    rates = {name: statistics.median(rate for rate, _ in rows) for name, rows in results.items()}
+    print(
+        f"median CPU per task: this {medians['this']:.2f} ms, against {medians['against']:.2f} ms "
+        f"(ratio {medians['this'] / medians['against']:.2f}); tasks/s {rates['this']:.1f} vs {rates['against']:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    main(parser.parse_args())
