@@ -1,142 +1,148 @@
 """The server's CPU time per research task, by stage.
 
-    python -m bench.stages [--tasks 400] [--concurrency 16] [--top 25]
+    python -m bench.stages [--seconds 15] [--concurrency 32] [--top 20]
 
-One server process runs under cProfile timed by CPU (`time.process_time`), so waiting costs
-nothing; fake Tavily and Google answer in 50 ms from a process of their own, as in bench/scaling.py.
-Printed: the process's CPU per task (from /proc, unprofiled overhead excluded: the profiler adds
-its own), then each stage's share of the profiled CPU and that share of the measured per-task CPU.
-Profiling skews small functions; the shares, not the absolute figures, are what to compare.
+One server process (`fedresearch serve`, as in production) runs the task of bench/scaling.py
+(Tavily and Google, fakes answering in 50 ms from a process of their own, pages not read,
+embeddings off) for `--seconds` from `--concurrency` sockets, while py-spy (a dev dependency)
+samples it from outside with `--gil`: only the thread holding the GIL is sampled, so a sample is
+Python at work in any thread (the writer's and the file writes' worker threads included) and
+waiting costs nothing; the profiler runs in its own process and does not slow the server.
+Printed: the server's CPU per task (/proc), the share of GIL samples per stage (a sample counts for
+the innermost stage on its stack) and that share of the CPU per task, then the functions with the
+most samples of their own. CPU spent without the GIL (syscalls: socket sends, file writes, the
+event loop's waits) is in the per-task figure but in no stage: the line "outside the GIL" says how
+much.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import cProfile
 import multiprocessing
 import os
-import pstats
-import signal
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from pathlib import Path
 
-from bench.load import ROOT, cpu_seconds, free_port, raise_fd_limit
-from bench.scaling import closed_loop, run_upstreams, start_server_env, wait_for_workers
+from bench.load import cpu_seconds, raise_fd_limit
+from bench.scaling import closed_loop, run_upstreams, start_server, start_server_env
 
-# stage: the functions whose cumulative CPU it is (module path fragment, function name)
+# stage: the functions it is made of (file name, function name); the innermost match on a stack wins
 STAGES: dict[str, list[tuple[str, str]]] = {
-    "frames in: WebSocket read + parse + plan": [("research_socket.py", "on_text")],
-    "federation: adapters, HTTP to upstreams": [("runner.py", "federate")],
+    "frames in: WebSocket read, parse, plan": [("research_socket.py", "on_text")],
+    "federation: adapters, HTTP to the upstreams": [
+        ("runner.py", "federate"),
+        ("runner.py", "run"),
+        ("runner.py", "_run_one"),
+        ("runner.py", "search_one"),
+    ],
     "fusion and ranking": [("fusion.py", "fuse")],
-    "writing the report": [("report/writer.py", "write"), ("report/compose.py", "compose")],
-    "saving report files": [("report/store.py", "save_report")],
-    "frames out: json + WebSocket send": [("research_socket.py", "send")],
-    "aiohttp HTTP/WebSocket protocol": [("aiohttp/web_protocol.py", "data_received")],
-    "event loop (select, callbacks)": [("asyncio/base_events.py", "_run_once")],
+    "writing and verifying the report": [("compose.py", "_write_and_verify"), ("compose.py", "compose")],
+    "saving the report (Markdown, JSON)": [("store.py", "save_report")],
+    "the job: its state and frames on disk": [("jobs.py", "_write_meta_file"), ("jobs.py", "_remove")],
+    "the job: frames to followers": [("jobs.py", "append"), ("tasks.py", "emit")],
+    "frames out: JSON and WebSocket send": [("research_socket.py", "send"), ("research_socket.py", "_pump")],
+    "starting a job": [("tasks.py", "start_job"), ("research_socket.py", "start")],
+    "retention": [("jobs.py", "enforce_retention"), ("jobs.py", "_delete_reports")],
+    "threads: handing work over and back": [
+        ("thread.py", "submit"),
+        ("thread.py", "_worker"),
+        ("threads.py", "to_thread"),
+    ],
 }
+# samples whose own frame is the event loop's machinery, wherever they stand
+EVENT_LOOP = {"base_events.py", "selector_events.py", "selectors.py", "events.py", "unix_events.py"}
 
 
-def serve_profiled(port: int, out: str) -> None:
-    from aiohttp import web
-
-    from fedresearch.core.settings import Settings
-    from fedresearch.web.app import create_app
-
-    def stop(*_: object) -> None:
-        raise KeyboardInterrupt  # run_app stops cleanly on it
-
-    profile = cProfile.Profile(time.process_time)
-    signal.signal(signal.SIGTERM, stop)
-    profile.enable()
-    try:
-        web.run_app(create_app(Settings()), host="127.0.0.1", port=port, print=None, handle_signals=False)
-    finally:
-        profile.disable()
-        profile.dump_stats(out)
+def _parts(frame: str) -> tuple[str, str]:
+    """('send', 'research_socket.py') from 'ResearchSocket.send (fedresearch/web/research_socket.py:71)'."""
+    function, _, where = frame.partition(" (")
+    return function.rsplit(".", 1)[-1], where.rsplit(":", 1)[0].rsplit("/", 1)[-1]
 
 
-def cumulative(stats: pstats.Stats, module: str, function: str) -> float:
-    total = 0.0
-    for (path, _, name), row in stats.stats.items():  # type: ignore[attr-defined]
-        if name == function and path.endswith(module):
-            total += row[3]
-    return total
+def stage_of(stack: list[str]) -> str:
+    if _parts(stack[-1])[1] in EVENT_LOOP:
+        return "event loop: select, wake-ups, callbacks"
+    for frame in reversed(stack):  # innermost first
+        function, file = _parts(frame)
+        for stage, members in STAGES.items():
+            if (file, function) in members:
+                return stage
+    return "other (the HTTP server and client, task set-up and the rest)"
+
+
+def read_samples(path: Path) -> tuple[Counter[str], Counter[str], int]:
+    """Samples per stage and per innermost function, from py-spy's raw (collapsed stack) output."""
+    stages: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack_text, _, count_text = line.rpartition(" ")
+        if not stack_text:
+            continue
+        count, stack = int(count_text), stack_text.split(";")
+        total += count
+        stages[stage_of(stack)] += count
+        own[stack[-1]] += count
+    return stages, own, total
 
 
 def main(options: argparse.Namespace) -> None:
     raise_fd_limit()
+    beside = Path(sys.executable).with_name("py-spy")  # the environment's, when it is not on PATH
+    spy = str(beside) if beside.is_file() else shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("bench.stages needs py-spy (pip install -e '.[dev]')")
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe()
     upstreams = context.Process(target=run_upstreams, args=(theirs,), daemon=True)
     upstreams.start()
     tavily_url, google_url = ours.recv()
-    port, out = free_port(), tempfile.mktemp(suffix=".prof")
-    env = start_server_env(tavily_url, google_url)
-    command = [sys.executable, "-m", "bench.stages", "--serve", str(port), out]
-    server = subprocess.Popen(command, cwd=ROOT, env=env, preexec_fn=raise_fd_limit)
+    server = start_server(1, "reuseport", start_server_env(tavily_url, google_url))
+    pid, samples = next(iter(server.pids)), Path(tempfile.mkdtemp()) / "samples.txt"
     try:
-        wait_for_workers(port, 1, server)
-        url = f"ws://127.0.0.1:{port}/ws"
-        asyncio.run(closed_loop(url, 4, 1.0, "warm"))
-        before = cpu_seconds(server.pid)
-        latencies, errors = asyncio.run(tasks_of(url, options.tasks, options.concurrency))
-        per_task_ms = 1000 * (cpu_seconds(server.pid) - before) / max(1, len(latencies))
+        url = f"ws://127.0.0.1:{server.port}/ws"
+        asyncio.run(closed_loop(url, 8, 2.0, "warm"))
+        command = [spy, "record", "--pid", str(pid), "--gil", "--nonblocking", "--rate", "250", "--format", "raw"]
+        command += ["--duration", str(int(options.seconds)), "--output", str(samples)]
+        profiler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # py-spy attaches
+        before, started = cpu_seconds(pid), time.perf_counter()
+        latencies, errors = asyncio.run(closed_loop(url, options.concurrency, options.seconds - 1.5, "stages"))
+        used, wall = cpu_seconds(pid) - before, time.perf_counter() - started
+        profiler.wait(60)
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+        server.stop()
         ours.send("stop")
         upstreams.join(10)
-    report(pstats.Stats(out), per_task_ms, len(latencies), errors, options.top)
-    os.unlink(out)
-
-
-async def tasks_of(url: str, count: int, concurrency: int) -> tuple[list[float], int]:
-    """`count` tasks over `concurrency` sockets, back to back."""
-    import websockets
-
-    from bench.scaling import one_task
-
-    latencies: list[float] = []
-    errors = 0
-    queue = iter(range(count))
-
-    async def client() -> None:
-        nonlocal errors
-        async with websockets.connect(url, max_size=None, ping_interval=None) as ws:
-            for number in queue:
-                try:
-                    latencies.append(await one_task(ws, f"stages question {number}"))
-                except RuntimeError:
-                    errors += 1
-
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    return latencies, errors
-
-
-def report(stats: pstats.Stats, per_task_ms: float, tasks: int, errors: int, top: int) -> None:
-    profiled = sum(row[2] for row in stats.stats.values())  # type: ignore[attr-defined]
+    if not samples.is_file():
+        raise SystemExit("py-spy wrote no samples (it needs ptrace: run as the server's user, or as root)")
+    per_task = 1000 * used / max(1, len(latencies))
+    stages, own, total = read_samples(samples)
+    gil_share = total / (250 * options.seconds) / (used / wall) if used else 0.0  # GIL samples over CPU time
     print(
-        f"{tasks} tasks ({errors} errors); server CPU {per_task_ms:.2f} ms per task (profiled run); "
-        f"load average {os.getloadavg()[0]:.2f}"
+        f"{len(latencies)} tasks ({errors} errors), {len(latencies) / wall:.1f}/s; server CPU {per_task:.2f} ms "
+        f"per task; {total} GIL samples; load average {os.getloadavg()[0]:.2f}"
     )
-    print(f"{'stage':<44} {'share':>6} {'ms/task':>8}")
-    for stage, functions in STAGES.items():
-        seconds = sum(cumulative(stats, module, name) for module, name in functions)
-        share = seconds / profiled if profiled else 0.0
-        print(f"{stage:<44} {share:>6.1%} {share * per_task_ms:>8.2f}")
-    print(f"\nthe {top} functions with the most CPU of their own:")
-    stats.sort_stats("tottime").print_stats(top)
+    print(f"{'stage':<48} {'share':>6} {'ms/task':>8}")
+    held = min(gil_share, 1.0)
+    for stage, count in sorted(stages.items(), key=lambda item: -item[1]):
+        share = count / total * held
+        print(f"{stage:<48} {share:>6.1%} {share * per_task:>8.2f}")
+    print(f"{'outside the GIL (syscalls, waits for it)':<48} {1 - held:>6.1%} {(1 - held) * per_task:>8.2f}")
+    print(f"\nthe {options.top} functions with the most samples of their own:")
+    for frame, count in own.most_common(options.top):
+        print(f"{count / total:>6.1%}  {frame[:110]}")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--serve":
-        serve_profiled(int(sys.argv[2]), sys.argv[3])
-        sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", type=int, default=400)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--top", type=int, default=20)
     main(parser.parse_args())

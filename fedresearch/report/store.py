@@ -4,10 +4,10 @@ exports, rendered on first request and kept beside them."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,12 @@ REPORT_NAME = re.compile(r"^([0-9a-f]{32})\.(md|json|html|pdf|docx)$")
 FORMATS = ("md", "pdf", "docx", "html", "json")  # what every path frame lists
 
 
+_TEMPORARY = itertools.count()  # unique per process without a getrandom call per file (uuid4)
+
+
 def write_atomic(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(temporary, "xb") as file:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{next(_TEMPORARY)}.tmp")
+    with open(temporary, "wb") as file:  # live processes never share a name; a dead one's leftover goes
         file.write(data)
     os.replace(temporary, path)
 
