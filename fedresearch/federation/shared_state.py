@@ -201,10 +201,11 @@ class RedisRateLimiter:
         lease = await self._connection(upstream, rate.connections) if rate.connections else None
         try:
             meter, paused = f"{PREFIX}rate:{upstream}:next", f"{PREFIX}rate:{upstream}:paused"
-            wait_ms = await self._reserve(keys=[meter, paused], args=[max(1, int(rate.interval_s * 1000))])
-            await asyncio.sleep(int(wait_ms) / 1000)
-            while (late_ms := await self.shared.client.pttl(paused)) > 0:  # a 429 came while we waited
-                await asyncio.sleep(late_ms / 1000)
+            wait_ms = int(await self._reserve(keys=[meter, paused], args=[max(1, int(rate.interval_s * 1000))]))
+            if wait_ms > 0:  # the script saw no pause now; one may come while we wait
+                await asyncio.sleep(wait_ms / 1000)
+                while (late_ms := await self.shared.client.pttl(paused)) > 0:
+                    await asyncio.sleep(late_ms / 1000)
         except BaseException:
             if lease is not None:
                 self.leases.release(*lease)

@@ -50,12 +50,27 @@ if ARGV[1] ~= '' then redis.call('SET', KEYS[3], ARGV[1], 'XX') end
 return n
 """
 
-_END = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('SET', KEYS[2], ARGV[1])
-redis.call('XADD', KEYS[1], '0-' .. (redis.call('XLEN', KEYS[1]) + 1), 'end', ARGV[1])
+# a job's new metadata (ARGV[1]) and, when ARGV[2] names its final status, the end of its stream;
+# -1: no such job
+_SAVE = """
+if redis.call('SET', KEYS[3], ARGV[1], 'XX') == false then return -1 end
+if ARGV[2] == '' or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('XADD', KEYS[1], '0-' .. (redis.call('XLEN', KEYS[1]) + 1), 'end', ARGV[2])
 return 1
 """
+
+# a new job: its metadata, unless the id is taken (0), and its places in the owner's and everyone's lists
+_CREATE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') == false then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
+return 1
+"""
+
+# frames a running job sends within this long go to Redis together: one script call for several
+# frames (other workers' followers see them this much later; this worker's own follow its memory)
+_GATHER_S = 0.05
 
 
 def _meta(research_id: str) -> str:
@@ -95,7 +110,8 @@ class RedisJobStore:
         self._meta_due: dict[str, Job] = {}
         self._writing: dict[str, asyncio.Task[None]] = {}
         self._append: Any = self.redis.register_script(_APPEND)
-        self._end: Any = self.redis.register_script(_END)
+        self._save_script: Any = self.redis.register_script(_SAVE)
+        self._create_script: Any = self.redis.register_script(_CREATE)
         self._write_behind_script: Any = self.redis.register_script(_WRITE_BEHIND)
 
     async def _mirror(self, research_id: str, what: str, operation: Callable[[], Awaitable[object]]) -> None:
@@ -115,12 +131,9 @@ class RedisJobStore:
         await self.here.create(job)
 
     async def _create(self, job: Job) -> None:
-        if not await self.redis.set(_meta(job.research_id), _dumps(job.to_json()), nx=True):
+        keys = [_meta(job.research_id), _owned_by(job.owner), _EVERY_JOB]
+        if not await self._create_script(keys=keys, args=[_dumps(job.to_json()), job.created_at, job.research_id]):
             raise ValueError(f"job {job.research_id} exists")
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.zadd(_owned_by(job.owner), {job.research_id: job.created_at})
-            pipe.zadd(_EVERY_JOB, {job.research_id: job.created_at})
-            await pipe.execute()
 
     async def save(self, job: Job) -> None:
         if job.research_id in self.here:
@@ -137,10 +150,10 @@ class RedisJobStore:
 
     async def _save(self, job: Job) -> None:
         job = replace(job, updated_at=time.time())
-        if not await self.redis.set(_meta(job.research_id), _dumps(job.to_json()), xx=True):
+        keys = [_frames(job.research_id), _ended(job.research_id), _meta(job.research_id)]
+        ending = job.status.value if job.status.finished else ""
+        if int(await self._save_script(keys=keys, args=[_dumps(job.to_json()), ending])) < 0:
             raise KeyError(job.research_id)
-        if job.status.finished:
-            await self._end(keys=[_frames(job.research_id), _ended(job.research_id)], args=[job.status.value])
 
     async def append(self, research_id: str, frame: Frame) -> int:
         if research_id not in self.here:
@@ -157,6 +170,7 @@ class RedisJobStore:
 
     async def _write_due(self, research_id: str) -> None:
         try:
+            await asyncio.sleep(_GATHER_S)
             while research_id in self._frames_due or research_id in self._meta_due:
                 frames, job = self._frames_due.pop(research_id, []), self._meta_due.pop(research_id, None)
                 await self._mirror(
