@@ -35,8 +35,13 @@ def _stem(word: str) -> str:
 
 
 def terms(text: str) -> list[str]:
+    return list(_terms(text))
+
+
+@functools.lru_cache(maxsize=4096)  # ranking, diversifying, picking and verifying read the same texts
+def _terms(text: str) -> tuple[str, ...]:
     words = [_stem(word) for word in _WORD.findall(text.lower()) if word not in STOPWORDS]
-    return words + cjk_bigrams(text)
+    return (*words, *cjk_bigrams(text))
 
 
 def clean_sentence(text: str) -> str:
