@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -33,6 +34,9 @@ from fedresearch.federation.resilience import (
 # a run of failures older than this no longer counts toward the error threshold
 _FAILURES_KEPT_MS = 3_600_000
 _POLL_S = (0.01, 0.2)  # first and longest wait between tries for a connection of a capped upstream
+# a breaker found clean is taken as clean for this long without asking Redis again: under load that
+# spares a round trip per upstream call; another worker's suspension is seen at most this much later
+_CLEAN_FOR_S = 1.0
 
 _RESERVE = (
     NOW_MS
@@ -62,6 +66,7 @@ class RedisBreaker:
         self.settings = settings
         self.local = CircuitBreaker(settings)
         self._clean: dict[tuple[str, str], bool] = {}
+        self._clean_since: dict[tuple[str, str], float] = {}
 
     @staticmethod
     def _keys(key: tuple[str, str]) -> tuple[str, str]:
@@ -69,6 +74,9 @@ class RedisBreaker:
         return base + ":failures", base + ":open"
 
     async def check(self, key: tuple[str, str]) -> None:
+        now = time.monotonic()
+        if self._clean.get(key) and now - self._clean_since.get(key, -_CLEAN_FOR_S) < _CLEAN_FOR_S:
+            return
         counted, opened = self._keys(key)
 
         async def read() -> list[Any]:
@@ -83,6 +91,7 @@ class RedisBreaker:
         )
         # a success after a clean check has nothing to reset: it spares a round trip on nearly every call
         self._clean[key] = reason is None and not failing
+        self._clean_since[key] = now
         if reason is not None and remaining_ms > 0:
             raise RetrieverSkipped(suspended_message(remaining_ms / 1000, reason.decode()))
 
