@@ -139,6 +139,7 @@ class RedisAnswerCache:
         self.shared = shared
         self.ttl_ms = int(ttl_s * 1000)
         self.local = UpstreamCache(ttl_s)
+        self._writing: set[asyncio.Task[None]] = set()
 
     @staticmethod
     def _name(key: tuple[object, ...]) -> str:
@@ -152,13 +153,17 @@ class RedisAnswerCache:
         return await self.shared.run("reading the answer cache", read, lambda: self.local.get(key))
 
     async def put(self, key: tuple[object, ...], hits: Hits) -> None:
+        """Written behind: the answer goes back to the task at once, not after a round trip to Redis."""
         if self.ttl_ms <= 0:
             return
 
         async def write() -> None:
             await self.shared.client.set(self._name(key), _stored(hits), px=self.ttl_ms)
 
-        await self.shared.run("writing the answer cache", write, lambda: self.local.put(key, hits))
+        work = self.shared.run("writing the answer cache", write, lambda: self.local.put(key, hits))
+        writing = asyncio.get_running_loop().create_task(work)
+        self._writing.add(writing)
+        writing.add_done_callback(self._writing.discard)
 
 
 def _stored(hits: Hits) -> str:
