@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", validation_alias="FEDRESEARCH_HOST")
     port: int = Field(8000, validation_alias="FEDRESEARCH_PORT")
     workers: int | Literal["auto"] = Field(1, validation_alias="FEDRESEARCH_WORKERS")
+    # threads per process that write reports and save files (core/work.py says why so few)
+    work_threads: int = Field(2, ge=1, le=64, validation_alias="WORK_THREADS")
     redis_url: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_REDIS_URL")
     data_dir: Path = Field(Path("./data"), validation_alias="FEDRESEARCH_DATA_DIR")
     # unset: the embedded library under data_dir; postgresql://…: on PostgreSQL (secret: it may hold a password)

@@ -23,6 +23,7 @@ from fedresearch.core.models import RetrieverOutcome, RetrieverStatus, SearchRes
 from fedresearch.core.secrets import is_credential_name, without_secrets
 from fedresearch.core.settings import Settings
 from fedresearch.core.text import cut_text
+from fedresearch.core.work import WorkPool
 from fedresearch.federation import http, ratelimit
 from fedresearch.federation.contract import (
     Adapter,
@@ -62,6 +63,7 @@ class Deps:
     guard: Guard | None = None
     metrics: Metrics | None = None
     pages: PageReader | None = None  # reads the pages behind results
+    work: WorkPool | None = None  # threads that write reports and save files (None: asyncio's)
 
 
 class DeadlineExceeded(RetrieverFailed):

@@ -3,7 +3,6 @@ that evidence does not cover the question, the same retrievers are asked again."
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -13,6 +12,7 @@ from fedresearch.core.events import ProgressEvent
 from fedresearch.core.identifiers import canonical_key, is_url
 from fedresearch.core.models import FusedResult, ResearchRequest
 from fedresearch.core.text import split_sentences
+from fedresearch.core.work import run_on
 from fedresearch.federation.contract import Adapter
 from fedresearch.federation.planning import Plan
 from fedresearch.federation.runner import Deps
@@ -50,10 +50,10 @@ class ChatSession:
 
     async def answer(self, message: str, registry: dict[str, Adapter], deps: Deps) -> ChatAnswer:
         sources, searched = self.outcome.sources, False
-        claims = await asyncio.to_thread(_claims, message, sources, self.outcome.writing)
+        claims = await run_on(self.outcome.writing.work, _claims, message, sources, self.outcome.writing)
         if not covers(message, claims) and self.plan.names:
             fresh, _ = await gather_sources(message, replace(self.plan, urls=()), registry, deps, _quiet)
-            claims = await asyncio.to_thread(_claims, message, fresh, self.outcome.writing)
+            claims = await run_on(self.outcome.writing.work, _claims, message, fresh, self.outcome.writing)
             searched = True
         return self._render(claims, searched)
 

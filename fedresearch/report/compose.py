@@ -9,7 +9,6 @@ References, and a `writer_fallback` log frame says why.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -18,6 +17,7 @@ from typing import Any
 
 from fedresearch.core.events import Emit, ProgressEvent
 from fedresearch.core.models import FusedResult, ReportType, RetrieverOutcome
+from fedresearch.core.work import run_on
 from fedresearch.report.citations import Citations, Reference
 from fedresearch.report.evidence import Evidence, diversify, gather, rank
 from fedresearch.report.language import labels_for
@@ -108,7 +108,7 @@ async def write_extractive(
     parts: Sequence[Part],
 ) -> tuple[str, list[Reference], Verification]:
     # one trip to a thread for both steps: each trip costs a wake-up on either side
-    return await asyncio.to_thread(_write_and_verify, question, report_type, sources, outcomes, writing, parts)
+    return await run_on(writing.work, _write_and_verify, question, report_type, sources, outcomes, writing, parts)
 
 
 def _write_and_verify(
@@ -184,7 +184,7 @@ class LlmReport:
             await self.send(text)
 
     async def write(self) -> Composed:
-        passages = await asyncio.to_thread(self._passages)
+        passages = await run_on(self.writing.work, self._passages)
         await self.put(f"# {self.question}\n\n")
         failure = None
         try:
@@ -209,7 +209,7 @@ class LlmReport:
     async def _stream(self, passages: list[Evidence]) -> None:
         numbered = {n: seen_text(p) for n, p in enumerate(passages, start=1)}
         limit = self.writing.support_threshold
-        verifier = await asyncio.to_thread(Verifier, numbered, self.writing.embed, Thresholds(limit, limit / 2))
+        verifier = await run_on(self.writing.work, Verifier, numbered, self.writing.embed, Thresholds(limit, limit / 2))
         language = labels_for(self.question, self.writing.language).code
         outline = self.report_type is ReportType.outline_report
         messages = messages_for(self.question, passages, language, outline)
@@ -222,7 +222,7 @@ class LlmReport:
                 if heading:
                     await self.put(f"## {heading}\n\n")
                 continue
-            kept = await asyncio.to_thread(verify_paragraph, paragraph, verifier, self.verification)
+            kept = await run_on(self.writing.work, verify_paragraph, paragraph, verifier, self.verification)
             rendered = " ".join(self._render(checked, passages) for checked in kept)
             if rendered:
                 await self.put(rendered + "\n\n")

@@ -35,6 +35,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from fedresearch.core.work import WorkPool, run_on
 from fedresearch.report.store import delete_report, write_atomic
 
 log = logging.getLogger("fedresearch")
@@ -141,8 +142,9 @@ class LocalJobStore:
     once finished), so listing and replaying survive a restart. A job that was running when the
     process died is found failed at `load`."""
 
-    def __init__(self, directory: Path | None) -> None:
+    def __init__(self, directory: Path | None, work: WorkPool | None = None) -> None:
         self.directory = directory
+        self.work = work  # the threads its files are written on (None: asyncio's default pool)
         self._entries: dict[str, _Entry] = {}
         self._writing = asyncio.Lock()  # one write at a time, so an older state never lands last
 
@@ -251,7 +253,7 @@ class LocalJobStore:
             if entry is None:
                 return  # deleted meanwhile: writing it now would bring it back
             meta = entry.job.to_json()  # the latest state
-            await asyncio.to_thread(_write_meta_file, self.directory, job.research_id, meta, frames)
+            await run_on(self.work, _write_meta_file, self.directory, job.research_id, meta, frames)
 
 
 def _write_meta_file(directory: Path, research_id: str, meta: dict[str, Any], frames: list[Frame] | None) -> None:

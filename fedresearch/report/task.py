@@ -13,6 +13,7 @@ from typing import Any
 from fedresearch.core.events import Emit, ProgressEvent
 from fedresearch.core.models import FusedResult, ResearchRequest, RetrieverOutcome
 from fedresearch.core.settings import Settings
+from fedresearch.core.work import run_on
 from fedresearch.federation.contract import Adapter
 from fedresearch.federation.fusion import fuse
 from fedresearch.federation.planning import Plan
@@ -50,7 +51,9 @@ def writing_for(request: ResearchRequest, deps: Deps, pages: dict[str, list[Sect
     encoder = deps.library.encoder if deps.library is not None else None
     embed = (lambda texts: encoder.encode(texts, batch_size=16)) if encoder is not None else None
     threshold = deps.settings.report_support_threshold
-    return Writing(pages=pages or {}, embed=embed, language=request.language, support_threshold=threshold)
+    return Writing(
+        pages=pages or {}, embed=embed, language=request.language, support_threshold=threshold, work=deps.work
+    )
 
 
 async def gather_sources(
@@ -144,7 +147,7 @@ async def run_research(
     composed = await compose(request.task, request.report_type, sources, outcomes, writing, parts, config, emit, send)
     report_id = report_id or uuid.uuid4().hex
     record = {"owner": owner} | _record(report_id, request, composed, outcomes, retrieval_ms)
-    files = await asyncio.to_thread(save_report, settings.reports_dir, report_id, composed.markdown, record)
+    files = await run_on(deps.work, save_report, settings.reports_dir, report_id, composed.markdown, record)
     markdown, references, streamed = composed.markdown, composed.references, send is not None
     return ResearchOutcome(report_id, markdown, files, sources, references, outcomes, retrieval_ms, writing, streamed)
 

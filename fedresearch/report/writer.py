@@ -19,6 +19,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from fedresearch.core.identifiers import is_url
 from fedresearch.core.models import SOURCE_KINDS, FusedResult, ReportType, RetrieverOutcome, RetrieverStatus
 from fedresearch.core.text import STOPWORDS, cjk_bigrams
+from fedresearch.core.work import WorkPool
 from fedresearch.library.formats import Section
 from fedresearch.report.citations import Citations, Reference, display_title, link_target
 from fedresearch.report.evidence import (
@@ -156,6 +157,7 @@ class Writing:
     embed: Embed | None = None
     language: str | None = None
     support_threshold: float = 0.5  # REPORT_SUPPORT_THRESHOLD: what the verifier counts as supported
+    work: WorkPool | None = None  # the threads it is written on (None: asyncio's default pool)
 
 
 def _claims(question: str, sources: Sequence[FusedResult], writing: Writing, budget: int) -> list[Claim]:

@@ -20,6 +20,7 @@ from fedresearch.core.auth import ApiKeys, check_bind
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.settings import Settings
 from fedresearch.core.shared import SharedRedis
+from fedresearch.core.work import WorkPool
 from fedresearch.federation.pages import PageReader
 from fedresearch.federation.registry import AdapterFactory, build_registry
 from fedresearch.federation.runner import Deps
@@ -78,11 +79,12 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     connector = aiohttp.TCPConnector(limit=200, limit_per_host=50)
     timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
     pages = PageReader(settings, resolver=app.get(RESOLVER))
+    work = WorkPool(settings.work_threads)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
         app[REGISTRY] = registry
         try:
             async with open_state(settings, app[RUNNING]) as state:
-                await _open_jobs(app, state.redis)
+                await _open_jobs(app, state.redis, work)
                 app[TASK_SLOTS] = state.task_slots
                 app[DEPS] = Deps(
                     session=session,
@@ -92,22 +94,24 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                     guard=state.guard,
                     metrics=app[METRICS],
                     pages=pages,
+                    work=work,
                 )
                 async with mcp_server.session_manager(app) as manager:
                     app[mcp_server.MCP_MANAGER] = manager
                     yield
         finally:
             await pages.close()
+            work.close()
 
 
-async def _open_jobs(app: web.Application, redis: SharedRedis | None) -> None:
+async def _open_jobs(app: web.Application, redis: SharedRedis | None, work: WorkPool) -> None:
     """The jobs earlier runs saved (a store given to `create_app`, such as a shared one, is kept; with
     FEDRESEARCH_REDIS_URL, the store every worker shares), with the retention limits applied at once."""
     settings = app[SETTINGS]
     if JOBS not in app and redis is not None:
         app[JOBS] = RedisJobStore(redis)
     elif JOBS not in app:
-        store = LocalJobStore(settings.jobs_dir)
+        store = LocalJobStore(settings.jobs_dir, work)
         await store.load()
         app[JOBS] = store
     days, most = settings.report_retention_days, settings.report_max_per_user

@@ -18,6 +18,7 @@ from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
 from fedresearch.core.events import ProgressEvent
 from fedresearch.core.models import ResearchRequest
+from fedresearch.core.work import run_on
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.compose import report_chunks
@@ -145,7 +146,7 @@ class JobRun:
             "report": markdown,
         }
         directory = self.app[SETTINGS].reports_dir
-        saved = await asyncio.to_thread(save_report, directory, self.research_id, markdown, record)
+        saved = await run_on(self.app[DEPS].work, save_report, directory, self.research_id, markdown, record)
         await self.deliver(markdown, saved, "📄 Report saved: the research could not run")
 
     async def execute(self, plan: Plan | None, refusal: Failure | None) -> None:
