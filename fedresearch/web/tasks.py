@@ -238,10 +238,6 @@ async def _quietly(work: Coroutine[Any, Any, Any]) -> None:
         log.exception("background work failed")
 
 
-async def _no_slot() -> None:
-    return None
-
-
 async def _take_slot(app: web.Application, key: str) -> Callable[[object], None]:
     """One of `key`'s MAX_TASKS_PER_KEY places (shared by every worker with Redis), as the done
     callback that gives it back, however the task ends (it runs even for a task cancelled before its
@@ -282,10 +278,11 @@ async def start_job(
     refusal: Failure | None = None
     release = None
     try:
-        plan = _admit(app, principal, request)
-        owner = principal.user_id or plan.options.user_id
+        admitted = _admit(app, principal, request)
+        release = await _take_slot(app, principal.key_id)
+        plan, owner = admitted, principal.user_id or admitted.options.user_id
     except RequestError as error:
-        refusal = Failure(str(error), 400)
+        refusal = Failure(str(error), 429 if "MAX_TASKS_PER_KEY" in str(error) else 400)
         owner = principal.user_id or request.header("user_id") or app[SETTINGS].default_user
     job = Job(
         run.research_id,
@@ -297,24 +294,12 @@ async def start_job(
         status=JobStatus.running,
         created_at=time.time(),
     )
-    # the key's slot and the job's record at once: with Redis each is a round trip, and every
-    # round trip waits its turn on a busy event loop
-    slot, created = await asyncio.gather(
-        _take_slot(app, principal.key_id) if plan is not None else _no_slot(),
-        app[JOBS].create(job),
-        return_exceptions=True,
-    )
-    if isinstance(slot, BaseException) and not isinstance(slot, RequestError):
-        if not isinstance(created, BaseException):  # recorded, so it must not stay "running"
-            await app[JOBS].finish(job.research_id, JobStatus.failed, "internal error while admitting the task")
-        raise slot
-    release = slot if callable(slot) else None
-    if isinstance(created, BaseException):
+    try:
+        await app[JOBS].create(job)
+    except BaseException:
         if release is not None:
             release(None)
-        raise created
-    if isinstance(slot, RequestError):
-        plan, refusal = None, Failure(str(slot), 429)
+        raise
     run.failure = refusal  # known now: a REST caller is answered with it even in the background
     task = asyncio.create_task(run.execute(plan, refusal))
     if release is not None:
