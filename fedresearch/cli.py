@@ -114,8 +114,8 @@ async def _ask_over_ws(args: argparse.Namespace) -> int:
     import websockets
 
     settings = Settings()
-    base = args.server or f"ws://{settings.host}:{settings.port}"
-    url = base.rstrip("/") + "/ws"
+    base = (args.server or f"ws://{settings.host}:{settings.port}").rstrip("/").removesuffix("/ws")
+    url = base + "/ws"
     # the key travels in a header: a query string ends up in access logs
     auth = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     headers: dict[str, str] = {}
@@ -151,11 +151,23 @@ async def _ask_over_ws(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace) -> int:
+    from websockets.exceptions import ConnectionClosedError, InvalidHandshake, InvalidStatus, InvalidURI
+
     try:
         return asyncio.run(_ask_over_ws(args))
     except OSError as error:
         print(f"cannot reach the server: {error}", file=sys.stderr)
-        return 1
+    except InvalidURI as error:
+        print(f"--server is not a WebSocket address ({error}): give ws://HOST:PORT", file=sys.stderr)
+    except InvalidStatus as error:
+        status = error.response.status_code
+        why = {401: ": it needs an API key (--token)", 403: ": the key may not do this", 404: ": is it fedresearch?"}
+        print(f"the server refused the WebSocket connection with HTTP {status}{why.get(status, '')}", file=sys.stderr)
+    except InvalidHandshake as error:
+        print(f"the server did not accept a WebSocket connection: {error}", file=sys.stderr)
+    except ConnectionClosedError as error:
+        print(f"the connection broke before the report was finished: {error}", file=sys.stderr)
+    return 1
 
 
 def _add_ask(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
