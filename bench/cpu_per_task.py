@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
 import os
 import statistics
 import subprocess
@@ -26,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.load import ROOT, cpu_seconds, free_port, raise_fd_limit
-from bench.scaling import closed_loop, run_upstreams, start_server_env
+from bench.scaling import closed_loop, start_server_env, upstreams
 
 
 def server_command(checkout: Path, port: int) -> list[str]:
@@ -83,25 +82,17 @@ def main(options: argparse.Namespace) -> None:
     server_core = cores[-1] if len(cores) > 1 else None
     if server_core is not None:
         os.sched_setaffinity(0, set(cores[:-1]))  # inherited by the clients and the fakes
-    context = multiprocessing.get_context("spawn")
-    ours, theirs = context.Pipe()
-    upstreams = context.Process(target=run_upstreams, args=(theirs,), daemon=True)
-    upstreams.start()
-    tavily_url, google_url = ours.recv()
-    checkouts = {"this": ROOT, "against": options.against.resolve()}
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in checkouts}
-    print(f"this: {ROOT}  against: {checkouts['against']}  server pinned to core {server_core}")
-    print(f"{'round':>5} {'checkout':>8} {'tasks/s':>8} {'CPU ms/task':>12}")
-    try:
+    with upstreams() as (tavily_url, google_url):
+        checkouts = {"this": ROOT, "against": options.against.resolve()}
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name in checkouts}
+        print(f"this: {ROOT}  against: {checkouts['against']}  server pinned to core {server_core}")
+        print(f"{'round':>5} {'checkout':>8} {'tasks/s':>8} {'CPU ms/task':>12}")
         for number in range(1, options.rounds + 1):
             for name, checkout in checkouts.items():
                 env = start_server_env(tavily_url, google_url)
                 rate, cpu = measure(checkout, env, server_core, options)
                 results[name].append((rate, cpu))
                 print(f"{number:>5} {name:>8} {rate:>8.1f} {cpu:>12.2f}", flush=True)
-    finally:
-        ours.send("stop")
-        upstreams.join(10)
     medians = {name: statistics.median(cpu for _, cpu in rows) for name, rows in results.items()}
     rates = {name: statistics.median(rate for rate, _ in rows) for name, rows in results.items()}
     print(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -57,6 +59,20 @@ def run_upstreams(pipe: Connection) -> None:
         await asyncio.get_running_loop().run_in_executor(None, pipe.recv)  # until told to stop
 
     asyncio.run(serve())
+
+
+@contextlib.contextmanager
+def upstreams() -> Iterator[tuple[str, str]]:
+    """The fakes running in a process of their own while the block runs: their URLs (Tavily, Google)."""
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    process = context.Process(target=run_upstreams, args=(theirs,), daemon=True)
+    process.start()
+    try:
+        yield ours.recv()
+    finally:
+        ours.send("stop")
+        process.join(10)
 
 
 async def one_task(ws: Any, question: str) -> float:
@@ -268,39 +284,33 @@ def main(options: argparse.Namespace) -> None:
     raise_fd_limit()
     if shutil.which("redis-server") is None:
         raise SystemExit("bench.scaling needs redis-server (apt-get install redis-server)")
-    context = multiprocessing.get_context("spawn")
-    ours, theirs = context.Pipe()
-    upstreams = context.Process(target=run_upstreams, args=(theirs,), daemon=True)
-    upstreams.start()
-    tavily_url, google_url = ours.recv()
-    redis: RedisServer = start_redis()
-    env = start_server_env(tavily_url, google_url)
-    print(
-        f"{os.cpu_count()} cores; closed loop: {options.concurrency} sockets for {options.seconds:g} s; steady: "
-        f"{options.sockets} sockets at {options.rate:g} x the closed loop's tasks/s; overheads in ms"
-    )
-    print(
-        f"{'workers':>7} {'balance':>9} {'state':>7} {'tasks/s':>8} {'eff':>6} {'p50 over':>8} {'p99 over':>8} "
-        f"{'CPU ms':>7} {'spread':>7} {'err':>4} {'busy':>5} | "
-        f"{'rate/s':>7} {'p50 over':>8} {'p99 over':>8} {'err':>4} | "
-        f"{'load':>5}"
-    )
-    base = 0.0
-    try:
-        for workers, balance, shared in configurations(options):
-            server_env = {**env, "FEDRESEARCH_REDIS_URL": redis.url} if shared else env
-            server = start_server(workers, balance, server_env)
-            try:
-                row = measure(server, options, f"{workers}{balance}{shared}")
-            finally:
-                server.stop()
-            if workers == 1 and shared:
-                base = row["tasks/s"]
-            print_row(workers, balance, shared, row, base)
-    finally:
-        redis.stop()
-        ours.send("stop")
-        upstreams.join(10)
+    with upstreams() as (tavily_url, google_url):
+        redis: RedisServer = start_redis()
+        env = start_server_env(tavily_url, google_url)
+        print(
+            f"{os.cpu_count()} cores; closed loop: {options.concurrency} sockets for {options.seconds:g} s; steady: "
+            f"{options.sockets} sockets at {options.rate:g} x the closed loop's tasks/s; overheads in ms"
+        )
+        print(
+            f"{'workers':>7} {'balance':>9} {'state':>7} {'tasks/s':>8} {'eff':>6} {'p50 over':>8} {'p99 over':>8} "
+            f"{'CPU ms':>7} {'spread':>7} {'err':>4} {'busy':>5} | "
+            f"{'rate/s':>7} {'p50 over':>8} {'p99 over':>8} {'err':>4} | "
+            f"{'load':>5}"
+        )
+        base = 0.0
+        try:
+            for workers, balance, shared in configurations(options):
+                server_env = {**env, "FEDRESEARCH_REDIS_URL": redis.url} if shared else env
+                server = start_server(workers, balance, server_env)
+                try:
+                    row = measure(server, options, f"{workers}{balance}{shared}")
+                finally:
+                    server.stop()
+                if workers == 1 and shared:
+                    base = row["tasks/s"]
+                print_row(workers, balance, shared, row, base)
+        finally:
+            redis.stop()
 
 
 def numbers(text: str) -> list[int]:

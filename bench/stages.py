@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
 import os
 import shutil
 import subprocess
@@ -30,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.load import cpu_seconds, raise_fd_limit
-from bench.scaling import closed_loop, run_upstreams, start_server, start_server_env
+from bench.scaling import closed_loop, start_server, start_server_env, upstreams
 
 # stage: the functions it is made of (file name, function name); the innermost match on a stack wins
 STAGES: dict[str, list[tuple[str, str]]] = {
@@ -42,7 +41,7 @@ STAGES: dict[str, list[tuple[str, str]]] = {
         ("runner.py", "search_one"),
     ],
     "fusion and ranking": [("fusion.py", "fuse")],
-    "writing and verifying the report": [("compose.py", "_write_and_verify"), ("compose.py", "compose")],
+    "writing and verifying the report": [("compose.py", "write_extractive"), ("compose.py", "compose")],
     "saving the report (Markdown, JSON)": [("store.py", "save_report")],
     "the job: its state and frames on disk": [("jobs.py", "_write_meta_file"), ("jobs.py", "_remove")],
     "the job: frames to followers": [("jobs.py", "append"), ("tasks.py", "emit")],
@@ -98,28 +97,22 @@ def main(options: argparse.Namespace) -> None:
     spy = str(beside) if beside.is_file() else shutil.which("py-spy")
     if spy is None:
         raise SystemExit("bench.stages needs py-spy (pip install -e '.[dev]')")
-    context = multiprocessing.get_context("spawn")
-    ours, theirs = context.Pipe()
-    upstreams = context.Process(target=run_upstreams, args=(theirs,), daemon=True)
-    upstreams.start()
-    tavily_url, google_url = ours.recv()
-    server = start_server(1, "reuseport", start_server_env(tavily_url, google_url))
-    pid, samples = next(iter(server.pids)), Path(tempfile.mkdtemp()) / "samples.txt"
-    try:
-        url = f"ws://127.0.0.1:{server.port}/ws"
-        asyncio.run(closed_loop(url, 8, 2.0, "warm"))
-        command = [spy, "record", "--pid", str(pid), "--gil", "--nonblocking", "--rate", "250", "--format", "raw"]
-        command += ["--duration", str(int(options.seconds)), "--output", str(samples)]
-        profiler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.0)  # py-spy attaches
-        before, started = cpu_seconds(pid), time.perf_counter()
-        latencies, errors = asyncio.run(closed_loop(url, options.concurrency, options.seconds - 1.5, "stages"))
-        used, wall = cpu_seconds(pid) - before, time.perf_counter() - started
-        profiler.wait(60)
-    finally:
-        server.stop()
-        ours.send("stop")
-        upstreams.join(10)
+    with upstreams() as (tavily_url, google_url):
+        server = start_server(1, "reuseport", start_server_env(tavily_url, google_url))
+        pid, samples = next(iter(server.pids)), Path(tempfile.mkdtemp()) / "samples.txt"
+        try:
+            url = f"ws://127.0.0.1:{server.port}/ws"
+            asyncio.run(closed_loop(url, 8, 2.0, "warm"))
+            command = [spy, "record", "--pid", str(pid), "--gil", "--nonblocking", "--rate", "250", "--format", "raw"]
+            command += ["--duration", str(int(options.seconds)), "--output", str(samples)]
+            profiler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)  # py-spy attaches
+            before, started = cpu_seconds(pid), time.perf_counter()
+            latencies, errors = asyncio.run(closed_loop(url, options.concurrency, options.seconds - 1.5, "stages"))
+            used, wall = cpu_seconds(pid) - before, time.perf_counter() - started
+            profiler.wait(60)
+        finally:
+            server.stop()
     if not samples.is_file():
         raise SystemExit("py-spy wrote no samples (it needs ptrace: run as the server's user, or as root)")
     per_task = 1000 * used / max(1, len(latencies))

@@ -99,7 +99,7 @@ def _records(sentences: Sequence[Checked]) -> list[dict[str, Any]]:
     ]
 
 
-async def write_extractive(
+def write_extractive(
     question: str,
     report_type: ReportType,
     sources: list[FusedResult],
@@ -107,18 +107,7 @@ async def write_extractive(
     writing: Writing,
     parts: Sequence[Part],
 ) -> tuple[str, list[Reference], Verification]:
-    # one trip to a thread for both steps: each trip costs a wake-up on either side
-    return await run_on(writing.work, _write_and_verify, question, report_type, sources, outcomes, writing, parts)
-
-
-def _write_and_verify(
-    question: str,
-    report_type: ReportType,
-    sources: list[FusedResult],
-    outcomes: Sequence[RetrieverOutcome],
-    writing: Writing,
-    parts: Sequence[Part],
-) -> tuple[str, list[Reference], Verification]:
+    """Written and verified in one go, so in one trip to a thread (each trip wakes both sides)."""
     markdown, references = write_report(question, report_type, sources, outcomes, writing, parts)
     texts = _evidence_texts(references, writing)
     # its sentences are quotations, matched word for word: encoding whole pages would buy nothing
@@ -142,8 +131,8 @@ async def compose(
 ) -> Composed:
     """The report, sent through `send` (paragraph-bounded frames) as it is written, and verified."""
     if config is None or report_type is ReportType.resource_report:
-        markdown, references, verification = await write_extractive(
-            question, report_type, sources, outcomes, writing, parts
+        markdown, references, verification = await run_on(
+            writing.work, write_extractive, question, report_type, sources, outcomes, writing, parts
         )
         await _verified(verification, emit)
         await _send_all(markdown, send)
@@ -242,8 +231,15 @@ class LlmReport:
                 {"reason": reason, "model": self.config.model},
             )
         )
-        markdown, references, verification = await write_extractive(
-            self.question, self.report_type, self.sources, self.outcomes, self.writing, self.parts
+        markdown, references, verification = await run_on(
+            self.writing.work,
+            write_extractive,
+            self.question,
+            self.report_type,
+            self.sources,
+            self.outcomes,
+            self.writing,
+            self.parts,
         )
         self.verification.sentences.extend(verification.sentences)
         body = _renumbered(
