@@ -139,11 +139,13 @@ async def steady(url: str, sockets: int, rate: float, seconds: float, tag: str) 
 def client_process(scenario: str, args: tuple[Any, ...], pipe: Connection) -> None:
     raise_fd_limit()
     runner = closed_loop if scenario == "closed" else steady
-    pipe.send(asyncio.run(runner(*args)))  # type: ignore[operator]
+    started = time.process_time()
+    latencies, errors = asyncio.run(runner(*args))  # type: ignore[operator]
+    pipe.send((latencies, errors, time.process_time() - started))
 
 
-def in_client_processes(procs: int, scenario: str, make_args: Any) -> tuple[list[float], int]:
-    """Run a scenario split over `procs` client processes; their latencies and errors together."""
+def in_client_processes(procs: int, scenario: str, make_args: Any) -> tuple[list[float], int, float]:
+    """Run a scenario split over `procs` client processes; their latencies, errors and CPU seconds together."""
     context = multiprocessing.get_context("spawn")
     pipes, workers = [], []
     for number in range(procs):
@@ -152,13 +154,14 @@ def in_client_processes(procs: int, scenario: str, make_args: Any) -> tuple[list
         worker.start()
         pipes.append(ours)
         workers.append(worker)
-    latencies, errors = [], 0
+    latencies, errors, cpu = [], 0, 0.0
     for pipe, worker in zip(pipes, workers, strict=True):
-        got, failed = pipe.recv()
+        got, failed, used = pipe.recv()
         latencies += got
         errors += failed
+        cpu += used
         worker.join()
-    return latencies, errors
+    return latencies, errors, cpu
 
 
 @dataclass
@@ -229,14 +232,16 @@ def measure(server: Server, options: argparse.Namespace, label: str) -> dict[str
     before = {pid: cpu_seconds(pid) for pid in server.pids}
     busy_before, total_before = machine_busy()
     started = time.perf_counter()
-    latencies, errors = in_client_processes(procs, "closed", lambda n: (url, per, options.seconds, f"{label}-{n}"))
+    latencies, errors, client_cpu = in_client_processes(
+        procs, "closed", lambda n: (url, per, options.seconds, f"{label}-{n}")
+    )
     wall = time.perf_counter() - started
     used = {pid: cpu_seconds(pid) - before[pid] for pid in server.pids}
     busy_after, total_after = machine_busy()
     throughput = len(latencies) / wall
     p50, p99 = overheads(latencies)
     rate = options.rate * throughput / procs
-    steady_latencies, steady_errors = in_client_processes(
+    steady_latencies, steady_errors, _ = in_client_processes(
         procs, "steady", lambda n: (url, options.sockets // procs, rate, options.seconds, f"{label}-{n}")
     )
     s50, s99 = overheads(steady_latencies)
@@ -248,6 +253,7 @@ def measure(server: Server, options: argparse.Namespace, label: str) -> dict[str
         "balance": min(used.values()) / max(max(used.values()), 1e-9),
         # the whole machine's CPU in use (server, clients, fakes, Redis): near 1, the box is the limit
         "machine busy": (busy_after - busy_before) / max(total_after - total_before, 1e-9),
+        "client cores": client_cpu / wall,  # near --client-procs: the load generator is the limit
         "errors": errors,
         "steady rate": rate * procs,
         "steady p50": s50,
@@ -273,7 +279,7 @@ def print_row(workers: int, balance: str, redis: bool, row: dict[str, Any], base
     print(
         f"{workers:>7} {balance if workers > 1 else '-':>9} {state:>7} {row['tasks/s']:>8.1f} {efficiency:>6.2f} "
         f"{row['p50 over']:>8.1f} {row['p99 over']:>8.1f} {row['CPU ms/task']:>7.2f} {row['balance']:>7.2f} "
-        f"{row['errors']:>4} {row['machine busy']:>5.0%} | "
+        f"{row['errors']:>4} {row['machine busy']:>5.0%} {row['client cores']:>5.1f} | "
         f"{row['steady rate']:>7.1f} {row['steady p50']:>8.1f} {row['steady p99']:>8.1f} "
         f"{row['steady errors']:>4} | {os.getloadavg()[0]:>5.2f}",
         flush=True,
@@ -293,7 +299,7 @@ def main(options: argparse.Namespace) -> None:
         )
         print(
             f"{'workers':>7} {'balance':>9} {'state':>7} {'tasks/s':>8} {'eff':>6} {'p50 over':>8} {'p99 over':>8} "
-            f"{'CPU ms':>7} {'spread':>7} {'err':>4} {'busy':>5} | "
+            f"{'CPU ms':>7} {'spread':>7} {'err':>4} {'busy':>5} {'cli':>5} | "
             f"{'rate/s':>7} {'p50 over':>8} {'p99 over':>8} {'err':>4} | "
             f"{'load':>5}"
         )
