@@ -29,13 +29,12 @@ from fedresearch.library.search import Row, SearchFilters, indexed_texts
 from fedresearch.library.store import Ranking
 
 DIMS = 384  # the vector column's width: the library's encoder (all-MiniLM-L6-v2)
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: library_terms (document frequencies kept at ingest)
 # Users with more passages than this search the HNSW index; below it an exact scan of their rows
 # is as fast and exact (bench/library_pg.py measures both; README, "Team scale: PostgreSQL").
 HNSW_FROM = 20_000
 HNSW_EF_SEARCH = 200
 CANDIDATES = 3_000  # BM25 scores the passages of the query's rarest terms, about this many
-DF_CAP = 10_000  # document frequencies are counted up to this: past it, a term's idf barely moves
 POOL_SIZE = 8
 _SCHEMA_LOCK = 7_215_420_091  # pg_advisory_lock key: one process creates or upgrades the schema
 
@@ -86,6 +85,23 @@ CREATE TABLE IF NOT EXISTS library_users (
     english_lexemes bigint NOT NULL DEFAULT 0,
     cjk_lexemes bigint NOT NULL DEFAULT 0
 );
+-- how many of the user's passages hold each lexeme: BM25's document frequencies, kept by every write
+CREATE TABLE IF NOT EXISTS library_terms (
+    user_id text NOT NULL,
+    field text NOT NULL,
+    lexeme text NOT NULL,
+    passages bigint NOT NULL,
+    PRIMARY KEY (user_id, field, lexeme)
+);
+"""
+
+# Version 1 had no library_terms: its counts are made once, from the passages, when it is upgraded.
+_UPGRADE_FROM_1 = """
+INSERT INTO library_terms (user_id, field, lexeme, passages)
+SELECT p.user_id, f.field, f.lexeme, count(*) FROM library_passages p CROSS JOIN LATERAL
+(SELECT 'english' AS field, unnest(tsvector_to_array(p.english)) AS lexeme
+ UNION ALL SELECT 'cjk', unnest(tsvector_to_array(p.cjk))) f
+GROUP BY p.user_id, f.field, f.lexeme
 """
 
 _TEXT_COLUMNS = {"english": "english", "cjk": "simple"}  # tsvector column: its text search configuration
@@ -154,6 +170,8 @@ def create_schema(url: str) -> None:
             if version != SCHEMA_VERSION:
                 with db.transaction():
                     db.execute(DDL)
+                    if version == 1:
+                        db.execute(_UPGRADE_FROM_1)
                     db.execute("DELETE FROM library_schema")
                     db.execute("INSERT INTO library_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
         finally:
@@ -201,21 +219,27 @@ class PostgresStore:
         return self.write(user_id, [StoredDocument.of(item) for item in prepared])
 
     def write(self, user_id: str, documents: Sequence[StoredDocument]) -> tuple[int, int]:
-        """Store documents in one transaction, replacing the user's earlier versions; (added, replaced)."""
-        added = replaced = 0
+        """Store documents in one transaction, replacing the user's earlier versions; (added, replaced).
+
+        A source given twice in one call is stored once, as its last version (the earlier counts as
+        replaced, as if it had been written by a call of its own)."""
         if not documents:
             return 0, 0
+        latest = {document.source: document for document in documents}
         with self._db() as db:
             _lock_user(db, user_id)
-            for document in documents:
-                gone = db.execute(
-                    "DELETE FROM library_documents WHERE user_id = %s AND source = %s", (user_id, document.source)
-                ).rowcount
-                replaced += bool(gone)
-                added += not gone
-                _insert(db, user_id, document)
-            _recount(db, user_id)
-        return added, replaced
+            earlier = [
+                row["id"]
+                for row in db.execute(
+                    "SELECT id FROM library_documents WHERE user_id = %s AND source = ANY(%s)",
+                    (user_id, list(latest)),
+                ).fetchall()
+            ]
+            if earlier:
+                _count(db, user_id, earlier, -1)
+                db.execute("DELETE FROM library_documents WHERE user_id = %s AND id = ANY(%s)", (user_id, earlier))
+            _count(db, user_id, [_insert(db, user_id, document) for document in latest.values()], 1)
+        return len(latest) - len(earlier), len(earlier) + len(documents) - len(latest)
 
     def set_vectors(self, user_id: str, vectors: Sequence[tuple[bytes | None, int]]) -> None:
         with self._db() as db, db.cursor() as cursor:
@@ -227,10 +251,10 @@ class PostgresStore:
     def delete(self, user_id: str, document_id: int) -> bool:
         with self._db() as db:
             _lock_user(db, user_id)
+            _count(db, user_id, [document_id], -1)
             deleted = db.execute(
                 "DELETE FROM library_documents WHERE user_id = %s AND id = %s", (user_id, document_id)
             ).rowcount
-            _recount(db, user_id)
         return bool(deleted)
 
     # -- reading ------------------------------------------------------------------------------
@@ -288,7 +312,8 @@ class PostgresStore:
         ranks a passage with "rank" over one with "reciprocal rank"; BM25 is computed here: a
         lexeme's frequency in a passage is ts_rank_cd of that lexeme alone / 0.1 (one cover per
         occurrence), the length is the tsvector's lexeme count, and document frequencies among
-        the user's passages are counted up to DF_CAP. Only passages holding one of the query's
+        the user's passages are read from library_terms, which every write keeps exact (counting
+        them per query cost most of a search). Only passages holding one of the query's
         rarer terms are scored (the rarest terms whose passages add up to at most CANDIDATES, and
         at least the rarest one): scoring every passage that shares one common word with a long
         question cost seconds at 100k passages (README, "Team scale: PostgreSQL").
@@ -342,19 +367,18 @@ class PostgresStore:
             return [], {}
         total = found["passages"]
         average = {column: max(found[f"{column}_lexemes"] / total, 1.0) for column in _TEXT_COLUMNS}
-        terms = []
-        for column, config in _TEXT_COLUMNS.items():
-            if not texts[column]:
-                continue
-            rows = db.execute(
-                f"SELECT quote_literal(lexeme) AS literal, (SELECT count(*) FROM (SELECT 1 FROM library_passages p"
-                f" WHERE p.user_id = %s AND p.{column} @@ quote_literal(lexeme)::tsquery LIMIT {DF_CAP}) matched)"
-                f" AS df FROM unnest(tsvector_to_array(to_tsvector('{config}', replace(%s, ' | ', ' ')))) AS lexeme",
-                (user_id, texts[column]),
-            ).fetchall()
-            terms += [
-                (column, r["literal"], math.log(1 + (total - r["df"] + 0.5) / (r["df"] + 0.5)), r["df"]) for r in rows
-            ]
+        asked = [
+            f"SELECT '{column}' AS field, quote_literal(q.lexeme) AS literal, COALESCE(t.passages, 0) AS df"
+            f" FROM unnest(tsvector_to_array(to_tsvector('{config}', replace(%s, ' | ', ' ')))) AS q(lexeme)"
+            f" LEFT JOIN library_terms t ON t.user_id = %s AND t.field = '{column}' AND t.lexeme = q.lexeme"
+            for column, config in _TEXT_COLUMNS.items()
+            if texts[column]
+        ]
+        values = [value for column in _TEXT_COLUMNS if texts[column] for value in (texts[column], user_id)]
+        rows = db.execute(" UNION ALL ".join(asked), values).fetchall()
+        terms = [
+            (r["field"], r["literal"], math.log(1 + (total - r["df"] + 0.5) / (r["df"] + 0.5)), r["df"]) for r in rows
+        ]
         return terms, average
 
     def dense(
@@ -405,17 +429,40 @@ def _lock_user(db: psycopg.Connection[Any], user_id: str) -> None:
     db.execute("SELECT 1 FROM library_users WHERE user_id = %s FOR UPDATE", (user_id,))
 
 
-def _recount(db: psycopg.Connection[Any], user_id: str) -> None:
-    """The user's passage count (which picks exact or HNSW vector search) and lengths (for BM25)."""
+def _count(db: psycopg.Connection[dict[str, Any]], user_id: str, document_ids: list[int], sign: int) -> None:
+    """Add (sign 1) or take away (-1) these documents' passages in the user's counts: passages and
+    lexemes (vector search's switch, BM25's lengths) and each lexeme's document frequency; called
+    after they are written and before they are deleted, so no write ever rescans the user's rows."""
+    if not document_ids:
+        return
+    of_them = "FROM library_passages p WHERE p.user_id = %(user)s AND p.document_id = ANY(%(ids)s)"
+    arguments = {"user": user_id, "ids": document_ids, "sign": sign}
     db.execute(
-        "UPDATE library_users SET (passages, english_lexemes, cjk_lexemes) = (SELECT count(*),"
-        " COALESCE(sum(length(english)), 0), COALESCE(sum(length(cjk)), 0) FROM library_passages WHERE user_id = %s)"
-        " WHERE user_id = %s",
-        (user_id, user_id),
+        "UPDATE library_users u SET passages = u.passages + %(sign)s * c.passages,"
+        " english_lexemes = u.english_lexemes + %(sign)s * c.english, cjk_lexemes = u.cjk_lexemes + %(sign)s * c.cjk"
+        " FROM (SELECT count(*) AS passages, COALESCE(sum(length(p.english)), 0) AS english,"
+        f" COALESCE(sum(length(p.cjk)), 0) AS cjk {of_them}) c WHERE u.user_id = %(user)s",
+        arguments,
     )
+    gone = db.execute(
+        "WITH changed AS (INSERT INTO library_terms AS t (user_id, field, lexeme, passages)"
+        " SELECT %(user)s, f.field, f.lexeme, %(sign)s * count(*) FROM library_passages p CROSS JOIN LATERAL"
+        " (SELECT 'english' AS field, unnest(tsvector_to_array(p.english)) AS lexeme"
+        " UNION ALL SELECT 'cjk', unnest(tsvector_to_array(p.cjk))) f"
+        " WHERE p.user_id = %(user)s AND p.document_id = ANY(%(ids)s) GROUP BY f.field, f.lexeme"
+        " ON CONFLICT (user_id, field, lexeme) DO UPDATE SET passages = t.passages + excluded.passages"
+        " RETURNING t.field, t.lexeme, t.passages) SELECT field, lexeme FROM changed WHERE passages <= 0",
+        arguments,
+    ).fetchall()
+    for field in _TEXT_COLUMNS:
+        if lexemes := [row["lexeme"] for row in gone if row["field"] == field]:
+            db.execute(
+                "DELETE FROM library_terms WHERE user_id = %s AND field = %s AND lexeme = ANY(%s)",
+                (user_id, field, lexemes),
+            )
 
 
-def _insert(db: psycopg.Connection[Any], user_id: str, document: StoredDocument) -> None:
+def _insert(db: psycopg.Connection[Any], user_id: str, document: StoredDocument) -> int:
     row = db.execute(
         "INSERT INTO library_documents (user_id, kind, source, content_hash, title, authors, author_keys, year,"
         " doi, url, tags, tag_keys, extra, added_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
@@ -439,6 +486,7 @@ def _insert(db: psycopg.Connection[Any], user_id: str, document: StoredDocument)
     ).fetchone()
     assert row is not None
     _insert_passages(db, user_id, row["id"], document)
+    return int(row["id"])
 
 
 def _insert_passages(db: psycopg.Connection[Any], user_id: str, document_id: int, document: StoredDocument) -> None:
