@@ -115,6 +115,33 @@ def recall(exact: Library, approximate: Library, user: str, vectors: list[np.nda
     return found / max(total, 1)
 
 
+def frequencies(url: str, user: str, queries: list[str]) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The document-frequency step of PostgreSQL's BM25 both ways: the kept table (postgres.py) and
+    counting each term's passages up to 10,000 at query time (schema 1, replaced by the table)."""
+    import psycopg
+
+    lookup = (
+        "SELECT COALESCE(t.passages, 0) FROM unnest(tsvector_to_array(to_tsvector('english', %s))) AS q(lexeme)"
+        " LEFT JOIN library_terms t ON t.user_id = %s AND t.field = 'english' AND t.lexeme = q.lexeme"
+    )
+    counting = (
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM library_passages p WHERE p.user_id = %s"
+        " AND p.english @@ quote_literal(lexeme)::tsquery LIMIT 10000) matched)"
+        " FROM unnest(tsvector_to_array(to_tsvector('english', %s))) AS lexeme"
+    )
+    kept, counted = [], []
+    with psycopg.connect(url) as db:
+        for query in queries:
+            started = time.perf_counter()
+            by_table = sorted(min(n, 10_000) for (n,) in db.execute(lookup, (query, user)).fetchall())
+            kept.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            by_count = sorted(n for (n,) in db.execute(counting, (user, query)).fetchall())
+            counted.append((time.perf_counter() - started) * 1000)
+            assert by_table == by_count, (query, by_table, by_count)
+    return percentiles(kept), percentiles(counted)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--users", default="100000,20000,5000", help="passages per user, one user each")
@@ -181,6 +208,11 @@ def report(
             row = "".join(f" {p50:>8.1f} /{p99:>6.1f}" for p50, p99 in cells)
             print(f"{size:>9}  {name:<9}{row}")
         print(f"{size:>9}  HNSW recall@10 against the exact scan: {recall(exact, approximate, user, vectors):.3f}")
+        kept, counted = frequencies(url, user, queries)
+        print(
+            f"{size:>9}  document frequencies of a query's terms, p50/p99 ms: read from library_terms"
+            f" {kept[0]:.1f} / {kept[1]:.1f}, counted per query as schema 1 did {counted[0]:.1f} / {counted[1]:.1f}"
+        )
     approximate.close()
 
 
