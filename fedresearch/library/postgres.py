@@ -446,10 +446,11 @@ def _count(db: psycopg.Connection[dict[str, Any]], user_id: str, document_ids: l
     )
     gone = db.execute(
         "WITH changed AS (INSERT INTO library_terms AS t (user_id, field, lexeme, passages)"
-        " SELECT %(user)s, f.field, f.lexeme, %(sign)s * count(*) FROM library_passages p CROSS JOIN LATERAL"
+        # p.user_id rather than the parameter: Citus then runs the statement inside the user's shard
+        " SELECT p.user_id, f.field, f.lexeme, %(sign)s * count(*) FROM library_passages p CROSS JOIN LATERAL"
         " (SELECT 'english' AS field, unnest(tsvector_to_array(p.english)) AS lexeme"
         " UNION ALL SELECT 'cjk', unnest(tsvector_to_array(p.cjk))) f"
-        " WHERE p.user_id = %(user)s AND p.document_id = ANY(%(ids)s) GROUP BY f.field, f.lexeme"
+        " WHERE p.user_id = %(user)s AND p.document_id = ANY(%(ids)s) GROUP BY p.user_id, f.field, f.lexeme"
         " ON CONFLICT (user_id, field, lexeme) DO UPDATE SET passages = t.passages + excluded.passages"
         " RETURNING t.field, t.lexeme, t.passages) SELECT field, lexeme FROM changed WHERE passages <= 0",
         arguments,
