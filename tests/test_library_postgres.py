@@ -113,3 +113,18 @@ def test_a_version_1_library_gets_its_document_frequencies_when_upgraded(postgre
     after = library.search("alice", "reciprocal rank fusion", None, 5, mode="bm25")
     assert [(p.chunk_id, p.score) for p in after] == [(p.chunk_id, p.score) for p in before]
     library.close()
+
+
+def test_bm25_beside_the_vector_search_ranks_as_one_after_the_other(postgres_url, encoder):
+    library = Library(postgres_url, encoder=encoder)
+    ingest(library, "alice", [EXAMPLES])
+    assert library.store.concurrent_searches
+    questions = ["reciprocal rank fusion", "融合 排序", "dense retrieval with filters"]
+    beside = [library.search("alice", q, None, 10, "hybrid") for q in questions]
+    library.store.concurrent_searches = False
+    in_turn = [library.search("alice", q, None, 10, "hybrid") for q in questions]
+    assert [[(p.chunk_id, p.score) for p in found] for found in beside] == [
+        [(p.chunk_id, p.score) for p in found] for found in in_turn
+    ]
+    assert all(beside)
+    library.close()

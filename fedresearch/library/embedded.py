@@ -13,6 +13,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,8 @@ class IngestOutcome:
 
 class EmbeddedStore:
     """SQLite records, the tantivy index and the vector cache kept in step under one write lock."""
+
+    concurrent_searches = False
 
     def __init__(self, directory: Path, dims: int | None) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -169,6 +172,8 @@ class Library:
         # snippets of records found elsewhere, scored against questions (knowledge/retrieval.py)
         # (passes of 8: a question, or a request past its deadline, waits for at most one short pass)
         self._text_vectors = QueryVectors(encoder, entries=8192, batch=8) if encoder is not None else None
+        self._beside: ThreadPoolExecutor | None = None  # BM25 beside the vector search (store.concurrent_searches)
+        self._beside_lock = threading.Lock()
 
     @property
     def embedded(self) -> EmbeddedStore:
@@ -186,6 +191,8 @@ class Library:
         return self.embedded.index
 
     def close(self) -> None:
+        if self._beside is not None:
+            self._beside.shutdown()
         self.store.close()
 
     # -- writing ------------------------------------------------------------------------------
@@ -291,15 +298,31 @@ class Library:
         self, user_id: str, query: str, kind: str | None, mode: Mode, filters: SearchFilters, limit: int
     ) -> tuple[list[tuple[int, float]], list[tuple[int, float]], np.ndarray | None]:
         """The BM25 and the vector ranking of the user's passages (chunk id, score), and the query vector."""
-        bm25 = self.store.bm25(user_id, kind, query, filters, limit) if mode != "dense" else []
+        if mode == "dense" and self.encoder is None:
+            raise RuntimeError("dense search needs the embedding model; see the README's install notes")
+        vectors = mode != "bm25" and self.encoder is not None
+        if mode == "dense":
+            bm25: Future[Ranking] | Ranking = []
+        elif vectors and self.store.concurrent_searches:
+            bm25 = self._beside_pool().submit(self.store.bm25, user_id, kind, query, filters, limit)
+        else:
+            bm25 = self.store.bm25(user_id, kind, query, filters, limit)
         dense: Ranking = []
         query_vector = None
-        if mode != "bm25" and self.encoder is not None:
-            query_vector = self.query_vector(query)
-            dense = self.store.dense(user_id, query_vector, kind, filters, limit)
-        elif mode == "dense":
-            raise RuntimeError("dense search needs the embedding model; see the README's install notes")
+        try:
+            if vectors:
+                query_vector = self.query_vector(query)
+                dense = self.store.dense(user_id, query_vector, kind, filters, limit)
+        finally:
+            if isinstance(bm25, Future):
+                bm25 = bm25.result()  # waited for even when the vector search failed: no search outlives the call
         return bm25, dense, query_vector
+
+    def _beside_pool(self) -> ThreadPoolExecutor:
+        with self._beside_lock:
+            if self._beside is None:
+                self._beside = ThreadPoolExecutor(8, thread_name_prefix="library-bm25")
+            return self._beside
 
     @staticmethod
     def _passages(best: list[Ranked], found: dict[int, Row], query_vector: np.ndarray | None) -> list[Passage]:

@@ -192,6 +192,8 @@ def _require_extensions(db: psycopg.Connection[Any]) -> None:
 class PostgresStore:
     """A pool of synchronous connections: the facade is called from worker threads (asyncio.to_thread)."""
 
+    concurrent_searches = True
+
     def __init__(self, url: str, dims: int | None, hnsw_from: int = HNSW_FROM, pool_size: int = POOL_SIZE) -> None:
         if dims is not None and dims != DIMS:
             raise LibraryDatabaseError(

@@ -15,6 +15,11 @@ Ranking = list[tuple[int, float]]  # (chunk id, score), best first
 
 
 class Store(Protocol):
+    # True where searches run in another process (a database server), so the facade runs the BM25
+    # search beside the query's encoding and the vector search: a hybrid search then takes the
+    # longer of the two rather than their sum. In-process stores would only contend for the cores.
+    concurrent_searches: bool
+
     def hashes(self, user_id: str, sources: list[str]) -> dict[str, str]:
         """The content hash of each of the user's documents named by `sources` that is stored."""
 
