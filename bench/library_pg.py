@@ -44,6 +44,7 @@ from fedresearch.library.search import SearchFilters
 ANCHORS = 1000
 NOISE = 0.06  # per dimension: a noisy copy keeps a cosine of about 0.65 with its anchor
 NEVER = 10**12
+EF_SWEEP = (200, 400, 1000)  # hnsw.ef_search values whose recall and speed are printed beside the product's
 # indexes built once after loading (far faster than row by row; the write path and its counts are the product's)
 BUILT_AFTER_LOADING = ("library_passages_hnsw", "library_passages_english", "library_passages_cjk")
 
@@ -210,6 +211,13 @@ def report(
             row = "".join(f" {p50:>8.1f} /{p99:>6.1f}" for p50, p99 in cells)
             print(f"{size:>9}  {name:<9}{row}")
         print(f"{size:>9}  HNSW recall@10 against the exact scan: {recall(exact, approximate, user, vectors):.3f}")
+        sweep = []
+        for ef in EF_SWEEP:
+            approximate.store.ef_search = ef  # type: ignore[attr-defined]
+            p50, _ = timed(approximate, user, queries, "dense")
+            sweep.append(f"{ef}: {recall(exact, approximate, user, vectors):.3f} in {p50:.1f} ms")
+        approximate.store.ef_search = postgres.HNSW_EF_SEARCH  # type: ignore[attr-defined]
+        print(f"{size:>9}  HNSW recall@10 and dense p50 by hnsw.ef_search: {'; '.join(sweep)}")
         kept, counted = frequencies(url, user, queries)
         print(
             f"{size:>9}  document frequencies of a query's terms, p50/p99 ms: read from library_terms"
