@@ -172,8 +172,8 @@ class Library:
         # snippets of records found elsewhere, scored against questions (knowledge/retrieval.py)
         # (passes of 8: a question, or a request past its deadline, waits for at most one short pass)
         self._text_vectors = QueryVectors(encoder, entries=8192, batch=8) if encoder is not None else None
-        self._beside: ThreadPoolExecutor | None = None  # BM25 beside the vector search (store.concurrent_searches)
-        self._beside_lock = threading.Lock()
+        # BM25 beside the vector search (its threads start with the first search)
+        self._beside = ThreadPoolExecutor(8, "library-bm25") if self.store.concurrent_searches else None
 
     @property
     def embedded(self) -> EmbeddedStore:
@@ -303,8 +303,8 @@ class Library:
         vectors = mode != "bm25" and self.encoder is not None
         if mode == "dense":
             bm25: Future[Ranking] | Ranking = []
-        elif vectors and self.store.concurrent_searches:
-            bm25 = self._beside_pool().submit(self.store.bm25, user_id, kind, query, filters, limit)
+        elif vectors and self._beside is not None and self.store.concurrent_searches:
+            bm25 = self._beside.submit(self.store.bm25, user_id, kind, query, filters, limit)
         else:
             bm25 = self.store.bm25(user_id, kind, query, filters, limit)
         dense: Ranking = []
@@ -317,12 +317,6 @@ class Library:
             if isinstance(bm25, Future):
                 bm25 = bm25.result()  # waited for even when the vector search failed: no search outlives the call
         return bm25, dense, query_vector
-
-    def _beside_pool(self) -> ThreadPoolExecutor:
-        with self._beside_lock:
-            if self._beside is None:
-                self._beside = ThreadPoolExecutor(8, thread_name_prefix="library-bm25")
-            return self._beside
 
     @staticmethod
     def _passages(best: list[Ranked], found: dict[int, Row], query_vector: np.ndarray | None) -> list[Passage]:

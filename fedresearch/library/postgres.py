@@ -33,11 +33,11 @@ SCHEMA_VERSION = 2  # 2: library_terms (document frequencies kept at ingest)
 # Users with more passages than this search the HNSW index; below it an exact scan of their rows
 # is as fast and exact (bench/library_pg.py measures both; README, "Team scale: PostgreSQL").
 HNSW_FROM = 20_000
-# pgvector's largest: the index is shared by every user, and a user's rows are a share of it; at
-# 230k rows recall@10 was 0.80 / 0.905 / 0.965 at 200 / 400 / 1000 for a user holding 13% of them
-# (0.88 / 0.957 / 0.988 at 87%) for 10 / 15 / 30 ms, and a hybrid search runs it beside BM25, which
-# takes longer (README, "Team scale: PostgreSQL")
-HNSW_EF_SEARCH = 1000
+# pgvector's largest (EF_SEARCH_MAX): the index is shared by every user, a user's rows a share of
+# it; at 230k rows recall@10 was 0.80 / 0.905 / 0.965 at 200 / 400 / 1000 for a user holding 13%
+# of them (0.88 / 0.957 / 0.988 at 87%) for 10 / 15 / 30 ms, and at 1.1M 0.673 / 0.797 / 0.887
+# (91%); a hybrid search runs it beside BM25, which takes longer (README, "Team scale: PostgreSQL")
+HNSW_EF_SEARCH = EF_SEARCH_MAX = 1000
 CANDIDATES = 3_000  # BM25 scores the passages of the query's rarest terms, about this many
 POOL_SIZE = 8
 _SCHEMA_LOCK = 7_215_420_091  # pg_advisory_lock key: one process creates or upgrades the schema
@@ -99,14 +99,17 @@ CREATE TABLE IF NOT EXISTS library_terms (
 );
 """
 
+# each passage p's lexemes, one row (field, lexeme) per lexeme of either tsvector
+_LEXEMES = (
+    " CROSS JOIN LATERAL (SELECT 'english' AS field, unnest(tsvector_to_array(p.english)) AS lexeme"
+    " UNION ALL SELECT 'cjk', unnest(tsvector_to_array(p.cjk))) f"
+)
 # Version 1 had no library_terms: its counts are made once, from the passages, when it is upgraded.
-_UPGRADE_FROM_1 = """
-INSERT INTO library_terms (user_id, field, lexeme, passages)
-SELECT p.user_id, f.field, f.lexeme, count(*) FROM library_passages p CROSS JOIN LATERAL
-(SELECT 'english' AS field, unnest(tsvector_to_array(p.english)) AS lexeme
- UNION ALL SELECT 'cjk', unnest(tsvector_to_array(p.cjk))) f
-GROUP BY p.user_id, f.field, f.lexeme
-"""
+_UPGRADE_FROM_1 = (
+    "INSERT INTO library_terms (user_id, field, lexeme, passages)"
+    f" SELECT p.user_id, f.field, f.lexeme, count(*) FROM library_passages p{_LEXEMES}"
+    " GROUP BY p.user_id, f.field, f.lexeme"
+)
 
 _TEXT_COLUMNS = {"english": "english", "cjk": "simple"}  # tsvector column: its text search configuration
 
@@ -397,7 +400,7 @@ class PostgresStore:
         with self._db() as db:
             approximate = self.passage_count(db, user_id) > self.hnsw_from
             if approximate:
-                db.execute(f"SET LOCAL hnsw.ef_search = {min(max(self.ef_search, limit), 1000)}")
+                db.execute(f"SET LOCAL hnsw.ef_search = {min(max(self.ef_search, limit), EF_SEARCH_MAX)}")
                 db.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
             # `+ 0` hides the distance from the planner, which then scans the user's rows exactly
             order = "p.embedding <=> %(query)s" if approximate else "(p.embedding <=> %(query)s) + 0"
@@ -454,20 +457,18 @@ def _count(db: psycopg.Connection[dict[str, Any]], user_id: str, document_ids: l
     gone = db.execute(
         "WITH changed AS (INSERT INTO library_terms AS t (user_id, field, lexeme, passages)"
         # p.user_id rather than the parameter: Citus then runs the statement inside the user's shard
-        " SELECT p.user_id, f.field, f.lexeme, %(sign)s * count(*) FROM library_passages p CROSS JOIN LATERAL"
-        " (SELECT 'english' AS field, unnest(tsvector_to_array(p.english)) AS lexeme"
-        " UNION ALL SELECT 'cjk', unnest(tsvector_to_array(p.cjk))) f"
+        f" SELECT p.user_id, f.field, f.lexeme, %(sign)s * count(*) FROM library_passages p{_LEXEMES}"
         " WHERE p.user_id = %(user)s AND p.document_id = ANY(%(ids)s) GROUP BY p.user_id, f.field, f.lexeme"
         " ON CONFLICT (user_id, field, lexeme) DO UPDATE SET passages = t.passages + excluded.passages"
         " RETURNING t.field, t.lexeme, t.passages) SELECT field, lexeme FROM changed WHERE passages <= 0",
         arguments,
     ).fetchall()
-    for field in _TEXT_COLUMNS:
-        if lexemes := [row["lexeme"] for row in gone if row["field"] == field]:
-            db.execute(
-                "DELETE FROM library_terms WHERE user_id = %s AND field = %s AND lexeme = ANY(%s)",
-                (user_id, field, lexemes),
-            )
+    if gone:
+        db.execute(
+            "DELETE FROM library_terms WHERE user_id = %s AND (field, lexeme) IN"
+            " (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            (user_id, [row["field"] for row in gone], [row["lexeme"] for row in gone]),
+        )
 
 
 def _insert(db: psycopg.Connection[Any], user_id: str, document: StoredDocument) -> int:
