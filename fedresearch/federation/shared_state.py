@@ -65,7 +65,7 @@ class RedisBreaker:
         self.shared = shared
         self.settings = settings
         self.local = CircuitBreaker(settings)
-        self._clean: dict[tuple[str, str], bool] = {}
+        # breakers last found or left clean, and when: a success then has nothing to reset
         self._clean_since: dict[tuple[str, str], float] = {}
 
     @staticmethod
@@ -75,7 +75,7 @@ class RedisBreaker:
 
     async def check(self, key: tuple[str, str]) -> None:
         now = time.monotonic()
-        if self._clean.get(key) and now - self._clean_since.get(key, -_CLEAN_FOR_S) < _CLEAN_FOR_S:
+        if now - self._clean_since.get(key, now - _CLEAN_FOR_S) < _CLEAN_FOR_S:
             return
         counted, opened = self._keys(key)
 
@@ -90,18 +90,20 @@ class RedisBreaker:
             "checking a breaker", read, lambda: _local_check(self.local, key)
         )
         # a success after a clean check has nothing to reset: it spares a round trip on nearly every call
-        self._clean[key] = reason is None and not failing
-        self._clean_since[key] = now
+        if reason is None and not failing:
+            self._clean_since[key] = now
+        else:
+            self._clean_since.pop(key, None)
         if reason is not None and remaining_ms > 0:
             raise RetrieverSkipped(suspended_message(remaining_ms / 1000, reason.decode()))
 
     async def succeeded(self, key: tuple[str, str]) -> None:
-        if self._clean.get(key):
+        if key in self._clean_since:
             return
 
         async def clear() -> None:
             await self.shared.client.delete(*self._keys(key))
-            self._clean[key] = True
+            self._clean_since[key] = time.monotonic()
 
         await self.shared.run("closing a breaker", clear, lambda: self.local.succeeded(key))
 
@@ -114,7 +116,7 @@ class RedisBreaker:
 
     async def _failed(self, key: tuple[str, str], failure: RetrieverFailed) -> str | None:
         counted, opened = self._keys(key)
-        self._clean[key] = False
+        self._clean_since.pop(key, None)
         async with self.shared.client.pipeline(transaction=True) as pipe:
             pipe.incr(counted)
             pipe.pexpire(counted, _FAILURES_KEPT_MS)
