@@ -139,6 +139,7 @@ async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_
         await asyncio.sleep(0.5)
         os.kill(victim, signal.SIGKILL)
         assert await ends[survivor] == "path"  # the other worker's task completes
+        await assert_collector_settled(url)
         assert await ends[victim] == "closed"
         await server.logged(rf"worker \d \(pid {victim}\) was killed by SIGKILL")
         replacement = int((await server.logged(r"worker \d started \(pid (\d+)\)", times=3))[2].group(1))
@@ -151,6 +152,16 @@ async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_
         if server.process.poll() is None:
             server.process.kill()
         await tavily.stop()
+
+
+async def assert_collector_settled(url: str) -> None:
+    """A worker froze what start-up made and shows its collections' pauses on /metrics."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
+        exposition = await response.text()
+    frozen = re.search(r"^fedresearch_gc_frozen_objects (\S+)$", exposition, re.M)
+    assert frozen and float(frozen.group(1)) > 10_000, "start-up's objects were not frozen"
+    for generation in "012":
+        assert f'fedresearch_gc_pause_seconds_count{{generation="{generation}"}}' in exposition
 
 
 def pids_alive(pids: set[int]) -> set[int]:

@@ -16,6 +16,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractResolver
 
+from fedresearch.core import collector
 from fedresearch.core.auth import ApiKeys, check_bind
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.settings import Settings
@@ -203,7 +204,9 @@ def serve(
     if count > 1:
         raise SystemExit(workers_pool.supervise(host, settings.port if port is None else port, count, balance))
     # SIGTERM/SIGINT: stop accepting, tell clients (on_shutdown), then give handlers 10 s at most
-    web.run_app(create_app(settings), host=host, port=port or settings.port, **_run_options())
+    app = create_app(settings)
+    app.on_startup.append(_settle)
+    web.run_app(app, host=host, port=port or settings.port, **_run_options())
 
 
 def serve_worker(settings: Settings, host: str, port: int, supervisor: int, listen_fd: int | None) -> None:
@@ -212,10 +215,16 @@ def serve_worker(settings: Settings, host: str, port: int, supervisor: int, list
     _prepare(settings, host, with_pid=True, warn=False)
     app = create_app(settings)
     app.cleanup_ctx.append(_watching(supervisor))
+    app.on_startup.append(_settle)
     if listen_fd is not None:
         web.run_app(app, sock=socket.socket(fileno=listen_fd), **_run_options())
     else:
         web.run_app(app, host=host, port=port, reuse_port=True, **_run_options())
+
+
+async def _settle(app: web.Application) -> None:
+    # a server process only: tests build many apps in one process and must not freeze their objects
+    app[METRICS].registry.register(collector.PauseMetrics(collector.settle()))
 
 
 def _prepare(settings: Settings, host: str, with_pid: bool, warn: bool = True) -> None:
