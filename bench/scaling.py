@@ -11,8 +11,9 @@ their own; clients run in `--client-procs` processes of their own. Two scenarios
   closed loop: `--concurrency` sockets run tasks back to back for `--seconds`: tasks/s, latency
       overhead beyond the 50 ms upstream (p50/p99), the workers' CPU per task, and how evenly the
       workers shared the work (the least busy worker's CPU over the busiest's);
-  steady: `--sockets` open sockets, tasks arriving at `--rate` x the closed loop's tasks/s, each on
-      an idle socket: overhead p50/p99 below capacity.
+  steady: `--sockets` open sockets, then (once every client process has opened its share) tasks
+      arriving at `--rate` x the closed loop's tasks/s, each on an idle socket: overhead p50/p99
+      below capacity.
 
 On a 16-core machine: `python -m bench.scaling --workers 1,2,4,8,16 --client-procs 4 --concurrency 512`
 (clients and fakes need cores too: leave them about a quarter).
@@ -37,6 +38,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Barrier
 from typing import Any
 
 import websockets
@@ -106,11 +108,19 @@ async def closed_loop(url: str, sockets: int, seconds: float, tag: str) -> tuple
     return latencies, errors
 
 
-async def steady(url: str, sockets: int, rate: float, seconds: float, tag: str) -> tuple[list[float], int]:
-    """`sockets` open at once; a task every 1/rate s on an idle one (none idle: counted as an error)."""
+async def steady(
+    url: str, sockets: int, rate: float, seconds: float, tag: str, together: Barrier | None = None
+) -> tuple[list[float], int]:
+    """`sockets` open at once; once every client process has opened its own (`together`), a task
+    every 1/rate s on an idle one (none idle: counted as an error). Without the wait, the first
+    process's tasks ran while the others were still opening theirs (0.7 s apart on 2 cores), and
+    those tasks, queued behind hundreds of handshakes, were the p99: steady arrivals, not a
+    connection storm, is what this scenario measures."""
     connections = await asyncio.gather(
         *(websockets.connect(url, max_size=None, open_timeout=120, ping_interval=None) for _ in range(sockets))
     )
+    if together is not None:
+        await asyncio.to_thread(together.wait)
     idle, latencies, errors, running = list(connections), [], 0, set()
 
     async def task(ws: Any, number: int) -> None:
@@ -148,9 +158,11 @@ def in_client_processes(procs: int, scenario: str, make_args: Any) -> tuple[list
     """Run a scenario split over `procs` client processes; their latencies, errors and CPU seconds together."""
     context = multiprocessing.get_context("spawn")
     pipes, workers = [], []
+    together = context.Barrier(procs) if scenario == "steady" else None
     for number in range(procs):
         ours, theirs = context.Pipe()
-        worker = context.Process(target=client_process, args=(scenario, make_args(number), theirs))
+        args = make_args(number) + ((together,) if together is not None else ())
+        worker = context.Process(target=client_process, args=(scenario, args, theirs))
         worker.start()
         pipes.append(ours)
         workers.append(worker)
