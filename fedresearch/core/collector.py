@@ -2,15 +2,16 @@
 
 A full collection walks every container object the process holds, and everything waits for it.
 Measured with bench.scaling (one worker, 512 sockets in a closed loop, then 1,000 at half that
-rate): the imports, pydantic's schemas and the registry are 100k objects before the first task,
-and with the tasks in flight full collections took 200-300 ms, every few seconds — the steady
-p99 of 200-360 ms on 16 cores. Two settings every long-running CPython server wants:
+rate, 2 cores): the imports, pydantic's schemas and the registry are about 190k objects before the
+first task, and with the tasks in flight full collections took 200-300 ms, 17 of them in 40 s: a
+cause of the steady p99 of 200-360 ms seen on 16 cores. Two settings every long-running CPython
+server wants (same load after them: the longest 130-140 ms, 10 full collections):
 
 - what start-up made lives as long as the process: `gc.freeze()` moves it out of the collector's
-  sight, so a full collection walks only what tasks made (the longest pause halved);
+  sight, so a full collection walks only what tasks made;
 - a young collection every YOUNG_EVERY new objects instead of CPython's 700, so most of a task's
   objects are gone before a collection could promote them to the old generations, where only a
-  full collection frees them (half as many full collections).
+  full collection frees them.
 """
 
 from __future__ import annotations
