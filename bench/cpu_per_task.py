@@ -82,14 +82,14 @@ def main(options: argparse.Namespace) -> None:
     server_core = cores[-1] if len(cores) > 1 else None
     if server_core is not None:
         os.sched_setaffinity(0, set(cores[:-1]))  # inherited by the clients and the fakes
-    with upstreams() as (tavily_url, google_url):
+    with upstreams() as fakes:
         checkouts = {"this": ROOT, "against": options.against.resolve()}
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in checkouts}
         print(f"this: {ROOT}  against: {checkouts['against']}  server pinned to core {server_core}")
         print(f"{'round':>5} {'checkout':>8} {'tasks/s':>8} {'CPU ms/task':>12}")
         for number in range(1, options.rounds + 1):
             for name, checkout in checkouts.items():
-                env = start_server_env(tavily_url, google_url)
+                env = start_server_env(fakes.tavily_url, fakes.google_url)
                 rate, cpu = measure(checkout, env, server_core, options)
                 results[name].append((rate, cpu))
                 print(f"{number:>5} {name:>8} {rate:>8.1f} {cpu:>12.2f}", flush=True)

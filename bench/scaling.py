@@ -2,11 +2,14 @@
 
     python -m bench.scaling [--workers 1,2] [--balance reuseport,shared] [--seconds 8]
                             [--concurrency 64] [--sockets 1000] [--rate 0.5] [--client-procs 1]
+                            [--fake-procs cores/8]
 
 For each worker count N (and each way of sharing the port), `fedresearch serve --workers N` runs
 as in production, with its shared state in a real redis-server started here (N = 1 also runs
-without Redis: today's single process). Fake Tavily and Google answer in 50 ms from a process of
-their own; clients run in `--client-procs` processes of their own. Two scenarios per row:
+without Redis: today's single process). Fake Tavily and Google answer in 50 ms from
+`--fake-procs` processes of their own (sharing two ports); clients run in `--client-procs`
+processes of their own. The `cli` and `fakes` columns are the cores those used: near their
+process counts, the load generator or the fakes, not the server, set the row. Two scenarios per row:
 
   closed loop: `--concurrency` sockets run tasks back to back for `--seconds`: tasks/s, latency
       overhead beyond the 50 ms upstream (p50/p99), the workers' CPU per task, and how evenly the
@@ -50,11 +53,13 @@ from tests.redis_server import RedisServer, start_redis
 TASK = {"headers": {"retrievers": "tavily,google"}}
 
 
-def run_upstreams(pipe: Connection) -> None:
-    """The fakes, in a process of their own (so their CPU is not the server's or the clients')."""
+def run_upstreams(pipe: Connection, ports: tuple[int, int]) -> None:
+    """The fakes, in a process of their own (so their CPU is not the server's or the clients'),
+    sharing their ports with the other fake processes."""
 
     async def serve() -> None:
-        tavily, google = await FakeTavily().start(), await FakeGoogle().start()
+        tavily = await FakeTavily().start(ports[0], reuse_port=True)
+        google = await FakeGoogle().start(ports[1], reuse_port=True)
         for fake in (tavily, google):
             fake.behaviour.delay_s = UPSTREAM_S
         pipe.send((tavily.url, google.url))
@@ -63,18 +68,39 @@ def run_upstreams(pipe: Connection) -> None:
     asyncio.run(serve())
 
 
+@dataclass
+class Fakes:
+    tavily_url: str
+    google_url: str
+    pids: list[int]  # the processes answering both: their CPU says whether the fakes limit a row
+
+
+def fake_processes_for_this_machine() -> int:
+    # one fake process answers about 1,000 tasks' requests a second on a core (2 requests a task,
+    # about 1 ms of its CPU a task here): at 16 workers one process could be the ceiling
+    return max(1, (os.cpu_count() or 1) // 8)
+
+
 @contextlib.contextmanager
-def upstreams() -> Iterator[tuple[str, str]]:
-    """The fakes running in a process of their own while the block runs: their URLs (Tavily, Google)."""
+def upstreams(processes: int = 1) -> Iterator[Fakes]:
+    """The fakes running in `processes` processes of their own (one port each for Tavily and Google,
+    shared with SO_REUSEPORT) while the block runs."""
     context = multiprocessing.get_context("spawn")
-    ours, theirs = context.Pipe()
-    process = context.Process(target=run_upstreams, args=(theirs,), daemon=True)
-    process.start()
+    ports = (free_port(), free_port())
+    pipes, children = [], []
+    for _ in range(processes):
+        ours, theirs = context.Pipe()
+        process = context.Process(target=run_upstreams, args=(theirs, ports), daemon=True)
+        process.start()
+        pipes.append(ours)
+        children.append(process)
     try:
-        yield ours.recv()
+        urls = [pipe.recv() for pipe in pipes]
+        yield Fakes(*urls[0], pids=[process.pid for process in children if process.pid is not None])
     finally:
-        ours.send("stop")
-        process.join(10)
+        for pipe, process in zip(pipes, children, strict=True):
+            pipe.send("stop")
+            process.join(10)
 
 
 async def one_task(ws: Any, question: str) -> float:
@@ -237,11 +263,12 @@ def overheads(latencies: list[float]) -> tuple[float, float]:
     return statistics.median(over), percentile(over, 0.99)
 
 
-def measure(server: Server, options: argparse.Namespace, label: str) -> dict[str, Any]:
+def measure(server: Server, fakes: Fakes, options: argparse.Namespace, label: str) -> dict[str, Any]:
     url = f"ws://127.0.0.1:{server.port}/ws"
     procs, per = options.client_procs, max(1, options.concurrency // options.client_procs)
     in_client_processes(1, "closed", lambda n: (url, 8, 1.0, f"warm-{label}"))
     before = {pid: cpu_seconds(pid) for pid in server.pids}
+    fakes_before = sum(cpu_seconds(pid) for pid in fakes.pids)
     busy_before, total_before = machine_busy()
     started = time.perf_counter()
     latencies, errors, client_cpu = in_client_processes(
@@ -249,6 +276,7 @@ def measure(server: Server, options: argparse.Namespace, label: str) -> dict[str
     )
     wall = time.perf_counter() - started
     used = {pid: cpu_seconds(pid) - before[pid] for pid in server.pids}
+    fakes_used = sum(cpu_seconds(pid) for pid in fakes.pids) - fakes_before
     busy_after, total_after = machine_busy()
     throughput = len(latencies) / wall
     p50, p99 = overheads(latencies)
@@ -266,6 +294,7 @@ def measure(server: Server, options: argparse.Namespace, label: str) -> dict[str
         # the whole machine's CPU in use (server, clients, fakes, Redis): near 1, the box is the limit
         "machine busy": (busy_after - busy_before) / max(total_after - total_before, 1e-9),
         "client cores": client_cpu / wall,  # near --client-procs: the load generator is the limit
+        "fake cores": fakes_used / wall,  # near --fake-procs: the fakes are the limit
         "errors": errors,
         "steady rate": rate * procs,
         "steady p50": s50,
@@ -291,7 +320,7 @@ def print_row(workers: int, balance: str, redis: bool, row: dict[str, Any], base
     print(
         f"{workers:>7} {balance if workers > 1 else '-':>9} {state:>7} {row['tasks/s']:>8.1f} {efficiency:>6.2f} "
         f"{row['p50 over']:>8.1f} {row['p99 over']:>8.1f} {row['CPU ms/task']:>7.2f} {row['balance']:>7.2f} "
-        f"{row['errors']:>4} {row['machine busy']:>5.0%} {row['client cores']:>5.1f} | "
+        f"{row['errors']:>4} {row['machine busy']:>5.0%} {row['client cores']:>5.1f} {row['fake cores']:>5.2f} | "
         f"{row['steady rate']:>7.1f} {row['steady p50']:>8.1f} {row['steady p99']:>8.1f} "
         f"{row['steady errors']:>4} | {os.getloadavg()[0]:>5.2f}",
         flush=True,
@@ -302,16 +331,17 @@ def main(options: argparse.Namespace) -> None:
     raise_fd_limit()
     if shutil.which("redis-server") is None:
         raise SystemExit("bench.scaling needs redis-server (apt-get install redis-server)")
-    with upstreams() as (tavily_url, google_url):
+    with upstreams(options.fake_procs) as fakes:
         redis: RedisServer = start_redis()
-        env = start_server_env(tavily_url, google_url)
+        env = start_server_env(fakes.tavily_url, fakes.google_url)
         print(
             f"{os.cpu_count()} cores; closed loop: {options.concurrency} sockets for {options.seconds:g} s; steady: "
-            f"{options.sockets} sockets at {options.rate:g} x the closed loop's tasks/s; overheads in ms"
+            f"{options.sockets} sockets at {options.rate:g} x the closed loop's tasks/s; overheads in ms; "
+            f"{options.fake_procs} fake upstream processes"
         )
         print(
             f"{'workers':>7} {'balance':>9} {'state':>7} {'tasks/s':>8} {'eff':>6} {'p50 over':>8} {'p99 over':>8} "
-            f"{'CPU ms':>7} {'spread':>7} {'err':>4} {'busy':>5} {'cli':>5} | "
+            f"{'CPU ms':>7} {'spread':>7} {'err':>4} {'busy':>5} {'cli':>5} {'fakes':>5} | "
             f"{'rate/s':>7} {'p50 over':>8} {'p99 over':>8} {'err':>4} | "
             f"{'load':>5}"
         )
@@ -321,7 +351,7 @@ def main(options: argparse.Namespace) -> None:
                 server_env = {**env, "FEDRESEARCH_REDIS_URL": redis.url} if shared else env
                 server = start_server(workers, balance, server_env)
                 try:
-                    row = measure(server, options, f"{workers}{balance}{shared}")
+                    row = measure(server, fakes, options, f"{workers}{balance}{shared}")
                 finally:
                     server.stop()
                 if workers == 1 and shared:
@@ -344,4 +374,7 @@ if __name__ == "__main__":
     parser.add_argument("--sockets", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=0.5, help="steady arrivals as a fraction of capacity")
     parser.add_argument("--client-procs", type=int, default=1)
+    parser.add_argument(
+        "--fake-procs", type=int, default=fake_processes_for_this_machine(), help="processes answering as the fakes"
+    )
     main(parser.parse_args())

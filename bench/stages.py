@@ -97,8 +97,8 @@ def main(options: argparse.Namespace) -> None:
     spy = str(beside) if beside.is_file() else shutil.which("py-spy")
     if spy is None:
         raise SystemExit("bench.stages needs py-spy (pip install -e '.[dev]')")
-    with upstreams() as (tavily_url, google_url):
-        server = start_server(1, "reuseport", start_server_env(tavily_url, google_url))
+    with upstreams() as fakes:
+        server = start_server(1, "reuseport", start_server_env(fakes.tavily_url, fakes.google_url))
         pid, samples = next(iter(server.pids)), Path(tempfile.mkdtemp()) / "samples.txt"
         try:
             url = f"ws://127.0.0.1:{server.port}/ws"

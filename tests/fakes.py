@@ -35,11 +35,12 @@ class FakeUpstream:
     def app(self) -> web.Application:
         raise NotImplementedError
 
-    async def start(self) -> FakeUpstream:
+    async def start(self, port: int = 0, reuse_port: bool = False) -> FakeUpstream:
+        """Listen on `port` (0: any free one); with `reuse_port`, several processes share it (benchmarks)."""
         # handler_cancellation lets the fake see a client give up on its request
         self.runner = web.AppRunner(self.app(), handler_cancellation=True)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, "127.0.0.1", port, reuse_port=reuse_port or None)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
