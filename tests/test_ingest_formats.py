@@ -154,3 +154,14 @@ def test_delete_removes_chunks_and_vectors(tmp_path, encoder):
     assert library.records.db().execute("SELECT COUNT(*) FROM chunks").fetchone()[0] == 0
     for mode in ("bm25", "dense", "hybrid"):
         assert library.search("alice", "pangolin scales", None, 5, mode) == []
+
+
+def test_jsonl_lines_end_at_newlines_only(tmp_path):
+    records = [
+        {"doi": "10.1000/a", "title": "Line\u2028separator", "abstract": "A paragraph\u2029and a next line\u0085here."},
+        {"doi": "10.1000/b", "title": "Second record", "abstract": "Written with CRLF line ends."},
+    ]
+    path = tmp_path / "records.jsonl"
+    path.write_bytes("\r\n".join(json.dumps(record, ensure_ascii=False) for record in records).encode())
+    documents = read_file(path)
+    assert [document.title for document in documents] == ["Line separator", "Second record"]

@@ -111,7 +111,8 @@ def biblio_record(record: dict[str, Any], source: str) -> Document:
 
 def read_jsonl(path: Path) -> list[Document]:
     documents = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    # "\n" alone ends a line: str.splitlines also splits at U+2028 and U+0085, which JSON strings may hold
+    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
         if not line.strip():
             continue
         try:
