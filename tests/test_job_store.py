@@ -75,7 +75,7 @@ async def test_retention_deletes_old_and_surplus_jobs_with_their_reports(tmp_pat
     assert left == {_id(3), _id(4), _id(8), _id(9)}  # a running job is never deleted
     assert not (reports / f"{_id(1)}.md").exists() and not (reports / f"{_id(2)}.json").exists()
     assert (reports / f"{_id(3)}.md").exists()
-    assert not (tmp_path / "jobs" / f"{_id(1)}.json").exists()
+    assert not (tmp_path / "jobs" / f"{_id(1)}.job.jsonl").exists()
 
 
 async def test_saving_client_fields_keeps_the_frames(tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ async def test_a_job_cut_short_is_saved_as_failed_and_a_deleted_one_stays_delete
     job = await third.get(_id(1))
     assert job is not None and job.status is JobStatus.failed  # written by the second load, read by the third
     await asyncio.gather(third.save(replace(job, client={"x": 1})), third.delete(_id(1)))
-    assert not (tmp_path / f"{_id(1)}.json").exists()
+    assert not (tmp_path / f"{_id(1)}.job.jsonl").exists()
 
 
 async def test_retention_runs_when_the_count_limit_may_be_passed_and_keeps_a_tenth_less(tmp_path: Path) -> None:
@@ -133,3 +133,80 @@ async def test_jobs_finishing_while_a_retention_pass_runs_start_no_second_pass(t
     pace.done("bob")
     assert pace.counts["alice"] == 18
     assert pace.due("alice") is False and pace.counts["alice"] == 19
+
+
+async def test_a_job_is_one_file_appended_to_and_read_back_after_a_restart(tmp_path: Path) -> None:
+    store = LocalJobStore(tmp_path)
+    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+    inode = (tmp_path / f"{_id(1)}.job.jsonl").stat().st_ino
+    # U+2028 and U+0085 end lines for str.splitlines: a finished job holding one could not be replayed
+    frames = [{"type": "logs", "content": "step", "output": "a\u2028b\u0085c\nd"}, {"type": "report", "output": "x"}]
+    for frame in frames:
+        await store.append(_id(1), frame)
+    await store.finish(_id(1), JobStatus.completed, files={"md": "reports/a.md"})
+    assert [path.name for path in tmp_path.iterdir()] == [f"{_id(1)}.job.jsonl"]
+    assert (tmp_path / f"{_id(1)}.job.jsonl").stat().st_ino == inode  # appended, never replaced
+    again = LocalJobStore(tmp_path)
+    assert await again.load() == 1
+    job = await again.get(_id(1))
+    assert job is not None and job.status is JobStatus.completed and job.files == {"md": "reports/a.md"}
+    assert await again.frames(_id(1)) == frames
+    assert await again.frames(_id(1), start=1) == frames[1:]
+
+
+async def test_a_write_torn_by_a_crash_leaves_the_state_before_it(tmp_path: Path) -> None:
+    store = LocalJobStore(tmp_path)
+    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+    await store.append(_id(1), {"type": "logs", "content": "one"})
+    await store.finish(_id(1), JobStatus.completed)
+    path = tmp_path / f"{_id(1)}.job.jsonl"
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-20])  # the final state line cut short, as by a kill mid-write
+    second = LocalJobStore(tmp_path)
+    await second.load()
+    job = await second.get(_id(1))
+    assert job is not None and job.status is JobStatus.failed  # the last whole state said running
+    assert await second.frames(_id(1)) == [{"type": "logs", "content": "one"}]
+    third = LocalJobStore(tmp_path)  # the failed state was written on a line of its own
+    await third.load()
+    job = await third.get(_id(1))
+    assert job is not None and job.status is JobStatus.failed and job.error is not None
+
+
+async def test_the_state_of_a_job_with_large_frames_is_read_from_its_end(tmp_path: Path) -> None:
+    store = LocalJobStore(tmp_path)
+    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+    for n in range(40):
+        await store.append(_id(1), {"type": "report", "output": f"{n} " + "word " * 1000})
+    await store.finish(_id(1), JobStatus.completed)
+    big_state = Job(_id(2), "bob", "q", status=JobStatus.running, client={"orderedData": ["x" * 100_000]})
+    await store.create(big_state)  # a state line longer than the end that is read first
+    await store.finish(_id(2), JobStatus.completed)
+    again = LocalJobStore(tmp_path)
+    await again.load()
+    first, second = await again.get(_id(1)), await again.get(_id(2))
+    assert first is not None and first.status is JobStatus.completed
+    assert second is not None and second.status is JobStatus.completed and second.client == big_state.client
+    assert len(await again.frames(_id(1))) == 40
+
+
+async def test_records_of_earlier_versions_are_converted_at_load(tmp_path: Path) -> None:
+    import json
+
+    finished = Job(_id(1), "alice", "q", status=JobStatus.completed).to_json()
+    (tmp_path / f"{_id(1)}.json").write_text(json.dumps(finished))
+    # U+0085 (NEL, common in text taken from PDFs) ends a line for str.splitlines, not for JSON Lines
+    (tmp_path / f"{_id(1)}.frames.jsonl").write_text('{"type": "logs", "content": "a\u0085b"}\n{"type": "path"}\n')
+    running = Job(_id(2), "bob", "q", status=JobStatus.running).to_json()
+    (tmp_path / f"{_id(2)}.json").write_text(json.dumps(running))
+    (tmp_path / f"{_id(3)}.json").write_text("{not json")
+    store = LocalJobStore(tmp_path)
+    assert await store.load() == 2
+    assert await store.frames(_id(1)) == [{"type": "logs", "content": "a\u0085b"}, {"type": "path"}]
+    second = await store.get(_id(2))
+    assert second is not None and second.status is JobStatus.failed
+    names = sorted(path.name for path in tmp_path.iterdir())
+    assert names == [f"{_id(1)}.job.jsonl", f"{_id(2)}.job.jsonl", f"{_id(3)}.json"]  # the unreadable one left
+    again = LocalJobStore(tmp_path)
+    assert await again.load() == 2
+    assert await again.frames(_id(1)) == [{"type": "logs", "content": "a\u0085b"}, {"type": "path"}]

@@ -293,9 +293,10 @@ async def test_retention_limits_and_jobs_surviving_a_restart(tmp_path, fakes):
         assert not (settings.reports_dir / f"{ids[0]}.md").exists()
     await runner.cleanup()
 
-    record = settings.jobs_dir / f"{ids[1]}.json"
-    saved = json.loads(record.read_text())
-    record.write_text(json.dumps({**saved, "created_at": time.time() - 40 * 86400}))
+    record = settings.jobs_dir / f"{ids[1]}.job.jsonl"
+    saved = json.loads(record.read_text().splitlines()[-1])["job"]
+    with record.open("a") as file:  # a later state line wins
+        file.write(json.dumps({"job": {**saved, "created_at": time.time() - 40 * 86400}}) + "\n")
     runner, url = await _serve(make_settings(tmp_path, fakes, **{**_overrides(settings), "report_retention_days": 30}))
     try:
         async with aiohttp.ClientSession() as session:
