@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import json
 import multiprocessing
@@ -240,9 +241,13 @@ def wait_for_workers(port: int, workers: int, process: subprocess.Popen[bytes]) 
 
 
 def start_server_env(tavily_url: str, google_url: str) -> dict[str, str]:
+    data_dir = tempfile.mkdtemp(prefix="bench-scaling-")
+    # a run leaves thousands of files a second behind; left in place, they slow every later file
+    # creation on the same file system (and so the next runs of this bench)
+    atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     return {
         **os.environ,
-        "FEDRESEARCH_DATA_DIR": tempfile.mkdtemp(prefix="bench-scaling-"),
+        "FEDRESEARCH_DATA_DIR": data_dir,
         "TAVILY_API_KEY": FakeTavily.api_key,
         "TAVILY_API_BASE_URL": tavily_url,
         "GOOGLE_API_KEY": FakeGoogle.api_key,
