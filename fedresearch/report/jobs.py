@@ -31,7 +31,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
@@ -76,7 +76,11 @@ class Job:
     client: dict[str, Any] = field(default_factory=dict)  # GPT-Researcher's orderedData, chatMessages...
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # not asdict: it deep-copies every value (49 µs a job, against 3 µs); the two dicts are
+        # replaced, never changed in place, so a copy of each is enough
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["files"], data["client"] = dict(self.files), dict(self.client)
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
