@@ -11,6 +11,7 @@ import websockets
 
 from fedresearch.library.embedded import Library
 from fedresearch.library.ingest import ingest
+from fedresearch.report.store import export, report_markdown, save_report
 from tests.conftest import EXAMPLES, make_settings, run_task
 
 
@@ -42,3 +43,25 @@ async def test_path_frame_lists_every_format_and_each_one_is_served(tmp_path, st
             assert response.status == 404
         async with session.get(f"{server.url}/reports/..%2Fx.pdf") as response:
             assert response.status == 404
+
+
+def test_a_report_is_saved_as_its_record_and_every_other_format_rendered_when_fetched(tmp_path):
+    markdown = "# Fusion\n\nReciprocal rank fusion sums 1/(k + rank) [1].\n"
+    files = save_report(tmp_path, "a" * 32, markdown, {"owner": "alice", "question": "fusion"})
+    assert set(files) == {"md", "pdf", "docx", "html", "json"}
+    assert [path.name for path in tmp_path.iterdir()] == ["a" * 32 + ".json"]  # one file created per task
+    assert report_markdown(tmp_path, "a" * 32) == markdown
+    assert export(tmp_path, "a" * 32, "md") == tmp_path / ("a" * 32 + ".md")
+    assert (tmp_path / ("a" * 32 + ".md")).read_text(encoding="utf-8") == markdown
+    html = export(tmp_path, "a" * 32, "html")
+    assert html is not None and "<h1" in html.read_text(encoding="utf-8")
+    assert export(tmp_path, "b" * 32, "md") is None and report_markdown(tmp_path, "b" * 32) is None
+
+
+def test_a_report_saved_by_an_earlier_version_is_read_from_its_markdown_file(tmp_path):
+    # earlier versions wrote <id>.md beside a record that need not hold the report
+    (tmp_path / ("c" * 32 + ".json")).write_text('{"owner": "alice"}', encoding="utf-8")
+    (tmp_path / ("c" * 32 + ".md")).write_text("# Old\n\nText.\n", encoding="utf-8")
+    assert report_markdown(tmp_path, "c" * 32) == "# Old\n\nText.\n"
+    docx_file = export(tmp_path, "c" * 32, "docx")
+    assert docx_file is not None and docx.Document(str(docx_file)).paragraphs[0].text == "Old"

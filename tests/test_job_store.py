@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fedresearch.report.jobs import Job, JobStatus, LocalJobStore, RetentionPace, enforce_retention, follow
-from fedresearch.report.store import save_report
+from fedresearch.report.store import export, save_report
 
 
 def _id(n: int) -> str:
@@ -69,12 +69,15 @@ async def test_retention_deletes_old_and_surplus_jobs_with_their_reports(tmp_pat
     await store.create(Job(_id(8), "bob", "bob's", status=JobStatus.running))
     await store.finish(_id(8), JobStatus.completed)
 
+    assert export(reports, _id(1), "md") == reports / f"{_id(1)}.md"  # rendered when first fetched
+
     deleted = await enforce_retention(store, reports, retention_days=30, max_per_user=2)
     assert sorted(deleted) == [_id(1), _id(2)]
     left = {job.research_id for job in await store.list(None, everyone=True)}
     assert left == {_id(3), _id(4), _id(8), _id(9)}  # a running job is never deleted
-    assert not (reports / f"{_id(1)}.md").exists() and not (reports / f"{_id(2)}.json").exists()
-    assert (reports / f"{_id(3)}.md").exists()
+    assert not (reports / f"{_id(1)}.md").exists() and not (reports / f"{_id(1)}.json").exists()
+    assert not (reports / f"{_id(2)}.json").exists()
+    assert (reports / f"{_id(3)}.json").exists()
     assert not (tmp_path / "jobs" / f"{_id(1)}.job.jsonl").exists()
 
 

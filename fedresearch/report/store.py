@@ -1,5 +1,5 @@
-"""Saved reports: `<id>.md` and `<id>.json` under the data directory, and their HTML, PDF and DOCX
-exports, rendered on first request and kept beside them."""
+"""Saved reports: `<id>.json` under the data directory (the record, the Markdown in its `report`),
+and its Markdown, HTML, PDF and DOCX files, rendered on first request and kept beside it."""
 
 from __future__ import annotations
 
@@ -29,14 +29,32 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def save_report(directory: Path, report_id: str, markdown: str, record: dict[str, Any]) -> dict[str, str]:
-    """Write the Markdown and the JSON; return every format's name relative to the reports directory
-    (the exports are rendered when first fetched, so a task never pays for a PDF nobody reads)."""
+    """Write the JSON record (`record`, with the Markdown as its `report`); return every format's
+    name relative to the reports directory. The Markdown file, like the exports, is written when
+    first fetched: every file created is an inode allocated, and on ext4 without a journal each
+    allocation skips one by one the inodes retention freed in the last 30 s; the Markdown file was a
+    task's costliest write for a file most tasks' clients never fetch (they get the report in frames)."""
     if not directory.is_dir():
         directory.mkdir(parents=True, exist_ok=True)
-    write_atomic(directory / f"{report_id}.md", markdown.encode())
     # compact: json's C encoder serves only unindented output, the indented one runs in Python
-    write_atomic(directory / f"{report_id}.json", json.dumps(record, ensure_ascii=False).encode())
+    data = json.dumps({**record, "report": markdown}, ensure_ascii=False).encode()
+    write_atomic(directory / f"{report_id}.json", data)
     return {kind: f"{report_id}.{kind}" for kind in FORMATS}
+
+
+def report_markdown(directory: Path, report_id: str) -> str | None:
+    """A saved report's Markdown: its file where one was written (by earlier versions, or a fetch),
+    else its record's `report`; None when there is no such report."""
+    try:
+        return (directory / f"{report_id}.md").read_text(encoding="utf-8")
+    except (FileNotFoundError, ValueError):
+        pass
+    try:
+        record = json.loads((directory / f"{report_id}.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+    markdown = record.get("report") if isinstance(record, dict) else None
+    return markdown if isinstance(markdown, str) else None
 
 
 def export(directory: Path, report_id: str, kind: str) -> Path | None:
@@ -44,10 +62,14 @@ def export(directory: Path, report_id: str, kind: str) -> Path | None:
     path = directory / f"{report_id}.{kind}"
     if path.is_file():
         return path
-    source = directory / f"{report_id}.md"
-    if kind not in RENDERERS or not source.is_file():
+    if kind != "md" and kind not in RENDERERS:
         return None
-    markdown = source.read_text(encoding="utf-8")
+    markdown = report_markdown(directory, report_id)
+    if markdown is None:
+        return None
+    if kind == "md":
+        write_atomic(path, markdown.encode())
+        return path
     title = next((line[2:].strip() for line in markdown.splitlines() if line.startswith("# ")), "Report")
     write_atomic(path, RENDERERS[kind](markdown, title))
     return path

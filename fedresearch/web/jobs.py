@@ -25,7 +25,7 @@ from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import session_from_report
 from fedresearch.report.jobs import JOB_ID, Job, JobStatus
-from fedresearch.report.store import REPORT_ID, delete_report, export
+from fedresearch.report.store import REPORT_ID, delete_report, export, report_markdown
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, REGISTRY, SETTINGS
 from fedresearch.web.tasks import may_see, start_job
@@ -73,11 +73,7 @@ async def _owned(request: web.Request, principal: Principal, research_id: str, m
 
 
 async def _report_text(request: web.Request, research_id: str) -> str | None:
-    path = request.app[SETTINGS].reports_dir / f"{research_id}.md"
-    try:
-        return await asyncio.to_thread(path.read_text, encoding="utf-8")
-    except (FileNotFoundError, ValueError):
-        return None
+    return await asyncio.to_thread(report_markdown, request.app[SETTINGS].reports_dir, research_id)
 
 
 async def generate_report(request: web.Request) -> web.Response:
