@@ -307,7 +307,9 @@ async def test_errors_are_said_in_words(tmp_path, fakes, start_server, browser):
     gone = {"id": "f" * 32, "question": "rank fusion"}
     await page.evaluate(f"sessionStorage.setItem('fedresearch.research', JSON.stringify({json.dumps(gone)}))")
     await page.reload()
-    await page.wait_for_function("document.getElementById('notice-text').textContent.includes('no job')")
+    # a locator, not wait_for_function: its string predicate is eval'd in the page, which the page's CSP
+    # refuses when the first check does not already pass
+    await page.locator("#notice-text", has_text="no job").wait_for()
     assert "unknown, expired or not yours" in await page.inner_text("#notice-text")
     assert await page.is_enabled("#run")
     assert await page.evaluate("sessionStorage.getItem('fedresearch.research')") is None
