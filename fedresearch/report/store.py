@@ -32,8 +32,8 @@ def save_report(directory: Path, report_id: str, markdown: str, record: dict[str
     """Write the JSON record (`record`, with the Markdown as its `report`); return every format's
     name relative to the reports directory. The Markdown file, like the exports, is written when
     first fetched: every file created is an inode allocated, and on ext4 without a journal each
-    allocation skips one by one the inodes retention freed in the last 30 s; the Markdown file was a
-    task's costliest write for a file most tasks' clients never fetch (they get the report in frames)."""
+    allocation skips one by one the inodes retention freed in the last 30 s, while most clients never
+    fetch the Markdown file (the report reaches them in frames)."""
     if not directory.is_dir():
         directory.mkdir(parents=True, exist_ok=True)
     # compact: json's C encoder serves only unindented output, the indented one runs in Python
