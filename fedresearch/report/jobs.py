@@ -153,7 +153,7 @@ class LocalJobStore:
     replaced or deleted one freed, and ext4 without a journal skips each inode freed in the last
     30 s one by one when it allocates the next. Written as a state file replaced at the end plus a
     frames file, a job cost three allocations and a free; with the report's two files and retention
-    deleting them all, inode allocation took a fifth of the server's CPU in some runs here.
+    deleting them all, inode allocation took a fifth of the server's CPU in one profiled run (README).
     Directories written by earlier versions (`<id>.json` and `<id>.frames.jsonl`) are converted at
     `load`."""
 
