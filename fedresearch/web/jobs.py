@@ -169,12 +169,25 @@ async def _visible(request: web.Request, principal: Principal) -> list[Job]:
     return await store.list(asked) if asked else await store.list(None, everyone=True)
 
 
-async def _entry(request: web.Request, job: Job) -> dict[str, Any]:
+def _needs_text(job: Job) -> bool:
+    return job.client.get("answer") is None and job.origin != "client"
+
+
+async def _entries(request: web.Request, jobs: list[Job]) -> list[dict[str, Any]]:
+    """Jobs as GPT-Researcher's saved reports, their texts read in one trip to a thread (a listing
+    of a user's 200 reports made 200 trips)."""
+    directory = request.app[SETTINGS].reports_dir
+    wanted = [job.research_id for job in jobs if _needs_text(job)]
+    texts = await asyncio.to_thread(
+        lambda: {research_id: report_markdown(directory, research_id) for research_id in wanted}
+    )
+    return [_entry(job, texts.get(job.research_id)) for job in jobs]
+
+
+def _entry(job: Job, text: str | None) -> dict[str, Any]:
     """A job as GPT-Researcher's saved report: {id, question, answer, orderedData, chatMessages, timestamp}."""
     client = job.client
-    answer = client.get("answer")
-    if answer is None and job.origin != "client":
-        answer = await _report_text(request, job.research_id)
+    answer = text if _needs_text(job) else client.get("answer")
     stamp = client.get("timestamp")
     timestamp = max(stamp if isinstance(stamp, int) else 0, int(job.updated_at * 1000))
     return {
@@ -196,14 +209,14 @@ async def list_reports(request: web.Request) -> web.Response:
         order = [part.strip() for part in wanted.split(",")]
         by_id = {job.research_id: job for job in jobs}
         jobs = [by_id[research_id] for research_id in order if research_id in by_id]
-    return web.json_response({"reports": [await _entry(request, job) for job in jobs]})
+    return web.json_response({"reports": await _entries(request, jobs)})
 
 
 async def get_report(request: web.Request) -> web.Response:
     """One saved report, as GPT-Researcher answers it."""
     principal = principal_of(request)
     job = await _owned(request, principal, request.match_info["research_id"], "Report not found")
-    return web.json_response({"report": await _entry(request, job)})
+    return web.json_response({"report": (await _entries(request, [job]))[0]})
 
 
 def _client_fields(data: dict[str, Any], keep: dict[str, Any]) -> dict[str, Any]:
