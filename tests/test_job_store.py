@@ -182,14 +182,17 @@ async def test_the_state_of_a_job_with_large_frames_is_read_from_its_end(tmp_pat
     for n in range(40):
         await store.append(_id(1), {"type": "report", "output": f"{n} " + "word " * 1000})
     await store.finish(_id(1), JobStatus.completed)
-    big_state = Job(_id(2), "bob", "q", status=JobStatus.running, client={"orderedData": ["x" * 100_000]})
-    await store.create(big_state)  # a state line longer than the end that is read first
-    await store.finish(_id(2), JobStatus.completed)
+    big_states = {2: 100_000, 3: 10_000}  # state lines longer than the ends that are read first
+    for n, size in big_states.items():
+        await store.create(Job(_id(n), "bob", "q", status=JobStatus.running, client={"orderedData": ["x" * size]}))
+        await store.finish(_id(n), JobStatus.completed)
     again = LocalJobStore(tmp_path)
     await again.load()
-    first, second = await again.get(_id(1)), await again.get(_id(2))
+    first = await again.get(_id(1))
     assert first is not None and first.status is JobStatus.completed
-    assert second is not None and second.status is JobStatus.completed and second.client == big_state.client
+    for n, size in big_states.items():
+        job = await again.get(_id(n))
+        assert job is not None and job.status is JobStatus.completed and job.client == {"orderedData": ["x" * size]}
     assert len(await again.frames(_id(1))) == 40
 
 

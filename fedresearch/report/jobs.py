@@ -276,7 +276,9 @@ class LocalJobStore:
 
 _JOB_SUFFIX = ".job.jsonl"
 _STATE_LINE = b'{"job":'
-_TAIL_BYTES = 64 * 1024  # where a job's latest state is looked for first: its file's last 64 KiB
+# where a job's latest state is looked for: its file's last 4 KiB (a state line is about 600 bytes),
+# then 64 KiB, then all of it; a finished job's frames come before it and are not read at start-up
+_TAILS = (4 * 1024, 64 * 1024)
 
 
 def _job_path(directory: Path, research_id: str) -> Path:
@@ -322,11 +324,12 @@ def _latest_state(data: bytes) -> dict[str, Any] | None:
 def _read_job(path: Path) -> Job | None:
     with open(path, "rb") as file:
         size = file.seek(0, os.SEEK_END)
-        file.seek(max(0, size - _TAIL_BYTES))
-        state = _latest_state(file.read())  # a finished job's frames come before it: not read at start-up
-        if state is None and size > _TAIL_BYTES:
-            file.seek(0)
+        for tail in (*_TAILS, size):
+            start = max(0, size - tail)
+            file.seek(start)
             state = _latest_state(file.read())
+            if state is not None or start == 0:
+                break
     return Job.from_json(state) if state is not None else None
 
 
