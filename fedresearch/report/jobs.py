@@ -76,7 +76,7 @@ class Job:
     client: dict[str, Any] = field(default_factory=dict)  # GPT-Researcher's orderedData, chatMessages...
 
     def to_json(self) -> dict[str, Any]:
-        # not asdict: it deep-copies every value (49 µs a job, against 3 µs); the two dicts are
+        # not asdict: it deep-copies every value (49 µs a job, against 1.6 µs); the two dicts are
         # replaced, never changed in place, so a copy of each is enough
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["files"], data["client"] = dict(self.files), dict(self.client)
