@@ -79,6 +79,9 @@ async def test_retention_deletes_old_and_surplus_jobs_with_their_reports(tmp_pat
     assert not (reports / f"{_id(2)}.json").exists()
     assert (reports / f"{_id(3)}.json").exists()
     assert not (tmp_path / "jobs" / f"{_id(1)}.job.jsonl").exists()
+    assert not (tmp_path / "jobs" / f"{_id(2)}.job.jsonl").exists()  # all in one trip to a thread
+    again = LocalJobStore(tmp_path / "jobs")
+    assert await again.load() == 4 and {job.research_id for job in await again.list(None, everyone=True)} == left
 
 
 async def test_saving_client_fields_keeps_the_frames(tmp_path: Path) -> None:

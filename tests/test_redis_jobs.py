@@ -87,6 +87,20 @@ async def test_jobs_are_listed_by_owner_newest_first_and_deleted(store, elsewher
         await elsewhere.save(Job(_id(2), "alice", "gone"))
 
 
+async def test_many_jobs_of_several_owners_are_deleted_at_once(store, elsewhere) -> None:
+    for n, owner in enumerate(("alice", "bob", "alice", None, "bob")):
+        await store.create(Job(_id(n), owner, f"q{n}", created_at=1000.0 + n))
+    await store.finish(_id(0), JobStatus.completed)
+    # the first one is this worker's own (mirrored here), the others only in Redis for `elsewhere`
+    deleted = await elsewhere.delete_many([_id(0), _id(1), _id(3), _id(9)])
+    assert sorted(deleted) == [_id(0), _id(1), _id(3)]  # an unknown id is no error, and not reported
+    assert [job.research_id for job in await elsewhere.list(None, everyone=True)] == [_id(4), _id(2)]
+    assert [job.research_id for job in await elsewhere.list("bob")] == [_id(4)]
+    assert await elsewhere.frames(_id(1)) == [] and await elsewhere.get(_id(3)) is None
+    assert await store.delete_many([_id(2)]) == [_id(2)]  # a job run here: its mirror goes too
+    assert await store.get(_id(2)) is None and [job.research_id for job in await elsewhere.list("alice")] == []
+
+
 async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes, start_server, redis_url):
     fakes["tavily"].behaviour.delay_s = 0.8
     # two workers of one host: one data folder (the reports), the jobs in Redis

@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -110,6 +110,10 @@ class JobStore(Protocol):
     async def list(self, owner: str | None, everyone: bool = False) -> builtins.list[Job]: ...
 
     async def delete(self, research_id: str) -> bool: ...
+
+    async def delete_many(self, research_ids: Sequence[str]) -> builtins.list[str]:
+        """Delete these jobs, in one trip to wherever they are kept; returns the ids that existed."""
+        ...
 
 
 async def follow(store: JobStore, research_id: str, start: int = 0) -> AsyncIterator[Frame]:
@@ -250,14 +254,19 @@ class LocalJobStore:
         return sorted(jobs, key=lambda job: job.created_at, reverse=True)
 
     async def delete(self, research_id: str) -> bool:
-        entry = self._entries.pop(research_id, None)
-        if entry is None:
-            return False
-        entry.wake()
-        if self.directory is not None:
+        return bool(await self.delete_many([research_id]))
+
+    async def delete_many(self, research_ids: Sequence[str]) -> builtins.list[str]:
+        gone = []
+        for research_id in research_ids:
+            entry = self._entries.pop(research_id, None)
+            if entry is not None:
+                entry.wake()
+                gone.append(research_id)
+        if gone and self.directory is not None:
             async with self._writing:
-                await asyncio.to_thread(_remove, self.directory, research_id)
-        return True
+                await run_on(self.work, _remove, self.directory, gone)
+        return gone
 
     async def _write_meta(
         self, job: Job, frames: builtins.list[Frame] | None = None, *, fresh_line: bool = False
@@ -398,9 +407,10 @@ def _read_frames(path: Path) -> list[Frame]:
     return frames
 
 
-def _remove(directory: Path, research_id: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        _job_path(directory, research_id).unlink()
+def _remove(directory: Path, research_ids: Sequence[str]) -> None:
+    for research_id in research_ids:
+        with contextlib.suppress(FileNotFoundError):
+            _job_path(directory, research_id).unlink()
 
 
 async def enforce_retention(
@@ -432,8 +442,7 @@ async def enforce_retention(
         kept_out.update({who: min(count, max_per_user) if max_per_user > 0 else count for who, count in kept.items()})
     if doomed:  # files first: a job that is no longer listed has none left behind
         await asyncio.to_thread(_delete_reports, reports_dir, doomed)
-        for research_id in doomed:
-            await store.delete(research_id)
+        await store.delete_many(doomed)
         log.info("retention: deleted %d finished jobs and their reports", len(doomed))
     return doomed
 
