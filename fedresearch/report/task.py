@@ -13,7 +13,6 @@ from typing import Any
 from fedresearch.core.events import Emit, ProgressEvent
 from fedresearch.core.models import FusedResult, ResearchRequest, RetrieverOutcome
 from fedresearch.core.settings import Settings
-from fedresearch.core.work import run_on
 from fedresearch.federation.contract import Adapter
 from fedresearch.federation.fusion import fuse
 from fedresearch.federation.planning import Plan
@@ -144,12 +143,19 @@ async def run_research(
     await emit(
         ProgressEvent("writing_report", f"✍️ Writing the {request.report_type.value} from {len(sources)} sources")
     )
-    composed = await compose(request.task, request.report_type, sources, outcomes, writing, parts, config, emit, send)
     report_id = report_id or uuid.uuid4().hex
-    record = {"owner": owner} | _record(report_id, request, composed, outcomes, retrieval_ms)
-    files = await run_on(deps.work, save_report, settings.reports_dir, report_id, composed.markdown, record)
+
+    def save(composed: Composed) -> dict[str, str]:
+        record = {"owner": owner} | _record(report_id, request, composed, outcomes, retrieval_ms)
+        return save_report(settings.reports_dir, report_id, composed.markdown, record)
+
+    composed = await compose(
+        request.task, request.report_type, sources, outcomes, writing, parts, config, emit, send, save
+    )
     markdown, references, streamed = composed.markdown, composed.references, send is not None
-    return ResearchOutcome(report_id, markdown, files, sources, references, outcomes, retrieval_ms, writing, streamed)
+    return ResearchOutcome(
+        report_id, markdown, composed.files, sources, references, outcomes, retrieval_ms, writing, streamed
+    )
 
 
 async def _announce(request: ResearchRequest, plan: Plan, emit: Emit) -> None:
