@@ -7,6 +7,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from fedresearch.report.jobs import Job, JobStatus, LocalJobStore, RetentionPace, enforce_retention, follow
 from fedresearch.report.store import export, save_report
 
@@ -219,3 +221,14 @@ async def test_records_of_earlier_versions_are_converted_at_load(tmp_path: Path)
     again = LocalJobStore(tmp_path)
     assert await again.load() == 2
     assert await again.frames(_id(1)) == [{"type": "logs", "content": "a\u0085b"}, {"type": "path"}]
+
+
+def test_an_evolved_job_is_a_new_frozen_job_with_only_known_fields_changed() -> None:
+    job = Job(_id(1), "alice", "q", status=JobStatus.running, files={"md": "reports/x.md"})
+    later = job.evolve(progress=0.5, status=JobStatus.completed)
+    assert later == replace(job, progress=0.5, status=JobStatus.completed) and job.progress == 0.0
+    assert later.status.finished and not job.status.finished
+    with pytest.raises(TypeError, match="no field progres"):
+        job.evolve(progres=1.0)
+    with pytest.raises(AttributeError):
+        later.progress = 1.0  # type: ignore[misc]

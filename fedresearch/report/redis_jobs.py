@@ -140,7 +140,7 @@ class RedisJobStore:
             await self.here.save(job)
             if not job.status.finished:
                 if job.research_id not in self._only_here:
-                    self._meta_due[job.research_id] = replace(job, updated_at=time.time())
+                    self._meta_due[job.research_id] = job.evolve(updated_at=time.time())
                     self._write_behind(job.research_id)
                 return
             await self._written(job.research_id)
@@ -149,7 +149,7 @@ class RedisJobStore:
             await self.shared.attempt("saving a job", lambda: self._save(job))
 
     async def _save(self, job: Job) -> None:
-        job = replace(job, updated_at=time.time())
+        job = job.evolve(updated_at=time.time())
         keys = [_frames(job.research_id), _ended(job.research_id), _meta(job.research_id)]
         ending = job.status.value if job.status.finished else ""
         if int(await self._save_script(keys=keys, args=[_dumps(job.to_json()), ending])) < 0:

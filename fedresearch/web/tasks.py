@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -106,7 +106,7 @@ class JobRun:
             self._progress = progress
             job = await self.app[JOBS].get(self.research_id)
             if job is not None and not job.status.finished:
-                await self.app[JOBS].save(replace(job, progress=round(progress, 3)))
+                await self.app[JOBS].save(job.evolve(progress=round(progress, 3)))
 
     async def log_event(self, event: ProgressEvent) -> None:
         metadata = event.metadata
