@@ -317,10 +317,13 @@ def _record_lines(meta: dict[str, Any], frames: list[Frame] | None) -> str:
 def _append_record(
     directory: Path, research_id: str, meta: dict[str, Any], frames: list[Frame] | None, fresh_line: bool
 ) -> None:
-    if not directory.is_dir():
-        directory.mkdir(parents=True, exist_ok=True)
     data = (("\n" if fresh_line else "") + _record_lines(meta, frames)).encode()
-    descriptor = os.open(_job_path(directory, research_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    path, flags = _job_path(directory, research_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    try:
+        descriptor = os.open(path, flags, 0o644)
+    except FileNotFoundError:  # no folder yet: made on the first write, not checked at every one
+        directory.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, flags, 0o644)
     try:
         view = memoryview(data)
         while view:

@@ -34,11 +34,13 @@ def save_report(directory: Path, report_id: str, markdown: str, record: dict[str
     first fetched: every file created is an inode allocated, and on ext4 without a journal each
     allocation skips one by one the inodes retention freed in the last 30 s, while most clients never
     fetch the Markdown file (the report reaches them in frames)."""
-    if not directory.is_dir():
-        directory.mkdir(parents=True, exist_ok=True)
     # compact: json's C encoder serves only unindented output, the indented one runs in Python
     data = json.dumps({**record, "report": markdown}, ensure_ascii=False).encode()
-    write_atomic(directory / f"{report_id}.json", data)
+    try:
+        write_atomic(directory / f"{report_id}.json", data)
+    except FileNotFoundError:  # no folder yet: made on the first report, not checked at every one
+        directory.mkdir(parents=True, exist_ok=True)
+        write_atomic(directory / f"{report_id}.json", data)
     return {kind: f"{report_id}.{kind}" for kind in FORMATS}
 
 
