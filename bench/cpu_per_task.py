@@ -7,9 +7,12 @@ interpreter running this bench (`python -m fedresearch serve`, or `python server
 older than the namespace; any package it needs and this environment lacks goes on PYTHONPATH).
 Both servers get the same task as bench/scaling.py (Tavily and Google, fakes answering in 50 ms
 from a process of their own, pages not read, embeddings off) from the same clients; rounds
-alternate the two so drift on a shared machine hits both alike. With two cores or more the server
-is pinned to the last core and the clients and fakes to the others. Printed per round: tasks/s and
-the server's CPU per task (/proc); then the medians and their ratio.
+alternate the two so drift on a shared machine hits both alike; with `--together` both servers run
+at once, on the same core, each with its own clients, so drift lands on both within the same
+seconds (on this 2-core VM rounds one after the other moved by ±30%). With two cores or more the
+servers are pinned to the last core and the clients and fakes to the others. Printed per round:
+tasks/s and each server's CPU per task (/proc); then the medians, their ratio, and the spread of
+the ratios round by round.
 """
 
 from __future__ import annotations
@@ -76,6 +79,36 @@ def measure(checkout: Path, env: dict[str, str], core: int | None, options: argp
     return len(latencies) / wall, 1000 * used / max(1, len(latencies))
 
 
+def measure_together(
+    checkouts: dict[str, Path], env: dict[str, str], core: int | None, options: argparse.Namespace
+) -> dict[str, tuple[float, float]]:
+    """Both servers on the same core at the same time, each loaded by its own `--concurrency`
+    sockets: whatever else the machine does meanwhile slows both alike."""
+    started = {name: start(checkout, env, core) for name, checkout in checkouts.items()}
+    try:
+        urls = {name: f"ws://127.0.0.1:{port}/ws" for name, (_, port) in started.items()}
+
+        async def load(seconds: float, concurrency: int) -> list[tuple[list[float], int]]:
+            return await asyncio.gather(*(closed_loop(url, concurrency, seconds, name) for name, url in urls.items()))
+
+        asyncio.run(load(2.0, 8))
+        before = {name: cpu_seconds(process.pid) for name, (process, _) in started.items()}
+        began = time.perf_counter()
+        outcomes = asyncio.run(load(options.seconds, options.concurrency))
+        wall = time.perf_counter() - began
+        used = {name: cpu_seconds(process.pid) - before[name] for name, (process, _) in started.items()}
+    finally:
+        for process, _ in started.values():
+            process.terminate()
+            process.wait(30)
+    results = {}
+    for name, (latencies, errors) in zip(started, outcomes, strict=True):
+        if errors:
+            raise SystemExit(f"{errors} tasks failed on {checkouts[name]}")
+        results[name] = (len(latencies) / wall, 1000 * used[name] / max(1, len(latencies)))
+    return results
+
+
 def main(options: argparse.Namespace) -> None:
     raise_fd_limit()
     cores = sorted(os.sched_getaffinity(0))
@@ -88,17 +121,22 @@ def main(options: argparse.Namespace) -> None:
         print(f"this: {ROOT}  against: {checkouts['against']}  server pinned to core {server_core}")
         print(f"{'round':>5} {'checkout':>8} {'tasks/s':>8} {'CPU ms/task':>12}")
         for number in range(1, options.rounds + 1):
-            for name, checkout in checkouts.items():
-                env = start_server_env(fakes.tavily_url, fakes.google_url)
-                rate, cpu = measure(checkout, env, server_core, options)
+            env = start_server_env(fakes.tavily_url, fakes.google_url)
+            if options.together:
+                measured = measure_together(checkouts, env, server_core, options)
+            else:
+                measured = {name: measure(checkout, env, server_core, options) for name, checkout in checkouts.items()}
+            for name, (rate, cpu) in measured.items():
                 results[name].append((rate, cpu))
                 print(f"{number:>5} {name:>8} {rate:>8.1f} {cpu:>12.2f}", flush=True)
     medians = {name: statistics.median(cpu for _, cpu in rows) for name, rows in results.items()}
     rates = {name: statistics.median(rate for rate, _ in rows) for name, rows in results.items()}
+    paired = sorted(this[1] / other[1] for this, other in zip(results["this"], results["against"], strict=True))
     print(
         f"median CPU per task: this {medians['this']:.2f} ms, against {medians['against']:.2f} ms "
         f"(ratio {medians['this'] / medians['against']:.2f}); tasks/s {rates['this']:.1f} vs {rates['against']:.1f}"
     )
+    print(f"ratio per round: median {statistics.median(paired):.2f}, from {paired[0]:.2f} to {paired[-1]:.2f}")
 
 
 if __name__ == "__main__":
@@ -107,4 +145,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--together", action="store_true", help="load both servers at once on one core, not one after the other"
+    )
     main(parser.parse_args())
