@@ -21,8 +21,9 @@ FORMATS = ("md", "pdf", "docx", "html", "json")  # what every path frame lists
 _TEMPORARY = itertools.count()  # unique per process without a getrandom call per file (uuid4)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{next(_TEMPORARY)}.tmp")
+def write_atomic(path: Path | str, data: bytes) -> None:
+    folder, name = os.path.split(path)  # strings: a Path built and turned back cost 5 µs, each
+    temporary = f"{folder}/.{name}.{os.getpid()}.{next(_TEMPORARY)}.tmp"
     with open(temporary, "wb") as file:  # live processes never share a name; a dead one's leftover goes
         file.write(data)
     os.replace(temporary, path)
@@ -37,10 +38,10 @@ def save_report(directory: Path, report_id: str, markdown: str, record: dict[str
     # compact: json's C encoder serves only unindented output, the indented one runs in Python
     data = json.dumps({**record, "report": markdown}, ensure_ascii=False).encode()
     try:
-        write_atomic(directory / f"{report_id}.json", data)
+        write_atomic(f"{directory}/{report_id}.json", data)
     except FileNotFoundError:  # no folder yet: made on the first report, not checked at every one
         directory.mkdir(parents=True, exist_ok=True)
-        write_atomic(directory / f"{report_id}.json", data)
+        write_atomic(f"{directory}/{report_id}.json", data)
     return {kind: f"{report_id}.{kind}" for kind in FORMATS}
 
 
@@ -82,6 +83,6 @@ def delete_report(directory: Path, report_id: str) -> bool:
     removed = False
     for kind in FORMATS:
         with contextlib.suppress(FileNotFoundError):
-            (directory / f"{report_id}.{kind}").unlink()
+            os.unlink(f"{directory}/{report_id}.{kind}")
             removed = True
     return removed
