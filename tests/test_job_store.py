@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from fedresearch.report.jobs import Job, JobStatus, LocalJobStore, RetentionPace, enforce_retention, follow
+from fedresearch.report.jobs import (
+    EncodedFrame,
+    Job,
+    JobStatus,
+    LocalJobStore,
+    RetentionPace,
+    enforce_retention,
+    follow,
+    frame_text,
+)
 from fedresearch.report.store import export, save_report
 
 
@@ -232,3 +242,19 @@ def test_an_evolved_job_is_a_new_frozen_job_with_only_known_fields_changed() -> 
         job.evolve(progres=1.0)
     with pytest.raises(AttributeError):
         later.progress = 1.0  # type: ignore[misc]
+
+
+async def test_a_frame_encoded_once_is_stored_as_any_frame_would_be(tmp_path: Path) -> None:
+    store = LocalJobStore(tmp_path)
+    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+    plain = {"type": "logs", "content": "x", "output": "文献 \u2028 ✓", "metadata": {"n": [1, 2.5, None]}}
+    encoded = EncodedFrame(plain)
+    assert encoded == plain and encoded.text == json.dumps(plain, ensure_ascii=False) == frame_text(plain)
+    await store.append(_id(1), encoded)
+    await store.append(_id(1), plain)
+    await store.finish(_id(1), JobStatus.completed)
+    lines = (tmp_path / f"{_id(1)}.job.jsonl").read_text(encoding="utf-8").split("\n")
+    assert lines[1] == lines[2] == json.dumps({"frame": plain}, ensure_ascii=False)
+    again = LocalJobStore(tmp_path)
+    await again.load()
+    assert await again.frames(_id(1)) == [plain, plain]

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any, TypeVar, cast
 
 from fedresearch.core.shared import PREFIX, SharedDown, SharedRedis
-from fedresearch.report.jobs import Frame, Job, JobStatus, LocalJobStore
+from fedresearch.report.jobs import Frame, Job, JobStatus, LocalJobStore, frame_text
 
 T = TypeVar("T")
 _WAIT_MS = 800  # under the client's 1 s socket timeout: a blocked read must not look like a dead Redis
@@ -160,7 +160,7 @@ class RedisJobStore:
             return await self.shared.attempt("adding a frame", lambda: self._append_one(research_id, frame))
         index = await self.here.append(research_id, frame)
         if research_id not in self._only_here:
-            self._frames_due.setdefault(research_id, []).append(_dumps(frame))
+            self._frames_due.setdefault(research_id, []).append(frame_text(frame))
             self._write_behind(research_id)
         return index
 
@@ -192,7 +192,7 @@ class RedisJobStore:
             await asyncio.shield(writing)
 
     async def _append_one(self, research_id: str, frame: Frame) -> int:
-        index = int(await self._append(keys=[_frames(research_id), _ended(research_id)], args=[_dumps(frame)]))
+        index = int(await self._append(keys=[_frames(research_id), _ended(research_id)], args=[frame_text(frame)]))
         if index < 0:
             raise ValueError(f"job {research_id} is finished: no frame may follow")
         return index

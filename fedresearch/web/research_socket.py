@@ -21,7 +21,7 @@ from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
 from fedresearch.core.models import ResearchRequest
 from fedresearch.report.chat import ChatSession
-from fedresearch.report.jobs import follow
+from fedresearch.report.jobs import follow, frame_text
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, METRICS, REGISTRY, SETTINGS, SOCKETS, LiveJob
 from fedresearch.web.tasks import may_see, start_job
@@ -68,7 +68,7 @@ class ResearchSocket:
         if self.ws.closed:
             return
         with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
-            await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
+            await self.ws.send_str(frame_text(frame))
 
     async def error(self, message: str, metadata: dict[str, Any] | None = None) -> None:
         # GPT-Researcher's page shows only logs frames, so every error is said both ways.

@@ -22,7 +22,7 @@ from fedresearch.core.work import run_on
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.compose import report_chunks
-from fedresearch.report.jobs import Frame, Job, JobStatus, RetentionPace, enforce_retention
+from fedresearch.report.jobs import EncodedFrame, Frame, Job, JobStatus, RetentionPace, enforce_retention
 from fedresearch.report.store import save_report
 from fedresearch.report.task import ResearchOutcome, run_research
 from fedresearch.web import webhooks
@@ -91,7 +91,7 @@ class JobRun:
         self._progress = 0.0
 
     async def emit(self, frame: Frame) -> None:
-        await self.app[JOBS].append(self.research_id, frame)
+        await self.app[JOBS].append(self.research_id, EncodedFrame(frame))
         if frame.get("type") == "logs":
             await self._advance(str(frame.get("content")))
 
