@@ -11,10 +11,11 @@ import pytest
 import websockets
 from pydantic import SecretStr
 
-from fedresearch.core.shared import SharedRedis, connect
+from fedresearch.core.shared import SharedDown, SharedRedis, connect
 from fedresearch.report.jobs import Job, JobStatus, follow
 from fedresearch.report.redis_jobs import RedisJobStore
 from tests.conftest import make_settings, report_of
+from tests.redis_server import start_redis
 from tests.test_jobs_api import ALICE, KEYS, TASK
 
 
@@ -99,6 +100,24 @@ async def test_many_jobs_of_several_owners_are_deleted_at_once(store, elsewhere)
     assert await elsewhere.frames(_id(1)) == [] and await elsewhere.get(_id(3)) is None
     assert await store.delete_many([_id(2)]) == [_id(2)]  # a job run here: its mirror goes too
     assert await store.get(_id(2)) is None and [job.research_id for job in await elsewhere.list("alice")] == []
+
+
+async def test_with_redis_gone_a_workers_own_jobs_are_still_deleted_and_others_say_why() -> None:
+    server_of_redis = start_redis()
+    shared = SharedRedis(connect(server_of_redis.url), server_of_redis.url)
+    try:
+        store, other = RedisJobStore(shared), RedisJobStore(shared)
+        for n in range(3):
+            await store.create(Job(_id(n), "alice", f"q{n}", status=JobStatus.running))
+        await other.create(Job(_id(7), "bob", "elsewhere", status=JobStatus.running))
+        server_of_redis.stop()
+        assert await store.delete_many([_id(0)]) == [_id(0)]  # its own: deleted here as created here
+        with pytest.raises(SharedDown):
+            await store.delete_many([_id(1), _id(7)])  # bob's job lives in Redis alone: that must be said
+        assert [job.research_id for job in await store.list("alice")] == [_id(2)]  # what it holds while Redis is away
+    finally:
+        server_of_redis.stop()
+        await shared.close()
 
 
 async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes, start_server, redis_url):
