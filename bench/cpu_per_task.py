@@ -1,6 +1,7 @@
 """The server's CPU per research task: this checkout against another, side by side in one run.
 
     python -m bench.cpu_per_task --against DIR [--rounds 3] [--seconds 10] [--concurrency 32]
+                                 [--together] [--redis]
 
 DIR is another checkout of the project (`git worktree add /tmp/old <commit>`), started with the
 interpreter running this bench (`python -m fedresearch serve`, or `python server.py` for checkouts
@@ -12,13 +13,15 @@ at once, on the same core, each with its own clients, so drift lands on both wit
 seconds (on this 2-core VM rounds one after the other moved by ±30%). With two cores or more the
 servers are pinned to the last core and the clients and fakes to the others. Printed per round:
 tasks/s and each server's CPU per task (/proc); then the medians, their ratio, and the spread of
-the ratios round by round.
+the ratios round by round. `--redis`: both servers keep jobs and shared state in a redis-server
+started here (a database each, emptied before every round), as the workers of a team do.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -27,8 +30,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from redis import Redis
+
 from bench.load import ROOT, cpu_seconds, free_port, raise_fd_limit
 from bench.scaling import closed_loop, start_server_env, upstreams
+from tests.redis_server import start_redis
 
 
 def server_command(checkout: Path, port: int) -> list[str]:
@@ -80,11 +86,11 @@ def measure(checkout: Path, env: dict[str, str], core: int | None, options: argp
 
 
 def measure_together(
-    checkouts: dict[str, Path], env: dict[str, str], core: int | None, options: argparse.Namespace
+    checkouts: dict[str, Path], envs: dict[str, dict[str, str]], core: int | None, options: argparse.Namespace
 ) -> dict[str, tuple[float, float]]:
     """Both servers on the same core at the same time, each loaded by its own `--concurrency`
     sockets: whatever else the machine does meanwhile slows both alike."""
-    started = {name: start(checkout, env, core) for name, checkout in checkouts.items()}
+    started = {name: start(checkout, envs[name], core) for name, checkout in checkouts.items()}
     try:
         urls = {name: f"ws://127.0.0.1:{port}/ws" for name, (_, port) in started.items()}
 
@@ -115,17 +121,29 @@ def main(options: argparse.Namespace) -> None:
     server_core = cores[-1] if len(cores) > 1 else None
     if server_core is not None:
         os.sched_setaffinity(0, set(cores[:-1]))  # inherited by the clients and the fakes
-    with upstreams() as fakes:
+    redis = start_redis() if options.redis else None
+    with upstreams() as fakes, contextlib.ExitStack() as cleanup:
+        if redis is not None:
+            cleanup.callback(redis.stop)
         checkouts = {"this": ROOT, "against": options.against.resolve()}
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in checkouts}
         print(f"this: {ROOT}  against: {checkouts['against']}  server pinned to core {server_core}")
         print(f"{'round':>5} {'checkout':>8} {'tasks/s':>8} {'CPU ms/task':>12}")
         for number in range(1, options.rounds + 1):
             env = start_server_env(fakes.tavily_url, fakes.google_url)
+            # with Redis, a database each: a key's task slots and the answer cache are not shared
+            envs = {
+                name: env if redis is None else {**env, "FEDRESEARCH_REDIS_URL": f"{redis.url}?db={index}"}
+                for index, name in enumerate(checkouts)
+            }
+            if redis is not None:
+                Redis.from_url(redis.url).flushall()  # each round starts from nothing, as the first
             if options.together:
-                measured = measure_together(checkouts, env, server_core, options)
+                measured = measure_together(checkouts, envs, server_core, options)
             else:
-                measured = {name: measure(checkout, env, server_core, options) for name, checkout in checkouts.items()}
+                measured = {
+                    name: measure(checkout, envs[name], server_core, options) for name, checkout in checkouts.items()
+                }
             for name, (rate, cpu) in measured.items():
                 results[name].append((rate, cpu))
                 print(f"{number:>5} {name:>8} {rate:>8.1f} {cpu:>12.2f}", flush=True)
@@ -145,6 +163,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--redis", action="store_true", help="jobs and shared state in a redis-server started here")
     parser.add_argument(
         "--together", action="store_true", help="load both servers at once on one core, not one after the other"
     )

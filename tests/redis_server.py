@@ -28,6 +28,7 @@ class RedisServer:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+        shutil.rmtree(self.folder, ignore_errors=True)  # every test's and bench's own server leaves none behind
 
 
 def start_redis() -> RedisServer:
@@ -56,7 +57,6 @@ def redis_server() -> Iterator[RedisServer]:
     server = start_redis()
     yield server
     server.stop()
-    shutil.rmtree(server.folder, ignore_errors=True)
 
 
 @pytest.fixture
