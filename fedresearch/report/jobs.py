@@ -109,7 +109,7 @@ class Job:
         unknown = changes.keys() - self.__dataclass_fields__.keys()
         if unknown:
             raise TypeError(f"Job has no field {', '.join(sorted(unknown))}")
-        copy = object.__new__(Job)
+        copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__, **changes)  # frozen: its __setattr__ refuses, its dict does not
         return copy
 
