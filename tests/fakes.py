@@ -22,6 +22,7 @@ class Behaviour:
     fail_times: int | None = None  # fail this many times, then answer normally
     redirect_to: str | None = None
     echo_credentials: bool = False  # a 401 quotes the Authorization it refused, as one upstream did
+    set_cookie: str | None = None  # a Set-Cookie on every answer, as APIs behind a CDN send (`__cf_bm=...`)
 
 
 class FakeUpstream:
@@ -150,7 +151,8 @@ class FakeTavily(FakeUpstream):
                 "results": results[: body.get("max_results", 5)],
                 "response_time": 0.42,
                 "request_id": "fake-1",
-            }
+            },
+            headers={"Set-Cookie": self.behaviour.set_cookie} if self.behaviour.set_cookie else None,
         )
 
 

@@ -189,3 +189,16 @@ async def test_a_redirect_to_another_host_is_not_followed(tmp_path, fakes, start
     assert "redirect (HTTP 307), which is not followed" in failed["metadata"]["error"]
     assert fakes["google"].requests == [] and len(internal.requests) == 1
     assert frames[-1]["type"] == "path"
+
+
+async def test_a_cookie_an_upstream_sets_for_one_user_is_not_sent_for_the_next(tmp_path, fakes, start_server):
+    tavily = fakes["tavily"]
+    tavily.behaviour.set_cookie = "__cf_bm=alice-visit; Path=/; HttpOnly"
+    # by name: aiohttp's cookie jar keeps no cookie from an IP address, so 127.0.0.1 would hide a leak
+    by_name = tavily.url.replace("127.0.0.1", "localhost")
+    server = await start_server(make_settings(tmp_path, fakes, tavily_api_base_url=by_name, upstream_cache_ttl_s=0))
+    for user in ("alice", "bob"):
+        async with websockets.connect(server.ws_url) as ws:
+            task = {"task": f"rank fusion for {user}", "headers": {"retrievers": "tavily", "user_id": user}}
+            assert (await run_task(ws, task))[-1]["type"] == "path"
+    assert [request["headers"].get("Cookie") for request in tavily.requests] == [None, None]

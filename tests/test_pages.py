@@ -62,8 +62,16 @@ async def pages(tmp_path):
             await asyncio.sleep(0.1)
         return response
 
+    async def cookie(request: web.Request) -> web.Response:
+        cookies_seen.append(request.headers.get("Cookie"))
+        response = web.Response(text=f"<html><body><p>{ARTICLE}</p></body></html>", content_type="text/html")
+        response.set_cookie("visitor", "alice-session", path="/")
+        return response
+
+    cookies_seen: list[str | None] = []
     app = web.Application()
     app.router.add_get("/article", article)
+    app.router.add_get("/cookie", cookie)
     app.router.add_get("/paper.pdf", lambda r: web.FileResponse(pdf, headers={"Content-Type": "application/pdf"}))
     app.router.add_get("/image", lambda r: web.Response(body=b"\x89PNG....", content_type="image/png"))
     app.router.add_get("/huge", lambda r: web.Response(text="<p>" + "x" * 300_000 + "</p>", content_type="text/html"))
@@ -76,8 +84,12 @@ async def pages(tmp_path):
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    COOKIES_SEEN[f"http://pages.test:{port}"] = cookies_seen
     yield f"http://pages.test:{port}"
     await runner.cleanup()
+
+
+COOKIES_SEEN: dict[str, list[str | None]] = {}  # per fake site: the Cookie header of each request to /cookie
 
 
 RESOLVER = StaticResolver(
@@ -101,6 +113,18 @@ async def test_main_text_of_html_and_pdf(tmp_path, pages):
         assert pdf.kind == "pdf" and [s.page for s in pdf.sections] == [1, 2]
     finally:
         await pages_reader.close()
+
+
+async def test_a_cookie_a_page_sets_is_never_sent_again(tmp_path, pages):
+    """The reader serves every user: a cookie kept from one user's read would go with the next
+    user's request to that site (and the jar would grow with every site read)."""
+    pages_reader = reader(tmp_path)
+    try:
+        for n in range(2):
+            await pages_reader.read(f"{pages}/cookie?n={n}")  # two pages: one would be read once
+    finally:
+        await pages_reader.close()
+    assert COOKIES_SEEN[pages] == [None, None]
 
 
 @pytest.mark.parametrize(

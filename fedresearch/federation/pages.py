@@ -127,8 +127,14 @@ class PageReader:
             connector = aiohttp.TCPConnector(resolver=resolver, limit=64, limit_per_host=self.settings.fetch_per_host)
             headers = {"User-Agent": "fedresearch (research report; +https://github.com/fedresearch)"}
             timeout = aiohttp.ClientTimeout(total=None, connect=5.0)
+            # no cookie jar: it serves every user, so a cookie one user's read received would go
+            # with the next user's request to that site, and the jar would grow with every site read
             self._session = aiohttp.ClientSession(
-                connector=connector, headers=headers, timeout=timeout, trust_env=False
+                connector=connector,
+                headers=headers,
+                timeout=timeout,
+                trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 

@@ -81,7 +81,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
     pages = PageReader(settings, resolver=app.get(RESOLVER))
     work = WorkPool(settings.work_threads)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
+    # no cookie jar: one session serves every user's upstream calls, and cookies are not our APIs' auth
+    jar = aiohttp.DummyCookieJar()
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False, cookie_jar=jar) as session:
         app[REGISTRY] = registry
         try:
             async with open_state(settings, app[RUNNING]) as state:
