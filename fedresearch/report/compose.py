@@ -9,6 +9,7 @@ References, and a `writer_fallback` log frame says why.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -122,17 +123,11 @@ def write_extractive(
 
 
 def _write_and_save(
-    question: str,
-    report_type: ReportType,
-    sources: list[FusedResult],
-    outcomes: Sequence[RetrieverOutcome],
-    writing: Writing,
-    parts: Sequence[Part],
-    save: SaveReport | None,
+    write: Callable[[], tuple[str, list[Reference], Verification]], save: SaveReport | None
 ) -> Composed:
     """The extractive report written, verified and saved in one trip to a thread: each trip wakes the
     worker and then the loop, 90-300 µs of CPU on a 2-core VM."""
-    markdown, references, verification = write_extractive(question, report_type, sources, outcomes, writing, parts)
+    markdown, references, verification = write()
     composed = Composed(markdown, references, verification, "extractive", sentences=_records(verification.sentences))
     if save is not None:
         composed.files = save(composed)
@@ -155,9 +150,8 @@ async def compose(
     with `save`, saved before it is sent whole (the extractive writer) or once the stream ends (the
     model), its `files` set from what `save` returned."""
     if config is None or report_type is ReportType.resource_report:
-        composed = await run_on(
-            writing.work, _write_and_save, question, report_type, sources, outcomes, writing, parts, save
-        )
+        write = functools.partial(write_extractive, question, report_type, sources, outcomes, writing, parts)
+        composed = await run_on(writing.work, _write_and_save, write, save)
         await _verified(composed.verification, emit)
         await _send_all(composed.markdown, send)
         return composed
