@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -121,10 +122,13 @@ def main(options: argparse.Namespace) -> None:
     server_core = cores[-1] if len(cores) > 1 else None
     if server_core is not None:
         os.sched_setaffinity(0, set(cores[:-1]))  # inherited by the clients and the fakes
-    redis = start_redis() if options.redis else None
-    with upstreams() as fakes, contextlib.ExitStack() as cleanup:
+    if options.redis and shutil.which("redis-server") is None:
+        raise SystemExit("--redis needs redis-server (apt-get install redis-server)")
+    with contextlib.ExitStack() as cleanup:
+        redis = start_redis() if options.redis else None
         if redis is not None:
             cleanup.callback(redis.stop)
+        fakes = cleanup.enter_context(upstreams())
         checkouts = {"this": ROOT, "against": options.against.resolve()}
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in checkouts}
         print(f"this: {ROOT}  against: {checkouts['against']}  server pinned to core {server_core}")
@@ -137,7 +141,8 @@ def main(options: argparse.Namespace) -> None:
                 for index, name in enumerate(checkouts)
             }
             if redis is not None:
-                Redis.from_url(redis.url).flushall()  # each round starts from nothing, as the first
+                with Redis.from_url(redis.url) as client:
+                    client.flushall()  # each round starts from nothing, as the first
             if options.together:
                 measured = measure_together(checkouts, envs, server_core, options)
             else:
