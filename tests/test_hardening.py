@@ -18,6 +18,7 @@ from fedresearch.federation.registry import build_registry
 from fedresearch.library.embedded import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.retrievers import ADAPTERS
+from fedresearch.web.keys import JOBS
 from tests.conftest import EXAMPLES, error_of, logs, make_settings, report_of, run_task
 
 KEYS = "admin-key:*,alice-key:alice,bob-key:bob"
@@ -57,6 +58,25 @@ async def test_concurrent_tasks_per_key(tmp_path, fakes, start_server):
     async with websockets.connect(server.ws_url + "?token=bob-key") as other:
         frames = await run_task(other, {"task": "slow", "headers": {"retrievers": "tavily"}})
         assert frames[-1]["type"] == "path"  # another key is not limited by alice's tasks
+
+
+async def test_a_client_starting_its_next_task_on_path_is_never_refused(tmp_path, fakes, start_server, monkeypatch):
+    """GPT-Researcher's clients start the next task when they read `path`: by then the last task's
+    place under MAX_TASKS_PER_KEY is free, however long its job record then takes to write."""
+    server = await start_server(make_settings(tmp_path, fakes, api_keys=KEYS, max_tasks_per_key=1))
+    store, finish = server.app[JOBS], server.app[JOBS].finish
+
+    async def slow_finish(*args, **kwargs):
+        job = await finish(*args, **kwargs)
+        await asyncio.sleep(0.5)  # the record written on a slow disk or a busy Redis, after the status is set
+        return job
+
+    monkeypatch.setattr(store, "finish", slow_finish)
+    async with websockets.connect(server.ws_url + "?token=alice-key") as ws:
+        for number in range(3):
+            frames = await run_task(ws, {"task": f"rank fusion {number}", "headers": {"retrievers": "tavily"}})
+            assert not [frame["output"] for frame in frames if frame.get("type") == "error"]
+            assert frames[-1]["type"] == "path"
 
 
 def test_oversized_ingest_file_is_skipped(tmp_path):

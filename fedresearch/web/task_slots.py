@@ -8,12 +8,13 @@ runs: a worker killed with SIGKILL stops renewing, and its tasks stop counting w
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from fedresearch.core.shared import Leases, SharedRedis
 
-Release = Callable[[], None]
+# gives a place back; what it returns, when not None, is done once every process can see it free
+Release = Callable[[], Awaitable[None] | None]
 
 
 class TaskSlots(Protocol):
@@ -62,9 +63,9 @@ class RedisTaskSlots:
                 return held
             counted = self.local.count(key)
 
-            def release() -> None:
+            def release() -> Awaitable[None]:
                 counted()
-                self.leases.release(name, token)
+                return self.leases.release(name, token)
 
             return release
 
