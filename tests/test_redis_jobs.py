@@ -66,6 +66,28 @@ async def test_a_follower_that_joins_late_gets_every_frame_once_in_order(store, 
     assert len(await elsewhere.frames(_id(1))) == 55  # the end marker is no frame
 
 
+async def test_finishing_writes_the_last_frames_state_and_end_in_one_round_trip(store, elsewhere) -> None:
+    """The frames still gathering go with the final state and the end, at once, not after the
+    write-behind's wait and then a round trip of their own."""
+    await store.create(Job(_id(2), "alice", "q", status=JobStatus.running))
+    await store.redis.config_resetstat()
+    for n in range(3):
+        await store.append(_id(2), {"n": n})
+    await store.finish(_id(2), JobStatus.completed)
+    assert (await store.redis.info("commandstats"))["cmdstat_evalsha"]["calls"] == 1
+    assert [frame["n"] async for frame in follow(elsewhere, _id(2))] == [0, 1, 2]
+    job = await elsewhere.get(_id(2))
+    assert job is not None and job.status is JobStatus.completed
+
+
+async def test_frames_of_a_job_deleted_elsewhere_do_not_bring_it_back(store, elsewhere) -> None:
+    await store.create(Job(_id(3), "alice", "q", status=JobStatus.running))
+    assert await elsewhere.delete(_id(3))
+    await store.append(_id(3), {"n": 0})
+    await store.finish(_id(3), JobStatus.completed)
+    assert await store.redis.exists(f"fedresearch:job:{_id(3)}:frames", f"fedresearch:job:{_id(3)}:ended") == 0
+
+
 async def _numbers(frames) -> list[int]:
     return [frame["n"] async for frame in frames]
 

@@ -38,15 +38,22 @@ redis.call('XADD', KEYS[1], '0-' .. next, 'f', ARGV[1])
 return next - 1
 """
 
-# a batch written behind: frames at the end of the stream, then the latest metadata (ARGV[1], or '')
+# a batch written behind: frames at the end of the stream (ARGV[3]...), then the latest metadata
+# (ARGV[1], or ''), then, when ARGV[2] names the job's final status, the end of its stream; -1: the
+# job is finished already, -2: it was deleted meanwhile (nothing is written: no stream without its job)
 _WRITE_BEHIND = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+if redis.call('EXISTS', KEYS[3]) == 0 then return -2 end
 local n = redis.call('XLEN', KEYS[1])
-for i = 2, #ARGV do
+for i = 3, #ARGV do
     n = n + 1
     redis.call('XADD', KEYS[1], '0-' .. n, 'f', ARGV[i])
 end
 if ARGV[1] ~= '' then redis.call('SET', KEYS[3], ARGV[1], 'XX') end
+if ARGV[2] ~= '' then
+    redis.call('SET', KEYS[2], ARGV[2])
+    redis.call('XADD', KEYS[1], '0-' .. (n + 1), 'end', ARGV[2])
+end
 return n
 """
 
@@ -69,7 +76,8 @@ return 1
 """
 
 # frames a running job sends within this long go to Redis together: one script call for several
-# frames (other workers' followers see them this much later; this worker's own follow its memory)
+# frames (other workers' followers see them this much later; this worker's own follow its memory);
+# finishing the job ends the wait, and its last batch carries the final state and the stream's end
 _GATHER_S = 0.05
 
 
@@ -108,7 +116,9 @@ class RedisJobStore:
         # per batch (one round trip, not one per frame); finishing or deleting a job waits for it
         self._frames_due: dict[str, list[str]] = {}
         self._meta_due: dict[str, Job] = {}
+        self._ending_due: set[str] = set()  # finished: the next batch ends the job's stream
         self._writing: dict[str, asyncio.Task[None]] = {}
+        self._gathering: dict[str, asyncio.Future[None]] = {}  # a writer's wait, cut short by finish
         self._append: Any = self.redis.register_script(_APPEND)
         self._save_script: Any = self.redis.register_script(_SAVE)
         self._create_script: Any = self.redis.register_script(_CREATE)
@@ -166,25 +176,32 @@ class RedisJobStore:
 
     def _write_behind(self, research_id: str) -> None:
         if research_id not in self._only_here and research_id not in self._writing:
-            self._writing[research_id] = asyncio.get_running_loop().create_task(self._write_due(research_id))
+            loop = asyncio.get_running_loop()
+            gathering = self._gathering[research_id] = loop.create_future()
+            timer = loop.call_later(_GATHER_S, _resolve, gathering)
+            self._writing[research_id] = loop.create_task(self._write_due(research_id, gathering, timer))
 
-    async def _write_due(self, research_id: str) -> None:
+    async def _write_due(self, research_id: str, gathering: asyncio.Future[None], timer: asyncio.TimerHandle) -> None:
         try:
-            await asyncio.sleep(_GATHER_S)
+            await gathering
             while research_id in self._frames_due or research_id in self._meta_due:
                 frames, job = self._frames_due.pop(research_id, []), self._meta_due.pop(research_id, None)
+                ending = research_id in self._ending_due  # no frame can follow: this batch is the last
                 await self._mirror(
-                    research_id, "adding frames", functools.partial(self._write, research_id, frames, job)
+                    research_id, "adding frames", functools.partial(self._write, research_id, frames, job, ending)
                 )
         finally:
-            del self._writing[research_id]
+            timer.cancel()
+            del self._writing[research_id], self._gathering[research_id]
+            self._ending_due.discard(research_id)
 
-    async def _write(self, research_id: str, frames: builtins.list[str], job: Job | None) -> None:
+    async def _write(self, research_id: str, frames: builtins.list[str], job: Job | None, ending: bool) -> None:
         """One batch in one round trip (a script, not a pipeline: redis-py checks a pipeline's scripts
         with an extra SCRIPT EXISTS each time)."""
         meta = "" if job is None else _dumps(job.to_json())
+        status = job.status.value if ending and job is not None else ""
         keys = [_frames(research_id), _ended(research_id), _meta(research_id)]
-        await self._write_behind_script(keys=keys, args=[meta, *frames])
+        await self._write_behind_script(keys=keys, args=[meta, status, *frames])
 
     async def _written(self, research_id: str) -> None:
         """Wait until every frame and save of a job run here has reached Redis (or Redis failed)."""
@@ -228,11 +245,15 @@ class RedisJobStore:
     ) -> Job | None:
         if research_id in self.here:
             job = await self.here.finish(research_id, status, error, files)
+            if job is not None and research_id not in self._only_here:
+                # the frames still gathering, the final state and the stream's end: one round trip, now
+                self._meta_due[research_id] = job
+                self._ending_due.add(research_id)
+                self._write_behind(research_id)
+                _resolve(self._gathering[research_id])  # no more frames to wait for
             await self._written(research_id)
-            if job is not None:
-                await self._mirror(research_id, "finishing a job", lambda: self._save(job))
-                if research_id not in self._only_here:
-                    asyncio.get_running_loop().call_later(self.keep_finished_s, self._forget, research_id)
+            if job is not None and research_id not in self._only_here:
+                asyncio.get_running_loop().call_later(self.keep_finished_s, self._forget, research_id)
             return job
         found = await self.get(research_id)
         if found is None:
@@ -311,6 +332,11 @@ class RedisJobStore:
             pipe.zrem(_EVERY_JOB, *(job.research_id for job in found))
             await pipe.execute()
         return [job.research_id for job in found]
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _dumps(value: object) -> str:
