@@ -158,10 +158,9 @@ class Leases:
             self._renewing = asyncio.create_task(self._renew_while_held())
         return token, int(held)
 
-    def release(self, name: str, token: str) -> asyncio.Task[None]:
+    def release(self, name: str, token: str) -> None:
         """Give the lease back now (it is no longer renewed) and in Redis soon: safe in a done callback
-        or a cancelled task; should Redis not answer, the lease lapses by itself. The task returned is
-        done when Redis has it back (or failed to answer)."""
+        or a cancelled task; should Redis not answer, the lease lapses by itself."""
         tokens = self._held.get(name, set())
         tokens.discard(token)
         if not tokens:
@@ -169,7 +168,6 @@ class Leases:
         task = asyncio.get_running_loop().create_task(self._remove(name, token))
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
-        return task
 
     async def _remove(self, name: str, token: str) -> None:
         from redis.exceptions import RedisError

@@ -8,13 +8,12 @@ runs: a worker killed with SIGKILL stops renewing, and its tasks stop counting w
 from __future__ import annotations
 
 import collections
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 from fedresearch.core.shared import Leases, SharedRedis
 
-# gives a place back; what it returns, when not None, is done once every process can see it free
-Release = Callable[[], Awaitable[None] | None]
+Release = Callable[[], None]
 
 
 class TaskSlots(Protocol):
@@ -63,9 +62,9 @@ class RedisTaskSlots:
                 return held
             counted = self.local.count(key)
 
-            def release() -> Awaitable[None]:
+            def release() -> None:
                 counted()
-                return self.leases.release(name, token)
+                self.leases.release(name, token)
 
             return release
 
