@@ -47,6 +47,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from fedresearch.library.ingest import ingest, walk
     from fedresearch.library.locking import IndexBusy
     from fedresearch.library.open import open_library
+    from fedresearch.library.store import LibraryUnavailable
 
     settings = Settings()
     library = open_library(settings)
@@ -70,7 +71,7 @@ def _ingest(args: argparse.Namespace) -> int:
                 on_progress=embedded,
                 max_bytes=int(settings.ingest_max_file_mb * 1e6),
             )
-    except IndexBusy as busy:
+    except (IndexBusy, LibraryUnavailable) as busy:
         print(f"ingest stopped after {bar.n} of {total} files: {busy}", file=sys.stderr)
         return 75  # EX_TEMPFAIL: try again later
     print(

@@ -1,16 +1,34 @@
-"""What only the PostgreSQL store has: its schema's versioning, and the HNSW path for large users."""
+"""What only the PostgreSQL store has: its schema's versioning, the HNSW path for large users, and
+a database server that restarts or goes away."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import aiohttp
 import psycopg
 import pytest
+import websockets
 
 from fedresearch.core.settings import Settings
 from fedresearch.library.embedded import Library
 from fedresearch.library.ingest import ingest
-from fedresearch.library.postgres import LibraryDatabaseError, PostgresStore, StoredDocument, StoredPassage
+from fedresearch.library.postgres import (
+    POOL_WAIT_S,
+    LibraryDatabaseError,
+    PostgresStore,
+    StoredDocument,
+    StoredPassage,
+)
 from fedresearch.library.search import SearchFilters
-from tests.conftest import EXAMPLES
+from fedresearch.library.store import LibraryUnavailable
+from tests.conftest import EXAMPLES, make_settings, run_task
+from tests.tcp_proxy import TcpProxy
+from tests.test_faults import outcome
 
 
 def test_the_schema_is_made_once_and_a_newer_one_is_refused(postgres_url):
@@ -128,3 +146,85 @@ def test_bm25_beside_the_vector_search_ranks_as_one_after_the_other(postgres_url
     ]
     assert all(beside)
     library.close()
+
+
+@pytest.fixture
+def proxied_url(postgres_url: str) -> Iterator[tuple[str, TcpProxy]]:
+    """The test's database reached over TCP through a proxy the test can take away and give back."""
+    folder = parse_qs(urlsplit(postgres_url).query)["host"][0]
+    unix_path = next(str(path) for path in Path(folder).glob(".s.PGSQL.*") if path.suffix != ".lock")
+    proxy = TcpProxy(unix_path)
+    proxy.up()
+    yield postgres_url.replace(f"host={folder}", f"host=127.0.0.1&port={proxy.port}"), proxy
+    proxy.down()
+
+
+def test_a_restarted_server_costs_no_call_an_error(postgres_url):
+    library = Library(postgres_url)
+    ingest(library, "alice", [EXAMPLES])
+    assert library.search("alice", "reciprocal rank fusion", None, 3)
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        # what a restart or a failover does to every connection the pool holds
+        db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+    for _ in range(3):  # each pooled connection is replaced when taken, before a call uses it
+        assert library.search("alice", "reciprocal rank fusion", None, 3)
+    library.close()
+
+
+def test_while_the_server_is_away_calls_fail_at_once_saying_why_and_work_again_when_it_is_back(proxied_url):
+    url, proxy = proxied_url
+    library = Library(url)
+    ingest(library, "alice", [EXAMPLES])
+    assert library.search("alice", "reciprocal rank fusion", None, 3)
+    proxy.down()
+    with pytest.raises(LibraryUnavailable, match=r"PostgreSQL server is unreachable: .*refused"):
+        library.search("alice", "reciprocal rank fusion", None, 3)  # waits at most POOL_WAIT_S
+    started = time.monotonic()
+    for _ in range(20):
+        with pytest.raises(LibraryUnavailable, match="unreachable"):
+            library.search("alice", "reciprocal rank fusion", None, 3)
+    with pytest.raises(LibraryUnavailable, match="unreachable"):
+        library.list_documents("alice")
+    # each of them waited 30 s for the pool before; now none waits (a wide margin: all within one wait)
+    assert time.monotonic() - started < POOL_WAIT_S
+    proxy.up()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            found = library.search("alice", "reciprocal rank fusion", None, 3)
+            break
+        except LibraryUnavailable:
+            assert time.monotonic() < deadline, "the library did not come back within 10 s of its server"
+            time.sleep(0.2)
+    assert found and library.list_documents("alice")
+    library.close()
+
+
+async def test_a_task_and_the_literature_api_say_the_library_is_unreachable(tmp_path, fakes, start_server, proxied_url):
+    url, proxy = proxied_url
+    library = await asyncio.to_thread(Library, url)
+    await asyncio.to_thread(ingest, library, "alice", [EXAMPLES])
+    await asyncio.to_thread(library.close)
+    server = await start_server(make_settings(tmp_path, fakes, library_url=url, retry_attempts=0))
+    proxy.down()
+    task = {"task": "rank fusion", "headers": {"retrievers": "internal_biblio,tavily", "user_id": "alice"}}
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, task)
+    step, metadata = outcome(frames, "internal_biblio")
+    assert step == "retriever_failed" and "PostgreSQL server is unreachable" in metadata["error"]
+    assert outcome(frames, "tavily")[0] == "retriever_done"
+    body = {"type": "biblio", "user_id": "alice", "query": "rank fusion"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{server.url}/internal/biblios/vector_search/", json=body) as response:
+            assert response.status == 503 and response.headers["Retry-After"] == "5"
+            assert "PostgreSQL server is unreachable" in (await response.json())["error"]
+        async with session.get(f"{server.url}/api/documents", params={"user_id": "alice"}) as response:
+            assert response.status == 503
+        upload = aiohttp.FormData()
+        upload.add_field("file", b"# Rank fusion\n\nIt sums 1/(60+rank) per list.\n", filename="fusion.md")
+        async with session.post(f"{server.url}/api/documents", params={"user_id": "alice"}, data=upload) as response:
+            # the file is fine: not "skipped, could not be read" as if it were not
+            assert response.status == 503 and "unreachable" in (await response.json())["error"]

@@ -40,6 +40,7 @@ from fedresearch.federation.contract import (
 from fedresearch.federation.pages import PageReader
 from fedresearch.federation.resilience import Guard, Guarded, failure_reason
 from fedresearch.library.embedded import Library
+from fedresearch.library.store import LibraryUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +114,17 @@ async def send(adapter: Adapter, request: Request, deps: Deps, pacing: _Pacing |
         return answer
     if deps.library is None:
         raise RetrieverFailed("the embedded library is not open on this server")
-    passages = await asyncio.to_thread(
-        deps.library.search, request.user_id, request.query, request.kind, request.top_k, documents=request.documents
-    )
+    try:
+        passages = await asyncio.to_thread(
+            deps.library.search,
+            request.user_id,
+            request.query,
+            request.kind,
+            request.top_k,
+            documents=request.documents,
+        )
+    except LibraryUnavailable as error:
+        raise RetrieverFailed(str(error)) from None
     return LibraryAnswer(request, passages)
 
 

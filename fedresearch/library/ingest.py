@@ -15,6 +15,7 @@ from pathlib import Path
 from fedresearch.library.embedded import Library
 from fedresearch.library.formats import READERS, UnsupportedFile, read_file
 from fedresearch.library.locking import IndexBusy
+from fedresearch.library.store import LibraryUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,8 @@ def ingest(
             outcome = library.add_documents(user_id, read_file(path, kind), on_progress)
         except UnsupportedFile as error:
             report.skipped.append(str(error))
-        except IndexBusy:
-            raise  # the library's state, not this file's: every next file would wait as long
+        except (IndexBusy, LibraryUnavailable):
+            raise  # the library's state, not this file's: every next file would wait as long, or fail alike
         except Exception as error:  # a reader's bug on a hostile file must not end the run
             log.exception("ingest of %s failed", shown(path))
             report.skipped.append(f"{shown(path)}: could not be read ({type(error).__name__}: {error})"[:500])

@@ -12,21 +12,23 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from fedresearch.core.text import cjk_bigrams, tokens
 from fedresearch.library.records import DocumentInfo, Prepared
 from fedresearch.library.search import Row, SearchFilters, indexed_texts
-from fedresearch.library.store import Ranking
+from fedresearch.library.store import LibraryUnavailable, Ranking
 
 DIMS = 384  # the vector column's width: the library's encoder (all-MiniLM-L6-v2)
 SCHEMA_VERSION = 2  # 2: library_terms (document frequencies kept at ingest)
@@ -40,6 +42,15 @@ HNSW_FROM = 20_000
 HNSW_EF_SEARCH = EF_SEARCH_MAX = 1000
 CANDIDATES = 3_000  # BM25 scores the passages of the query's rarest terms, about this many
 POOL_SIZE = 8
+# Every call holds a thread of asyncio's default pool while it waits for a connection: a wait is
+# bounded, and while the server is unreachable a call fails at once (Reachability).
+POOL_WAIT_S = 5.0
+# psycopg_pool retries a failed connection with a delay that doubles up to this long, then stops
+# until a call needs one: with its default (300 s) the library stayed down for up to a minute
+# after a two-minute outage had ended.
+RECONNECT_S = 2.0
+PROBE_EVERY_S = 1.0  # while unreachable, how often one call tries a connection of its own
+CONNECT_TIMEOUT_S = 3
 _SCHEMA_LOCK = 7_215_420_091  # pg_advisory_lock key: one process creates or upgrades the schema
 
 DDL = """
@@ -196,6 +207,82 @@ def _require_extensions(db: psycopg.Connection[Any]) -> None:
             ) from error
 
 
+class Reachability:
+    """Whether the server took the last connection tried, and if not, why.
+
+    While it did not, a call fails at once with LibraryUnavailable and the reason instead of
+    waiting POOL_WAIT_S in the pool's queue: every call holds a thread of asyncio's default pool,
+    which also resolves host names and plans tasks, so an outage would stall every task, not only
+    the library's part. Once every PROBE_EVERY_S one call tries a connection of its own; when the
+    server takes it, calls go to the pool again (and the pool, having stopped retrying after
+    RECONNECT_S, connects at once)."""
+
+    def __init__(self, conninfo: str) -> None:
+        self._conninfo = conninfo
+        self._lock = threading.Lock()
+        self._reason: str | None = None
+        self._probe_at = 0.0
+
+    @property
+    def reason(self) -> str | None:
+        return self._reason
+
+    def failed(self, error: Exception) -> None:
+        with self._lock:
+            if self._reason is None:
+                self._probe_at = time.monotonic() + PROBE_EVERY_S
+            self._reason = _first_line(error)
+
+    def reached(self) -> None:
+        self._reason = None
+
+    def check(self) -> None:
+        """Return when calls may go to the pool; raise LibraryUnavailable while the server is away."""
+        if self._reason is None:
+            return
+        with self._lock:
+            reason, now = self.reason, time.monotonic()  # it may have come back meanwhile
+            if reason is None:
+                return
+            if now < self._probe_at:
+                raise LibraryUnavailable(_unreachable(reason))
+            self._probe_at = now + PROBE_EVERY_S
+        self.probe()
+
+    def probe(self) -> None:
+        """Try a connection outside the pool: reached, or failed and LibraryUnavailable raised."""
+        try:
+            psycopg.connect(self._conninfo, connect_timeout=CONNECT_TIMEOUT_S).close()
+        except psycopg.OperationalError as error:
+            self.failed(error)
+            raise LibraryUnavailable(_unreachable(_first_line(error))) from None
+        self.reached()
+
+
+class _ReportingConnection(psycopg.Connection[Any]):
+    """The pool's connections: each attempt the pool makes, in its own threads, tells the store's
+    Reachability whether the server took it, so calls stop waiting on an outage within one attempt."""
+
+    @classmethod
+    def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+        reachability: Reachability = kwargs.pop("reachability")
+        try:
+            connection = super().connect(conninfo, **kwargs)
+        except psycopg.OperationalError as error:
+            reachability.failed(error)
+            raise
+        reachability.reached()
+        return connection
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().split("\n", 1)[0] or type(error).__name__
+
+
+def _unreachable(reason: str) -> str:
+    return f"the library's PostgreSQL server is unreachable: {reason}"
+
+
 class PostgresStore:
     """A pool of synchronous connections: the facade is called from worker threads (asyncio.to_thread)."""
 
@@ -209,8 +296,21 @@ class PostgresStore:
         self.hnsw_from = hnsw_from
         self.ef_search = HNSW_EF_SEARCH
         create_schema(url)
-        self._pool = ConnectionPool(
-            url, min_size=1, max_size=pool_size, open=False, configure=register_vector, kwargs={"row_factory": dict_row}
+        self.reachability = Reachability(url)
+        self._pool: ConnectionPool[Any] = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            name="fedresearch-library",  # as psycopg's log lines name it
+            connection_class=_ReportingConnection,
+            kwargs={"row_factory": dict_row, "reachability": self.reachability},
+            configure=register_vector,
+            # a connection the server ended while it sat in the pool (a restart, a failover) is
+            # replaced when taken, not handed to a call that would fail on it
+            check=ConnectionPool.check_connection,
+            timeout=POOL_WAIT_S,
+            reconnect_timeout=RECONNECT_S,
         )
         self._pool.open(wait=True, timeout=30)
 
@@ -219,9 +319,27 @@ class PostgresStore:
 
     @contextmanager
     def _db(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-        """One transaction: committed when the block ends, rolled back when it raises."""
-        with self._pool.connection() as db:
-            yield db
+        """One transaction: committed when the block ends, rolled back when it raises.
+
+        Raises LibraryUnavailable when the server cannot be reached, or its connection was lost."""
+        self.reachability.check()
+        try:
+            with self._pool.connection() as db:
+                yield db
+        except PoolTimeout:
+            if (reason := self.reachability.reason) is not None:
+                raise LibraryUnavailable(_unreachable(reason)) from None
+            raise LibraryUnavailable(
+                f"no connection to the library's PostgreSQL server came free within {POOL_WAIT_S:g} s"
+                f" ({self._pool.max_size} in use)"
+            ) from None
+        except psycopg.OperationalError as error:
+            if not db.broken:
+                raise  # the server's answer to this query (a statement timeout...), not an outage
+            # one connection ended mid-call: the server is away, or it restarted and is back
+            self.reachability.probe()
+            lost = _first_line(error)
+            raise LibraryUnavailable(f"the library's PostgreSQL server ended the connection: {lost}") from None
 
     # -- writing ------------------------------------------------------------------------------
 

@@ -14,6 +14,11 @@ from fedresearch.library.search import Row, SearchFilters
 Ranking = list[tuple[int, float]]  # (chunk id, score), best first
 
 
+class LibraryUnavailable(RuntimeError):
+    """The library's database server cannot be reached now; the message says why (safe to show:
+    no password). Transient: the same call may succeed a second later."""
+
+
 class Store(Protocol):
     # True where searches run in another process (a database server), so the facade runs the BM25
     # search beside the query's encoding and the vector search: a hybrid search then takes the

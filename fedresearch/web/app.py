@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractResolver
+from aiohttp.typedefs import Handler
 
 from fedresearch.core import collector
 from fedresearch.core.auth import ApiKeys, check_bind
@@ -27,6 +28,7 @@ from fedresearch.federation.registry import AdapterFactory, build_registry
 from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_bases
 from fedresearch.library.open import open_library
+from fedresearch.library.store import LibraryUnavailable
 from fedresearch.report.jobs import JobStore, LocalJobStore, RetentionPace, enforce_retention
 from fedresearch.report.redis_jobs import RedisJobStore
 from fedresearch.retrievers import ADAPTERS
@@ -45,6 +47,7 @@ from fedresearch.web import (
 )
 from fedresearch.web import workers as workers_pool
 from fedresearch.web.access_log import RedactingAccessLogger
+from fedresearch.web.auth import json_error
 from fedresearch.web.keys import (
     ADAPTER_FACTORIES,
     BACKGROUND,
@@ -67,6 +70,16 @@ from fedresearch.web.keys import (
 from fedresearch.web.state import open_state
 
 log = logging.getLogger("fedresearch")
+
+
+@web.middleware
+async def _library_unavailable(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Any endpoint that reads or writes the library: its database server away is a 503 that says
+    why, not a 500 with a traceback in the log."""
+    try:
+        return await handler(request)
+    except LibraryUnavailable as error:
+        raise json_error(web.HTTPServiceUnavailable, str(error), **{"Retry-After": "5"}) from None
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
@@ -138,7 +151,7 @@ def create_app(
     `resolver` resolves the hosts of pages to read (tests inject one; the SSRF check wraps it),
     `job_store` keeps the jobs (default: this process, saved under the data dir)."""
     settings = settings or Settings()
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=1 << 20, middlewares=[_library_unavailable])
     if job_store is not None:
         app[JOBS] = job_store
     if resolver is not None:

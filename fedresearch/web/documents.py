@@ -25,6 +25,7 @@ from fedresearch.library.embedded import Library
 from fedresearch.library.formats import READERS, UnsupportedFile, read_file
 from fedresearch.library.locking import IndexBusy
 from fedresearch.library.records import DocumentInfo
+from fedresearch.library.store import LibraryUnavailable
 from fedresearch.web.auth import json_error, principal_of
 from fedresearch.web.keys import DEPS, SETTINGS
 
@@ -141,7 +142,7 @@ def ingest_uploads(library: Library, user_id: str, saved: list[tuple[str, Path]]
         except UnsupportedFile as error:
             results.append(_skipped(name, str(error).replace(str(path), name)))
             continue
-        except IndexBusy:
+        except (IndexBusy, LibraryUnavailable):
             raise  # the library's state, not this file's
         except Exception as error:  # a reader's bug on a hostile file must not end the upload
             log.exception("ingest of upload %s failed", name)
