@@ -115,6 +115,22 @@ async def test_repeated_errors_suspend_briefly(tmp_path, fakes, start_server):
     assert len(fakes["tavily"].requests) == 2
 
 
+async def test_an_upstream_that_never_answers_is_suspended_too(tmp_path, fakes, start_server):
+    fakes["tavily"].behaviour.mode = "drip"  # bytes too slow to ever finish within the deadline
+    server = await start_server(
+        make_settings(tmp_path, fakes, **{**LIMITS, "retry_attempts": 0}, breaker_error_threshold=2)
+    )
+    for question in ("a", "b"):
+        step, metadata = outcome(await ask(server, question), "tavily")
+        assert step == "retriever_failed" and "no answer within 1.5 s" in metadata["error"]
+    step, metadata = outcome(await ask(server, "c"), "tavily")
+    assert (
+        step == "retriever_skipped"
+        and "no answer within 1.5 s (RETRIEVER_TIMEOUT_S) (suspended 30 s)" in metadata["error"]
+    )
+    assert len(fakes["tavily"].requests) == 2
+
+
 async def test_a_bad_per_request_key_does_not_suspend_the_upstream_for_others(tmp_path, fakes, start_server):
     server = await start_server(make_settings(tmp_path, fakes, **LIMITS))
     async with websockets.connect(server.ws_url) as ws:

@@ -220,6 +220,19 @@ class Guard:
             await self.cache.put(cache_key, hits)
         return Guarded(hits, cached=False, attempts=attempts)
 
+    async def overran(
+        self,
+        name: str,
+        credentials: tuple[str, ...],
+        options: SearchOptions,
+        failure: RetrieverFailed,
+        on_suspended: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        """A call that outlasted the upstream's deadline (cancelled, so `call` could not count it):
+        a failure for the breaker like any other."""
+        if (reason := await self.breaker.failed(circuit_of(name, credentials, options), failure)) is not None:
+            on_suspended(reason)
+
     async def _attempts(
         self,
         search: Callable[[], Awaitable[Hits]],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -205,6 +206,7 @@ async def search_one(
     first = adapter.build_request(options, deps.settings)
     deadline = deadline_of(first, deps.settings, cap)
     pacing = _Pacing()
+    on_suspended = functools.partial(_count_suspension, deps.metrics, adapter.name)
     try:
         async with asyncio.timeout(deadline[0]):
             if deps.guard is None:
@@ -216,11 +218,18 @@ async def search_one(
                 options=options,
                 deadline_s=deadline[0],
                 search=lambda: exchange(adapter, first, options, deps, pacing),
-                on_suspended=lambda reason: _count_suspension(deps.metrics, adapter.name, reason),
+                on_suspended=on_suspended,
                 others_done=others_done,
             )
     except TimeoutError:
-        raise DeadlineExceeded(deadline, pacing.waiting_for) from None
+        failure = DeadlineExceeded(deadline, pacing.waiting_for)
+        # An upstream that never answers is as down as one that errs: without this, one that hangs
+        # held every task for its whole deadline and was never suspended. Not when the time ran out
+        # in our own rate limiter's queue, or the task's remaining time cut the deadline short.
+        remote = isinstance(first, HttpRequest)
+        if deps.guard is not None and remote and deadline is not cap and pacing.waiting_for is None:
+            await deps.guard.overran(adapter.name, adapter.about.credentials, options, failure, on_suspended)
+        raise failure from None
 
 
 def _count_suspension(metrics: Metrics | None, name: str, reason: str) -> None:
