@@ -240,8 +240,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fedresearch.library.store import LibraryDatabaseError, LibraryUnavailable
+
     args = parser().parse_args(argv)
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except (LibraryDatabaseError, LibraryUnavailable) as error:  # for the operator to fix: no traceback
+        print(f"fedresearch: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

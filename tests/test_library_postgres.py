@@ -14,18 +14,13 @@ import psycopg
 import pytest
 import websockets
 
+from fedresearch.cli import main
 from fedresearch.core.settings import Settings
 from fedresearch.library.embedded import Library
 from fedresearch.library.ingest import ingest
-from fedresearch.library.postgres import (
-    POOL_WAIT_S,
-    LibraryDatabaseError,
-    PostgresStore,
-    StoredDocument,
-    StoredPassage,
-)
+from fedresearch.library.postgres import POOL_WAIT_S, PostgresStore, StoredDocument, StoredPassage
 from fedresearch.library.search import SearchFilters
-from fedresearch.library.store import LibraryUnavailable
+from fedresearch.library.store import LibraryDatabaseError, LibraryUnavailable
 from tests.conftest import EXAMPLES, make_settings, run_task
 from tests.tcp_proxy import TcpProxy
 from tests.test_faults import outcome
@@ -228,3 +223,12 @@ async def test_a_task_and_the_literature_api_say_the_library_is_unreachable(tmp_
         async with session.post(f"{server.url}/api/documents", params={"user_id": "alice"}, data=upload) as response:
             # the file is fine: not "skipped, could not be read" as if it were not
             assert response.status == 503 and "unreachable" in (await response.json())["error"]
+
+
+@pytest.mark.parametrize("command", [["library", "list", "--user", "alice"], ["serve", "--port", "0"]])
+def test_a_command_whose_database_is_away_says_so_in_one_line(tmp_path, monkeypatch, capsys, command):
+    monkeypatch.setenv("FEDRESEARCH_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("FEDRESEARCH_LIBRARY_URL", "postgresql://alice@127.0.0.1:9/library")  # a closed port
+    assert main(command) == 1
+    error = capsys.readouterr().err
+    assert "fedresearch: the library's PostgreSQL server is unreachable: " in error and "Traceback" not in error

@@ -17,8 +17,9 @@ from sqlite3 import Row
 import psycopg
 
 from fedresearch.core.settings import Settings
-from fedresearch.library.postgres import DIMS, LibraryDatabaseError, PostgresStore, StoredDocument, StoredPassage
+from fedresearch.library.postgres import DIMS, PostgresStore, StoredDocument, StoredPassage
 from fedresearch.library.records import Records
+from fedresearch.library.store import LibraryDatabaseError
 
 BATCH = 50  # documents per transaction
 

@@ -28,7 +28,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from fedresearch.core.text import cjk_bigrams, tokens
 from fedresearch.library.records import DocumentInfo, Prepared
 from fedresearch.library.search import Row, SearchFilters, indexed_texts
-from fedresearch.library.store import LibraryUnavailable, Ranking
+from fedresearch.library.store import LibraryDatabaseError, LibraryUnavailable, Ranking
 
 DIMS = 384  # the vector column's width: the library's encoder (all-MiniLM-L6-v2)
 SCHEMA_VERSION = 2  # 2: library_terms (document frequencies kept at ingest)
@@ -130,10 +130,6 @@ PASSAGE_COLUMNS = (
 )
 
 
-class LibraryDatabaseError(RuntimeError):
-    """PostgreSQL cannot hold the library as configured (no pgvector, another vector width...)."""
-
-
 @dataclass(frozen=True)
 class StoredPassage:
     heading: str
@@ -174,7 +170,11 @@ class StoredDocument:
 
 def create_schema(url: str) -> None:
     """The tables and indexes, once: idempotent, and safe when several processes open at once."""
-    with psycopg.connect(url, autocommit=True) as db:
+    try:
+        connection = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+    except psycopg.OperationalError as error:
+        raise LibraryUnavailable(_unreachable(_first_line(error))) from None
+    with connection as db:
         db.execute("SELECT pg_advisory_lock(%s)", (_SCHEMA_LOCK,))
         try:
             _require_extensions(db)

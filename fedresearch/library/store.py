@@ -14,6 +14,10 @@ from fedresearch.library.search import Row, SearchFilters
 Ranking = list[tuple[int, float]]  # (chunk id, score), best first
 
 
+class LibraryDatabaseError(RuntimeError):
+    """PostgreSQL cannot hold the library as configured (no pgvector, another vector width...)."""
+
+
 class LibraryUnavailable(RuntimeError):
     """The library's database server cannot be reached now; the message says why (safe to show:
     no password). Transient: the same call may succeed a second later."""
