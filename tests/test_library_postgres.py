@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -143,6 +145,12 @@ def test_bm25_beside_the_vector_search_ranks_as_one_after_the_other(postgres_url
     library.close()
 
 
+def _schema_of(url: str) -> str:
+    """The schema of the test's own (postgres_url puts it first in the search path)."""
+    options = parse_qs(urlsplit(url).query)["options"][0]
+    return options.split("search_path=", 1)[1].split(",", 1)[0]
+
+
 @pytest.fixture
 def proxied_url(postgres_url: str) -> Iterator[tuple[str, TcpProxy]]:
     """The test's database reached over TCP through a proxy the test can take away and give back."""
@@ -157,16 +165,33 @@ def proxied_url(postgres_url: str) -> Iterator[tuple[str, TcpProxy]]:
 def test_a_restarted_server_costs_no_call_an_error(postgres_url):
     library = Library(postgres_url)
     ingest(library, "alice", [EXAMPLES])
-    assert library.search("alice", "reciprocal rank fusion", None, 3)
+    with ThreadPoolExecutor(16) as threads:  # the pool grows to its 8 connections
+        assert all(threads.map(lambda _: library.search("alice", "reciprocal rank fusion", None, 3), range(200)))
     with psycopg.connect(postgres_url, autocommit=True) as db:
         # what a restart or a failover does to every connection the pool holds
         db.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
         )
-    for _ in range(3):  # each pooled connection is replaced when taken, before a call uses it
+    for _ in range(3):  # the dead connections are found and replaced before a call uses one
         assert library.search("alice", "reciprocal rank fusion", None, 3)
     library.close()
+
+
+def test_a_server_that_refuses_more_connections_still_serves_through_those_it_gave(postgres_url):
+    library = Library(postgres_url)
+    ingest(library, "alice", [EXAMPLES])
+    library.close()
+    role, schema = f"limited_{uuid.uuid4().hex[:8]}", _schema_of(postgres_url)
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        db.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 2")
+        for grant in ("SCHEMA", "ALL TABLES IN SCHEMA", "ALL SEQUENCES IN SCHEMA"):
+            db.execute(f"GRANT ALL ON {grant} {schema} TO {role}")
+    limited = Library(postgres_url.replace("postgres:@", f"{role}:@", 1))
+    with ThreadPoolExecutor(8) as threads:  # 8 at once on 2 connections: the others wait their turn
+        found = list(threads.map(lambda _: limited.search("alice", "reciprocal rank fusion", None, 3), range(100)))
+    assert all(found)
+    limited.close()
 
 
 def test_while_the_server_is_away_calls_fail_at_once_saying_why_and_work_again_when_it_is_back(proxied_url):
@@ -175,13 +200,13 @@ def test_while_the_server_is_away_calls_fail_at_once_saying_why_and_work_again_w
     ingest(library, "alice", [EXAMPLES])
     assert library.search("alice", "reciprocal rank fusion", None, 3)
     proxy.down()
-    with pytest.raises(LibraryUnavailable, match=r"PostgreSQL server is unreachable: .*refused"):
+    with pytest.raises(LibraryUnavailable, match=r"no connection to the library's PostgreSQL server: .*refused"):
         library.search("alice", "reciprocal rank fusion", None, 3)  # waits at most POOL_WAIT_S
     started = time.monotonic()
     for _ in range(20):
-        with pytest.raises(LibraryUnavailable, match="unreachable"):
+        with pytest.raises(LibraryUnavailable, match="no connection to the library"):
             library.search("alice", "reciprocal rank fusion", None, 3)
-    with pytest.raises(LibraryUnavailable, match="unreachable"):
+    with pytest.raises(LibraryUnavailable, match="no connection to the library"):
         library.list_documents("alice")
     # each of them waited 30 s for the pool before; now none waits (a wide margin: all within one wait)
     assert time.monotonic() - started < POOL_WAIT_S
@@ -209,20 +234,20 @@ async def test_a_task_and_the_literature_api_say_the_library_is_unreachable(tmp_
     async with websockets.connect(server.ws_url) as ws:
         frames = await run_task(ws, task)
     step, metadata = outcome(frames, "internal_biblio")
-    assert step == "retriever_failed" and "PostgreSQL server is unreachable" in metadata["error"]
+    assert step == "retriever_failed" and "no connection to the library's PostgreSQL server" in metadata["error"]
     assert outcome(frames, "tavily")[0] == "retriever_done"
     body = {"type": "biblio", "user_id": "alice", "query": "rank fusion"}
     async with aiohttp.ClientSession() as session:
         async with session.post(f"{server.url}/internal/biblios/vector_search/", json=body) as response:
             assert response.status == 503 and response.headers["Retry-After"] == "5"
-            assert "PostgreSQL server is unreachable" in (await response.json())["error"]
+            assert "no connection to the library's PostgreSQL server" in (await response.json())["error"]
         async with session.get(f"{server.url}/api/documents", params={"user_id": "alice"}) as response:
             assert response.status == 503
         upload = aiohttp.FormData()
         upload.add_field("file", b"# Rank fusion\n\nIt sums 1/(60+rank) per list.\n", filename="fusion.md")
         async with session.post(f"{server.url}/api/documents", params={"user_id": "alice"}, data=upload) as response:
             # the file is fine: not "skipped, could not be read" as if it were not
-            assert response.status == 503 and "unreachable" in (await response.json())["error"]
+            assert response.status == 503 and "no connection to the library" in (await response.json())["error"]
 
 
 @pytest.mark.parametrize("command", [["library", "list", "--user", "alice"], ["serve", "--port", "0"]])
@@ -231,4 +256,4 @@ def test_a_command_whose_database_is_away_says_so_in_one_line(tmp_path, monkeypa
     monkeypatch.setenv("FEDRESEARCH_LIBRARY_URL", "postgresql://alice@127.0.0.1:9/library")  # a closed port
     assert main(command) == 1
     error = capsys.readouterr().err
-    assert "fedresearch: the library's PostgreSQL server is unreachable: " in error and "Traceback" not in error
+    assert "fedresearch: no connection to the library's PostgreSQL server: " in error and "Traceback" not in error

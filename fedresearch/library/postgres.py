@@ -173,7 +173,7 @@ def create_schema(url: str) -> None:
     try:
         connection = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
     except psycopg.OperationalError as error:
-        raise LibraryUnavailable(_unreachable(_first_line(error))) from None
+        raise LibraryUnavailable(_no_connection(_first_line(error))) from None
     with connection as db:
         db.execute("SELECT pg_advisory_lock(%s)", (_SCHEMA_LOCK,))
         try:
@@ -208,19 +208,21 @@ def _require_extensions(db: psycopg.Connection[Any]) -> None:
 
 
 class Reachability:
-    """Whether the server took the last connection tried, and if not, why.
+    """Whether the server is away: a pooled connection found ended by it, and no new one made since.
 
-    While it did not, a call fails at once with LibraryUnavailable and the reason instead of
-    waiting POOL_WAIT_S in the pool's queue: every call holds a thread of asyncio's default pool,
-    which also resolves host names and plans tasks, so an outage would stall every task, not only
-    the library's part. Once every PROBE_EVERY_S one call tries a connection of its own; when the
+    While it is, a call fails at once with LibraryUnavailable and the reason instead of waiting
+    POOL_WAIT_S in the pool's queue: every call holds a thread of asyncio's default pool, which
+    also resolves host names and plans tasks, so an outage would stall every task, not only the
+    library's part. Once every PROBE_EVERY_S one call tries a connection of its own; when the
     server takes it, calls go to the pool again (and the pool, having stopped retrying after
-    RECONNECT_S, connects at once)."""
+    RECONNECT_S, connects at once). A connection refused while those the pool holds still answer
+    (max_connections reached) is not an outage: calls wait their turn as before."""
 
     def __init__(self, conninfo: str) -> None:
         self._conninfo = conninfo
         self._lock = threading.Lock()
-        self._reason: str | None = None
+        self._reason: str | None = None  # why the last connection attempt failed
+        self._lost = False  # a pooled connection was found ended since the server last answered
         self._probe_at = 0.0
 
     @property
@@ -229,23 +231,27 @@ class Reachability:
 
     def failed(self, error: Exception) -> None:
         with self._lock:
-            if self._reason is None:
-                self._probe_at = time.monotonic() + PROBE_EVERY_S
             self._reason = _first_line(error)
 
+    def lost(self) -> None:
+        with self._lock:
+            if not self._lost:
+                self._probe_at = time.monotonic() + PROBE_EVERY_S
+            self._lost = True
+
     def reached(self) -> None:
-        self._reason = None
+        self._reason, self._lost = None, False
 
     def check(self) -> None:
-        """Return when calls may go to the pool; raise LibraryUnavailable while the server is away."""
-        if self._reason is None:
+        """Return when a call may go to the pool; raise LibraryUnavailable while the server is away."""
+        if not self._lost or self._reason is None:
             return
         with self._lock:
             reason, now = self.reason, time.monotonic()  # it may have come back meanwhile
-            if reason is None:
+            if reason is None or not self._lost:
                 return
             if now < self._probe_at:
-                raise LibraryUnavailable(_unreachable(reason))
+                raise LibraryUnavailable(_no_connection(reason))
             self._probe_at = now + PROBE_EVERY_S
         self.probe()
 
@@ -255,7 +261,7 @@ class Reachability:
             psycopg.connect(self._conninfo, connect_timeout=CONNECT_TIMEOUT_S).close()
         except psycopg.OperationalError as error:
             self.failed(error)
-            raise LibraryUnavailable(_unreachable(_first_line(error))) from None
+            raise LibraryUnavailable(_no_connection(_first_line(error))) from None
         self.reached()
 
 
@@ -275,12 +281,20 @@ class _ReportingConnection(psycopg.Connection[Any]):
         return connection
 
 
+def _answers(db: psycopg.Connection[Any]) -> bool:
+    try:
+        ConnectionPool.check_connection(db)
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
 def _first_line(error: Exception) -> str:
     return str(error).strip().split("\n", 1)[0] or type(error).__name__
 
 
-def _unreachable(reason: str) -> str:
-    return f"the library's PostgreSQL server is unreachable: {reason}"
+def _no_connection(reason: str) -> str:
+    return f"no connection to the library's PostgreSQL server: {reason}"
 
 
 class PostgresStore:
@@ -306,9 +320,6 @@ class PostgresStore:
             connection_class=_ReportingConnection,
             kwargs={"row_factory": dict_row, "reachability": self.reachability},
             configure=register_vector,
-            # a connection the server ended while it sat in the pool (a restart, a failover) is
-            # replaced when taken, not handed to a call that would fail on it
-            check=ConnectionPool.check_connection,
             timeout=POOL_WAIT_S,
             reconnect_timeout=RECONNECT_S,
         )
@@ -324,22 +335,45 @@ class PostgresStore:
         Raises LibraryUnavailable when the server cannot be reached, or its connection was lost."""
         self.reachability.check()
         try:
-            with self._pool.connection() as db:
-                yield db
+            db = self._working_connection()
         except PoolTimeout:
             if (reason := self.reachability.reason) is not None:
-                raise LibraryUnavailable(_unreachable(reason)) from None
+                raise LibraryUnavailable(_no_connection(reason)) from None
             raise LibraryUnavailable(
                 f"no connection to the library's PostgreSQL server came free within {POOL_WAIT_S:g} s"
-                f" ({self._pool.max_size} in use)"
             ) from None
+        try:
+            with db:
+                yield db
         except psycopg.OperationalError as error:
             if not db.broken:
                 raise  # the server's answer to this query (a statement timeout...), not an outage
-            # one connection ended mid-call: the server is away, or it restarted and is back
+            # the connection ended mid-call: the server is away, or it restarted and is back
+            self.reachability.lost()
             self.reachability.probe()
             lost = _first_line(error)
             raise LibraryUnavailable(f"the library's PostgreSQL server ended the connection: {lost}") from None
+        finally:
+            self._pool.putconn(db)
+
+    def _working_connection(self) -> psycopg.Connection[dict[str, Any]]:
+        """A pooled connection that answers an empty query. The first found ended by the server
+        while it sat in the pool (a restart, a failover) has every idle one checked at once, and
+        the server tried: the pool's own `check` option tries them one by one, sleeping 1, 2, 4 s
+        between them, so after a restart two calls each waited 5 s and failed."""
+        db: psycopg.Connection[dict[str, Any]] = self._pool.getconn()
+        if _answers(db):
+            self.reachability.reached()
+            return db
+        self._pool.putconn(db)  # closed: the pool replaces it
+        self.reachability.lost()
+        self._pool.check()
+        self.reachability.probe()  # raises while the server is away
+        db = self._pool.getconn()
+        if _answers(db):
+            return db
+        self._pool.putconn(db)
+        raise LibraryUnavailable("the library's PostgreSQL server ended a new connection at once")
 
     # -- writing ------------------------------------------------------------------------------
 
