@@ -48,6 +48,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_topology() -> str:
+    """The logical CPUs and the physical cores under them: two logical CPUs of one core share its
+    units, so CPU per task rises once workers land on siblings (Linux; elsewhere the count only)."""
+    cores = set()
+    for topology in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology"):
+        try:
+            package = (topology / "physical_package_id").read_text().strip()
+            cores.add((package, (topology / "core_id").read_text().strip()))
+        except OSError:
+            continue
+    logical = os.cpu_count() or 0
+    if not cores or len(cores) == logical:
+        return f"{logical} cores"
+    return f"{logical} logical CPUs on {len(cores)} physical cores"
+
+
 def machine_busy() -> tuple[float, float]:
     """Busy and total CPU time of the whole machine so far (/proc/stat), to tell a saturated box."""
     fields = [float(n) for n in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]

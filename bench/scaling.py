@@ -47,7 +47,7 @@ from typing import Any
 
 import websockets
 
-from bench.load import ROOT, UPSTREAM_S, cpu_seconds, free_port, machine_busy, percentile, raise_fd_limit
+from bench.load import ROOT, UPSTREAM_S, cpu_seconds, cpu_topology, free_port, machine_busy, percentile, raise_fd_limit
 from tests.fakes import FakeGoogle, FakeTavily
 from tests.redis_server import RedisServer, start_redis
 
@@ -340,7 +340,7 @@ def main(options: argparse.Namespace) -> None:
         redis: RedisServer = start_redis()
         env = start_server_env(fakes.tavily_url, fakes.google_url)
         print(
-            f"{os.cpu_count()} cores; closed loop: {options.concurrency} sockets for {options.seconds:g} s; steady: "
+            f"{cpu_topology()}; closed loop: {options.concurrency} sockets for {options.seconds:g} s; steady: "
             f"{options.sockets} sockets at {options.rate:g} x the closed loop's tasks/s; overheads in ms; "
             f"{options.fake_procs} fake upstream processes"
         )
