@@ -45,9 +45,9 @@ POOL_SIZE = 8
 # Every call holds a thread of asyncio's default pool while it waits for a connection: a wait is
 # bounded, and while the server is unreachable a call fails at once (Reachability).
 POOL_WAIT_S = 5.0
-# psycopg_pool retries a failed connection with a delay that doubles up to this long, then stops
-# until a call needs one: with its default (300 s) the library stayed down for up to a minute
-# after a two-minute outage had ended.
+# psycopg_pool retries a failed connection with a delay that doubles (1, 2, 4 … s) for this long,
+# then stops until a call needs one: with its default (300 s) the first search after a minute's
+# outage worked 5.7 s after the server was back (up to 32 s: the delay then), 0.3 s with this.
 RECONNECT_S = 2.0
 PROBE_EVERY_S = 1.0  # while unreachable, how often one call tries a connection of its own
 CONNECT_TIMEOUT_S = 3
