@@ -229,6 +229,8 @@ async def test_a_task_and_the_literature_api_say_the_library_is_unreachable(tmp_
     await asyncio.to_thread(ingest, library, "alice", [EXAMPLES])
     await asyncio.to_thread(library.close)
     server = await start_server(make_settings(tmp_path, fakes, library_url=url, retry_attempts=0))
+    async with aiohttp.ClientSession() as session, session.get(f"{server.url}/healthz") as response:
+        assert (await response.json())["library"] == "ok"
     proxy.down()
     task = {"task": "rank fusion", "headers": {"retrievers": "internal_biblio,tavily", "user_id": "alice"}}
     async with websockets.connect(server.ws_url) as ws:
@@ -238,6 +240,11 @@ async def test_a_task_and_the_literature_api_say_the_library_is_unreachable(tmp_
     assert outcome(frames, "tavily")[0] == "retriever_done"
     body = {"type": "biblio", "user_id": "alice", "query": "rank fusion"}
     async with aiohttp.ClientSession() as session:
+        async with session.get(f"{server.url}/healthz") as response:
+            assert response.status == 200  # the process serves; what it depends on is in the body
+            health = await response.json()
+        assert health["library"].startswith("no connection to the library's PostgreSQL server: ")
+        assert health["shared_state"] == "in this process"
         async with session.post(f"{server.url}/internal/biblios/vector_search/", json=body) as response:
             assert response.status == 503 and response.headers["Retry-After"] == "5"
             assert "no connection to the library's PostgreSQL server" in (await response.json())["error"]

@@ -168,6 +168,7 @@ async def test_tasks_go_on_when_redis_dies_mid_run(tmp_path, fakes, start_server
         settings = make_settings(tmp_path, fakes, redis_url=SecretStr(server_of_redis.url), **LIMITS)
         server = await start_server(settings)
         assert outcome(await ask(server, "before"), "tavily")[0] == "retriever_done"
+        assert (await health(server))["shared_state"] == "Redis"
         server_of_redis.stop()
         with caplog.at_level(logging.WARNING, logger="fedresearch"):
             started = time.monotonic()
@@ -177,8 +178,15 @@ async def test_tasks_go_on_when_redis_dies_mid_run(tmp_path, fakes, start_server
         assert not logs(frames, "error")
         said = [r.getMessage() for r in caplog.records if "Redis at unix://" in r.getMessage()]
         assert said and "each process uses its own state" in said[0] and len(said) == 1  # once per outage
+        assert "does not answer: each process uses its own state" in (await health(server))["shared_state"]
     finally:
         server_of_redis.stop()
+
+
+async def health(server) -> dict:
+    async with aiohttp.ClientSession() as session, session.get(server.url + "/healthz") as response:
+        assert response.status == 200  # the process serves: a dependency's trouble is in the body
+        return await response.json()
 
 
 def limiter_of(redis_url: str) -> RedisRateLimiter:

@@ -119,6 +119,11 @@ class SharedRedis:
         except SharedDown:
             return await fallback()
 
+    @property
+    def trouble(self) -> str | None:
+        """Why this process keeps its own state instead, while Redis fails."""
+        return f"Redis at {self.where} does not answer: each process uses its own state" if self._down else None
+
     def _failed(self, what: str, error: Exception) -> None:
         if not self._down:
             log.warning(

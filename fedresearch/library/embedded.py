@@ -146,6 +146,9 @@ class EmbeddedStore:
     def health(self) -> str:
         return self.index.health(self.records)
 
+    def unavailable(self) -> str | None:
+        return None  # in this process: there when the process is
+
     def close(self) -> None:
         """Nothing to release: SQLite connections close with their threads."""
 
@@ -250,6 +253,9 @@ class Library:
 
     def health(self) -> str:
         return self.store.health()
+
+    def unavailable(self) -> str | None:
+        return self.store.unavailable()
 
     def query_vector(self, query: str) -> np.ndarray:
         if self._query_vectors is None:

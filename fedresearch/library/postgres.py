@@ -229,6 +229,12 @@ class Reachability:
     def reason(self) -> str | None:
         return self._reason
 
+    @property
+    def away(self) -> str | None:
+        """Why the server is away, while it is."""
+        reason = self._reason
+        return _no_connection(reason) if reason is not None and self._lost else None
+
     def failed(self, error: Exception) -> None:
         with self._lock:
             self._reason = _first_line(error)
@@ -327,6 +333,9 @@ class PostgresStore:
 
     def close(self) -> None:
         self._pool.close()
+
+    def unavailable(self) -> str | None:
+        return self.reachability.away
 
     @contextmanager
     def _db(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:

@@ -58,4 +58,8 @@ class Store(Protocol):
     def health(self) -> str:
         """What an operator checks: whether derived data is whole, and what the store holds."""
 
+    def unavailable(self) -> str | None:
+        """Why the store's server cannot be reached, as last seen (no I/O: `/healthz` asks it);
+        None when nothing says so."""
+
     def close(self) -> None: ...

@@ -63,6 +63,7 @@ from fedresearch.web.keys import (
     RETENTION_PACE,
     RUNNING,
     SETTINGS,
+    SHARED_REDIS,
     SOCKETS,
     TASK_SLOTS,
     OpenSocket,
@@ -102,6 +103,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             async with open_state(settings, app[RUNNING]) as state:
                 await _open_jobs(app, state.redis, work)
                 app[TASK_SLOTS] = state.task_slots
+                app[SHARED_REDIS] = state.redis
                 app[DEPS] = Deps(
                     session=session,
                     settings=settings,

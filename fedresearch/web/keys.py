@@ -13,6 +13,7 @@ from aiohttp.abc import AbstractResolver
 from fedresearch.core.auth import ApiKeys
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.settings import Settings
+from fedresearch.core.shared import SharedRedis
 from fedresearch.federation.contract import Adapter
 from fedresearch.federation.registry import AdapterFactory
 from fedresearch.federation.runner import Deps
@@ -50,6 +51,7 @@ RUNNING = web.AppKey[collections.Counter[str]]("running_per_key")
 QUERYING = web.AppKey[collections.Counter[str]]("querying_per_key")  # /retrieval and the literature API
 RESOLVER = web.AppKey("resolver", AbstractResolver)
 TASK_SLOTS = web.AppKey[TaskSlots]("task_slots")
+SHARED_REDIS = web.AppKey[SharedRedis | None]("shared_redis")
 JOBS = web.AppKey[JobStore]("jobs")
 RETENTION_PACE = web.AppKey("retention_pace", RetentionPace)
 LIVE_JOBS = web.AppKey[dict[str, LiveJob]]("live_jobs")

@@ -11,7 +11,7 @@ from fedresearch.core.settings import Settings
 from fedresearch.federation.contract import Adapter
 from fedresearch.federation.planning import ALIASES
 from fedresearch.web.auth import principal_of
-from fedresearch.web.keys import METRICS, REGISTRY, SETTINGS
+from fedresearch.web.keys import DEPS, METRICS, REGISTRY, SETTINGS, SHARED_REDIS
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -19,9 +19,19 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """The process serves (always 200: a restart would not bring a database back), and what it
+    depends on, as last seen, without asking it: the library's store and the shared state."""
     registry = request.app[REGISTRY]
-    # the pid tells which worker answered, under `serve --workers N`
-    return web.json_response({"status": "ok", "retrievers": sorted(registry), "pid": os.getpid()})
+    library = request.app[DEPS].library
+    redis = request.app.get(SHARED_REDIS)
+    body = {
+        "status": "ok",
+        "retrievers": sorted(registry),
+        "library": "not open" if library is None else library.unavailable() or "ok",
+        "shared_state": "in this process" if redis is None else redis.trouble or "Redis",
+        "pid": os.getpid(),  # which worker answered, under `serve --workers N`
+    }
+    return web.json_response(body)
 
 
 def retriever_list(registry: dict[str, Adapter], settings: Settings) -> dict[str, Any]:
