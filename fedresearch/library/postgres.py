@@ -11,7 +11,9 @@ inside one user's slice. Vectors: an exact scan of the user's rows, or, for user
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -29,6 +31,8 @@ from fedresearch.core.text import cjk_bigrams, tokens
 from fedresearch.library.records import DocumentInfo, Prepared
 from fedresearch.library.search import Row, SearchFilters, indexed_texts
 from fedresearch.library.store import LibraryDatabaseError, LibraryUnavailable, Ranking
+
+log = logging.getLogger("fedresearch")
 
 DIMS = 384  # the vector column's width: the library's encoder (all-MiniLM-L6-v2)
 SCHEMA_VERSION = 2  # 2: library_terms (document frequencies kept at ingest)
@@ -224,6 +228,7 @@ class Reachability:
         self._reason: str | None = None  # why the last connection attempt failed
         self._lost = False  # a pooled connection was found ended since the server last answered
         self._probe_at = 0.0
+        self._said = False  # the outage is in the log
 
     @property
     def reason(self) -> str | None:
@@ -237,7 +242,7 @@ class Reachability:
 
     def failed(self, error: Exception) -> None:
         with self._lock:
-            self._reason = _first_line(error)
+            self._reason = _cause(error)
 
     def lost(self) -> None:
         with self._lock:
@@ -247,6 +252,9 @@ class Reachability:
 
     def reached(self) -> None:
         self._reason, self._lost = None, False
+        if self._said:
+            self._said = False
+            log.warning("the library's PostgreSQL server answers again")
 
     def check(self) -> None:
         """Return when a call may go to the pool; raise LibraryUnavailable while the server is away."""
@@ -267,7 +275,11 @@ class Reachability:
             psycopg.connect(self._conninfo, connect_timeout=CONNECT_TIMEOUT_S).close()
         except psycopg.OperationalError as error:
             self.failed(error)
-            raise LibraryUnavailable(_no_connection(_first_line(error))) from None
+            if not self._said:
+                self._said = True
+                # where it was trying to connect is for the operator; clients get the cause alone
+                log.warning("%s; library calls fail at once until it answers", _no_connection(_first_line(error)))
+            raise LibraryUnavailable(_no_connection(_cause(error))) from None
         self.reached()
 
 
@@ -297,6 +309,19 @@ def _answers(db: psycopg.Connection[Any]) -> bool:
 
 def _first_line(error: Exception) -> str:
     return str(error).strip().split("\n", 1)[0] or type(error).__name__
+
+
+# libpq names the address it tried: the database's host, port or socket path are not the clients' to see
+_ADDRESS = re.compile(
+    r'^(connection failed: )?connection to server (at "[^"]*"( \([^)]*\))?, port \d+|on socket "[^"]*") failed: '
+)
+
+
+def _cause(error: Exception) -> str:
+    """Why a connection failed, without where to: "Connection refused", "FATAL:  too many clients
+    already", "timeout expired"."""
+    line = _first_line(error)
+    return _ADDRESS.sub("", line) or line
 
 
 def _no_connection(reason: str) -> str:
@@ -360,7 +385,7 @@ class PostgresStore:
             # the connection ended mid-call: the server is away, or it restarted and is back
             self.reachability.lost()
             self.reachability.probe()
-            lost = _first_line(error)
+            lost = _cause(error)
             raise LibraryUnavailable(f"the library's PostgreSQL server ended the connection: {lost}") from None
         finally:
             self._pool.putconn(db)
