@@ -230,6 +230,27 @@ def test_while_the_server_is_away_calls_fail_at_once_saying_why_and_work_again_w
     library.close()
 
 
+def test_a_call_queued_for_a_connection_stops_waiting_when_the_server_is_found_gone(postgres_url):
+    library = Library(postgres_url)
+    store = library.store
+    assert isinstance(store, PostgresStore)
+    held = [store._pool.getconn() for _ in range(store._pool.max_size)]  # every connection busy
+    with ThreadPoolExecutor(1) as thread:
+        started = time.monotonic()
+        queued = thread.submit(library.list_documents, "alice")
+        time.sleep(0.3)
+        # what another call records when it finds its connection dead and the server refusing
+        store.reachability.lost()
+        store.reachability.failed(OSError("Connection refused"))
+        with pytest.raises(LibraryUnavailable, match="no connection to the library's PostgreSQL server"):
+            queued.result()
+        # it waited POOL_WAIT_S (5 s) in the pool's queue before; now it looks every WAIT_SLICE_S
+        assert time.monotonic() - started < POOL_WAIT_S / 2
+    for connection in held:
+        store._pool.putconn(connection)
+    library.close()
+
+
 async def test_a_task_and_the_literature_api_say_the_library_is_unreachable(tmp_path, fakes, start_server, proxied_url):
     url, proxy = proxied_url
     library = await asyncio.to_thread(Library, url)
@@ -239,11 +260,16 @@ async def test_a_task_and_the_literature_api_say_the_library_is_unreachable(tmp_
     async with aiohttp.ClientSession() as session, session.get(f"{server.url}/healthz") as response:
         assert (await response.json())["library"] == "ok"
     proxy.down()
-    task = {"task": "rank fusion", "headers": {"retrievers": "internal_biblio,tavily", "user_id": "alice"}}
+    task = {"task": "rank fusion", "headers": {"retrievers": "library,tavily", "user_id": "alice"}}
+    started = time.monotonic()
     async with websockets.connect(server.ws_url) as ws:
         frames = await run_task(ws, task)
-    step, metadata = outcome(frames, "internal_biblio")
-    assert step == "retriever_failed" and "no connection to the library's PostgreSQL server" in metadata["error"]
+    # the library's three searches start together: the two queued behind the one that finds the
+    # server gone waited POOL_WAIT_S for a connection before (a wide margin: under it, not near 0)
+    assert time.monotonic() - started < POOL_WAIT_S - 1
+    for name in ("internal_biblio", "internal_highlight", "internal_file"):
+        step, metadata = outcome(frames, name)
+        assert step == "retriever_failed" and "no connection to the library's PostgreSQL server" in metadata["error"]
     assert str(proxy.port) not in json.dumps(frames)  # where the database is stays in the server's log
     assert outcome(frames, "tavily")[0] == "retriever_done"
     body = {"type": "biblio", "user_id": "alice", "query": "rank fusion"}

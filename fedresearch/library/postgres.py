@@ -53,6 +53,7 @@ POOL_WAIT_S = 5.0
 # then stops until a call needs one: with its default (300 s) the first search after a minute's
 # outage worked 5.7 s after the server was back (up to 32 s: the delay then), 0.3 s with this.
 RECONNECT_S = 2.0
+WAIT_SLICE_S = 0.2  # how often a call waiting for a connection looks whether the server is gone
 PROBE_EVERY_S = 1.0  # while unreachable, how often one call tries a connection of its own
 CONNECT_TIMEOUT_S = 3
 _SCHEMA_LOCK = 7_215_420_091  # pg_advisory_lock key: one process creates or upgrades the schema
@@ -312,9 +313,7 @@ def _first_line(error: Exception) -> str:
 
 
 # libpq names the address it tried: the database's host, port or socket path are not the clients' to see
-_ADDRESS = re.compile(
-    r'^(connection failed: )?connection to server (at "[^"]*"( \([^)]*\))?, port \d+|on socket "[^"]*") failed: '
-)
+_ADDRESS = re.compile(r'^.*connection to server (at "[^"]*"( \([^)]*\))?, port \d+|on socket "[^"]*") failed: ')
 
 
 def _cause(error: Exception) -> str:
@@ -395,7 +394,7 @@ class PostgresStore:
         while it sat in the pool (a restart, a failover) has every idle one checked at once, and
         the server tried: the pool's own `check` option tries them one by one, sleeping 1, 2, 4 s
         between them, so after a restart two calls each waited 5 s and failed."""
-        db: psycopg.Connection[dict[str, Any]] = self._pool.getconn()
+        db: psycopg.Connection[dict[str, Any]] = self._getconn()
         if _answers(db):
             self.reachability.reached()
             return db
@@ -403,11 +402,28 @@ class PostgresStore:
         self.reachability.lost()
         self._pool.check()
         self.reachability.probe()  # raises while the server is away
-        db = self._pool.getconn()
+        db = self._getconn()
         if _answers(db):
             return db
         self._pool.putconn(db)
         raise LibraryUnavailable("the library's PostgreSQL server ended a new connection at once")
+
+    def _getconn(self) -> psycopg.Connection[dict[str, Any]]:
+        """A connection from the pool within POOL_WAIT_S, waited for in slices: a call queued
+        behind the one that finds the server gone (a task's three library searches start together)
+        stops waiting then, instead of at the end of POOL_WAIT_S."""
+        deadline = time.monotonic() + POOL_WAIT_S
+        while True:
+            try:
+                connection: psycopg.Connection[dict[str, Any]] = self._pool.getconn(
+                    timeout=max(0.0, min(WAIT_SLICE_S, deadline - time.monotonic()))
+                )
+                return connection
+            except PoolTimeout:
+                if (away := self.reachability.away) is not None:
+                    raise LibraryUnavailable(away) from None
+                if time.monotonic() >= deadline:
+                    raise
 
     # -- writing ------------------------------------------------------------------------------
 
