@@ -278,6 +278,7 @@ async def test_a_task_and_the_literature_api_say_the_library_is_unreachable(tmp_
             assert response.status == 200  # the process serves; what it depends on is in the body
             health = await response.json()
         assert health["library"].startswith("no connection to the library's PostgreSQL server: ")
+        assert str(proxy.port) not in health["library"]  # /healthz is public
         assert health["shared_state"] == "in this process"
         async with session.post(f"{server.url}/internal/biblios/vector_search/", json=body) as response:
             assert response.status == 503 and response.headers["Retry-After"] == "5"
