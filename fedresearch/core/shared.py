@@ -121,8 +121,9 @@ class SharedRedis:
 
     @property
     def trouble(self) -> str | None:
-        """Why this process keeps its own state instead, while Redis fails."""
-        return f"Redis at {self.where} does not answer: each process uses its own state" if self._down else None
+        """Why this process keeps its own state instead, while Redis fails (for `/healthz`, which
+        anyone may read: where Redis is stays in the log)."""
+        return "Redis does not answer: each process uses its own state" if self._down else None
 
     def _failed(self, what: str, error: Exception) -> None:
         if not self._down:
