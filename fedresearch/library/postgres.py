@@ -350,8 +350,7 @@ class PostgresStore:
             connection_class=_ReportingConnection,
             kwargs={"row_factory": dict_row, "reachability": self.reachability},
             configure=register_vector,
-            timeout=POOL_WAIT_S,
-            reconnect_timeout=RECONNECT_S,
+            reconnect_timeout=RECONNECT_S,  # no `timeout`: every wait for a connection is _getconn's
         )
         self._pool.open(wait=True, timeout=30)
 
