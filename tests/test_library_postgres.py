@@ -299,3 +299,59 @@ def test_a_command_whose_database_is_away_says_so_in_one_line(tmp_path, monkeypa
     assert main(command) == 1
     error = capsys.readouterr().err
     assert "fedresearch: no connection to the library's PostgreSQL server: " in error and "Traceback" not in error
+
+
+async def test_searches_held_up_by_a_lock_end_at_their_deadline_and_hold_up_nothing_else(
+    tmp_path, fakes, start_server, postgres_url
+):
+    library = await asyncio.to_thread(Library, postgres_url)
+    await asyncio.to_thread(ingest, library, "alice", [EXAMPLES])
+    await asyncio.to_thread(library.close)
+    settings = make_settings(tmp_path, fakes, library_url=postgres_url, retriever_timeout_s=2.0, retry_attempts=0)
+    server = await start_server(settings)
+    # what a migration, a REINDEX or an operator's LOCK TABLE does to every reader of the table
+    locker = await asyncio.to_thread(psycopg.connect, postgres_url)
+    await asyncio.to_thread(locker.execute, "LOCK TABLE library_passages IN ACCESS EXCLUSIVE MODE")
+    task = {"task": "rank fusion", "headers": {"retrievers": "library,tavily", "user_id": "alice"}}
+
+    async def one() -> list[dict]:
+        async with websockets.connect(server.ws_url) as ws:
+            return await run_task(ws, task)
+
+    async def trip_to_default_threads() -> float:
+        await asyncio.sleep(1.0)  # the tasks' searches wait on the lock by now
+        started = time.monotonic()
+        await asyncio.to_thread(int)
+        return time.monotonic() - started
+
+    for _ in range(2):  # 18 library searches: more than the pool has connections
+        *tasks, trip = await asyncio.gather(*(one() for _ in range(3)), trip_to_default_threads())
+        for frames in tasks:
+            assert outcome(frames, "internal_biblio")[0] == "retriever_failed"
+            assert outcome(frames, "tavily")[0] == "retriever_done"
+        # the threads that resolve host names and read pages are not the library's: none waits
+        # for it (searches held every one of them, and a trip took seconds)
+        assert trip < 0.5
+    body = {"type": "biblio", "user_id": "alice", "query": "rank fusion"}
+    async with aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        async with session.post(f"{server.url}/internal/biblios/vector_search/", json=body) as response:
+            # it waited for the lock however long it was held
+            assert response.status == 503 and response.headers["Retry-After"] == "5"
+            error = (await response.json())["error"]
+        assert "cancelled the query: canceling statement due to statement timeout (reads stop after 2 s" in error
+        assert time.monotonic() - started < 10
+    # and no search the tasks gave up on still holds a connection: each ended at 2 s
+    deadline = time.monotonic() + 10
+    waiting = 1
+    while waiting:
+        with psycopg.connect(postgres_url, autocommit=True) as db:
+            row = db.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()
+        waiting = row[0] if row else 0
+        assert time.monotonic() < deadline, f"{waiting} searches still wait on the lock"
+        await asyncio.sleep(0.2)
+    await asyncio.to_thread(locker.rollback)
+    await asyncio.to_thread(locker.close)
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, task)
+    assert outcome(frames, "internal_biblio")[0] == "retriever_done"

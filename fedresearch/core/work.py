@@ -6,7 +6,9 @@ cores + 4 threads (20 on a 16-core machine), so with hundreds of tasks composing
 waited its turn behind a crowd of writers: on 16 cores, capping that work at 2 threads took one
 worker's steady-load p99 from 217 to 20 ms and, with Redis, its CPU per task from 10.3 to 6.5 ms.
 The default pool stays for what may block without using the CPU (DNS lookups by aiohttp's
-threaded resolver, library searches, uploads), so a slow name server never holds up a report.
+threaded resolver, reading pages), so a slow name server never holds up a report; the library's
+calls have threads of their own (Library.threads), so a slow or locked database never holds up
+the name server's answers.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ class WorkPool:
     """`await pool.run(f, *args)`: `f` on one of `threads` threads, with the caller's context (as
     asyncio.to_thread does); None as a pool means asyncio's default one."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, name: str = "fedresearch-work") -> None:
         self.threads = threads
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="fedresearch-work")
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix=name)
 
     async def run(self, function: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         call = functools.partial(contextvars.copy_context().run, function, *args, **kwargs)

@@ -116,7 +116,7 @@ async def send(adapter: Adapter, request: Request, deps: Deps, pacing: _Pacing |
     if deps.library is None:
         raise RetrieverFailed("the embedded library is not open on this server")
     try:
-        passages = await asyncio.to_thread(
+        passages = await deps.library.threads.run(
             deps.library.search,
             request.user_id,
             request.query,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedresearch.core.work import WorkPool
 from fedresearch.library.chunking import chunk_sections
 from fedresearch.library.embeddings import Encoder
 from fedresearch.library.formats import KINDS, Document
@@ -153,8 +155,9 @@ class EmbeddedStore:
         """Nothing to release: SQLite connections close with their threads."""
 
 
-def open_store(location: Path | str, dims: int | None) -> Store:
-    """The embedded store in a folder, or PostgreSQL for a `postgresql://` URL."""
+def open_store(location: Path | str, dims: int | None, read_timeout_s: float | None = None) -> Store:
+    """The embedded store in a folder, or PostgreSQL for a `postgresql://` URL (whose reads the
+    server ends after `read_timeout_s`)."""
     if isinstance(location, str) and location.startswith(POSTGRES_SCHEMES):
         try:
             from fedresearch.library.postgres import PostgresStore  # psycopg: the optional `postgres` extra
@@ -162,15 +165,22 @@ def open_store(location: Path | str, dims: int | None) -> Store:
             raise RuntimeError(
                 f'the library on PostgreSQL needs the postgres extra: pip install "fedresearch[postgres]" ({error})'
             ) from error
-        return PostgresStore(location, dims)
+        return PostgresStore(location, dims, read_timeout_s=read_timeout_s)
     return EmbeddedStore(Path(location), dims)
 
 
 class Library:
-    def __init__(self, location: Path | str, encoder: Encoder | None = None) -> None:
-        """`location`: the embedded library's folder, or a `postgresql://` URL."""
+    def __init__(
+        self, location: Path | str, encoder: Encoder | None = None, read_timeout_s: float | None = None
+    ) -> None:
+        """`location`: the embedded library's folder, or a `postgresql://` URL; `read_timeout_s`:
+        how long a read may run on PostgreSQL (its callers give up by then: RETRIEVER_TIMEOUT_S)."""
         self.encoder = encoder
-        self.store = open_store(location, encoder.dims if encoder is not None else None)
+        self.store = open_store(location, encoder.dims if encoder is not None else None, read_timeout_s)
+        # the server's calls to the library run here, not on asyncio's default pool: searches
+        # held up by a slow or locked database then never hold up host-name lookups and page reads
+        # (as many threads as that pool has)
+        self.threads = WorkPool(min(32, (os.cpu_count() or 1) + 4), "fedresearch-library")
         self._query_vectors = QueryVectors(encoder) if encoder is not None else None
         # snippets of records found elsewhere, scored against questions (knowledge/retrieval.py)
         # (passes of 8: a question, or a request past its deadline, waits for at most one short pass)
@@ -194,6 +204,7 @@ class Library:
         return self.embedded.index
 
     def close(self) -> None:
+        self.threads.close()
         if self._beside is not None:
             self._beside.shutdown()
         self.store.close()

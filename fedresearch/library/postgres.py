@@ -46,7 +46,7 @@ HNSW_FROM = 20_000
 HNSW_EF_SEARCH = EF_SEARCH_MAX = 1000
 CANDIDATES = 3_000  # BM25 scores the passages of the query's rarest terms, about this many
 POOL_SIZE = 8
-# Every call holds a thread of asyncio's default pool while it waits for a connection: a wait is
+# Every call holds one of the library's threads while it waits for a connection: a wait is
 # bounded, and while the server is unreachable a call fails at once (Reachability).
 POOL_WAIT_S = 5.0
 # psycopg_pool retries a failed connection with a delay that doubles (1, 2, 4 … s) for this long,
@@ -216,12 +216,11 @@ class Reachability:
     """Whether the server is away: a pooled connection found ended by it, and no new one made since.
 
     While it is, a call fails at once with LibraryUnavailable and the reason instead of waiting
-    POOL_WAIT_S in the pool's queue: every call holds a thread of asyncio's default pool, which
-    also resolves host names and plans tasks, so an outage would stall every task, not only the
-    library's part. Once every PROBE_EVERY_S one call tries a connection of its own; when the
-    server takes it, calls go to the pool again (and the pool, having stopped retrying after
-    RECONNECT_S, connects at once). A connection refused while those the pool holds still answer
-    (max_connections reached) is not an outage: calls wait their turn as before."""
+    POOL_WAIT_S in the pool's queue, holding one of the library's threads. Once every
+    PROBE_EVERY_S one call tries a connection of its own; when the server takes it, calls go to
+    the pool again (and the pool, having stopped retrying after RECONNECT_S, connects at once). A
+    connection refused while those the pool holds still answer (max_connections reached) is not
+    an outage: calls wait their turn as before."""
 
     def __init__(self, conninfo: str) -> None:
         self._conninfo = conninfo
@@ -332,13 +331,23 @@ class PostgresStore:
 
     concurrent_searches = True
 
-    def __init__(self, url: str, dims: int | None, hnsw_from: int = HNSW_FROM, pool_size: int = POOL_SIZE) -> None:
+    def __init__(
+        self,
+        url: str,
+        dims: int | None,
+        hnsw_from: int = HNSW_FROM,
+        pool_size: int = POOL_SIZE,
+        read_timeout_s: float | None = None,
+    ) -> None:
+        """`read_timeout_s`: the server cancels a read (a search, a list) that runs longer, as its
+        caller has given up by then; writes and `health` may take as long as they need."""
         if dims is not None and dims != DIMS:
             raise LibraryDatabaseError(
                 f"the PostgreSQL library holds {DIMS}-dimensional vectors, the encoder makes {dims}"
             )
         self.hnsw_from = hnsw_from
         self.ef_search = HNSW_EF_SEARCH
+        self.read_timeout_s = read_timeout_s
         create_schema(url)
         self.reachability = Reachability(url)
         self._pool: ConnectionPool[Any] = ConnectionPool(
@@ -349,7 +358,7 @@ class PostgresStore:
             name="fedresearch-library",  # as psycopg's log lines name it
             connection_class=_ReportingConnection,
             kwargs={"row_factory": dict_row, "reachability": self.reachability},
-            configure=register_vector,
+            configure=self._configure,
             reconnect_timeout=RECONNECT_S,  # no `timeout`: every wait for a connection is _getconn's
         )
         self._pool.open(wait=True, timeout=30)
@@ -357,14 +366,26 @@ class PostgresStore:
     def close(self) -> None:
         self._pool.close()
 
+    def _configure(self, db: psycopg.Connection[Any]) -> None:
+        register_vector(db)
+        if self.read_timeout_s is not None:
+            # a search its caller gave up on (a lock, a slow plan) would otherwise keep its
+            # connection and its thread until it ends: with the pool's 8 held, every user's
+            # library searches failed, and the threads waiting for them held up others
+            timeout = f"{max(1, round(self.read_timeout_s * 1000))}ms"
+            db.execute("SELECT set_config('statement_timeout', %s, false)", (timeout,))
+            db.commit()
+
     def unavailable(self) -> str | None:
         return self.reachability.away
 
     @contextmanager
-    def _db(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-        """One transaction: committed when the block ends, rolled back when it raises.
+    def _db(self, bounded: bool = True) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """One transaction: committed when the block ends, rolled back when it raises; `bounded`:
+        its statements are cancelled after `read_timeout_s` (reads), or may run as long as they need.
 
-        Raises LibraryUnavailable when the server cannot be reached, or its connection was lost."""
+        Raises LibraryUnavailable when the server cannot be reached, its connection was lost, or it
+        cancelled a read that ran too long."""
         self.reachability.check()
         try:
             db = self._working_connection()
@@ -376,17 +397,29 @@ class PostgresStore:
             ) from None
         try:
             with db:
+                if not bounded and self.read_timeout_s is not None:
+                    # a writer waits its turn behind the user's other writer however long it takes
+                    db.execute("SET LOCAL statement_timeout = 0")
                 yield db
+        except psycopg.errors.QueryCanceled as error:
+            if db.broken:
+                raise self._lost(error) from None
+            reason = _first_line(error)
+            if "statement timeout" in reason:
+                reason += f" (reads stop after {self.read_timeout_s:g} s, RETRIEVER_TIMEOUT_S)"
+            raise LibraryUnavailable(f"the library's PostgreSQL server cancelled the query: {reason}") from None
         except psycopg.OperationalError as error:
             if not db.broken:
                 raise  # the server's answer to this query (a statement timeout...), not an outage
-            # the connection ended mid-call: the server is away, or it restarted and is back
-            self.reachability.lost()
-            self.reachability.probe()
-            lost = _cause(error)
-            raise LibraryUnavailable(f"the library's PostgreSQL server ended the connection: {lost}") from None
+            raise self._lost(error) from None
         finally:
             self._pool.putconn(db)
+
+    def _lost(self, error: Exception) -> LibraryUnavailable:
+        """The connection ended mid-call: the server is away (probe raises), or it restarted and is back."""
+        self.reachability.lost()
+        self.reachability.probe()
+        return LibraryUnavailable(f"the library's PostgreSQL server ended the connection: {_cause(error)}")
 
     def _working_connection(self) -> psycopg.Connection[dict[str, Any]]:
         """A pooled connection that answers an empty query. The first found ended by the server
@@ -437,7 +470,7 @@ class PostgresStore:
         if not documents:
             return 0, 0
         latest = {document.source: document for document in documents}
-        with self._db() as db:
+        with self._db(bounded=False) as db:
             _lock_user(db, user_id)
             earlier = [
                 row["id"]
@@ -453,14 +486,14 @@ class PostgresStore:
         return len(latest) - len(earlier), len(earlier) + len(documents) - len(latest)
 
     def set_vectors(self, user_id: str, vectors: Sequence[tuple[bytes | None, int]]) -> None:
-        with self._db() as db, db.cursor() as cursor:
+        with self._db(bounded=False) as db, db.cursor() as cursor:
             cursor.executemany(
                 "UPDATE library_passages SET embedding = %s WHERE user_id = %s AND id = %s",
                 [(_vector(blob), user_id, chunk_id) for blob, chunk_id in vectors],
             )
 
     def delete(self, user_id: str, document_id: int) -> bool:
-        with self._db() as db:
+        with self._db(bounded=False) as db:
             _lock_user(db, user_id)
             _count(db, user_id, [document_id], -1)
             deleted = db.execute(
@@ -618,7 +651,7 @@ class PostgresStore:
         return int(row["passages"]) if row else 0
 
     def health(self) -> str:
-        with self._db() as db:
+        with self._db(bounded=False) as db:
             version = db.execute("SELECT max(version) AS v FROM library_schema").fetchone()
             counts = db.execute(
                 "SELECT (SELECT count(*) FROM library_users) AS users,"

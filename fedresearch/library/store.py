@@ -19,8 +19,9 @@ class LibraryDatabaseError(RuntimeError):
 
 
 class LibraryUnavailable(RuntimeError):
-    """The library's database server cannot be reached now; the message says why (safe to show:
-    no password). Transient: the same call may succeed a second later."""
+    """The library's database server cannot be reached now, or cancelled a read that ran past its
+    caller's deadline; the message says why (safe to show: no password, no address). Transient:
+    the same call may succeed a second later."""
 
 
 class Store(Protocol):

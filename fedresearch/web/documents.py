@@ -166,7 +166,7 @@ async def upload(request: web.Request) -> web.Response:
         if not saved and not refused:
             raise json_error(web.HTTPBadRequest, "no file in the upload: send each file as a part with a filename")
         try:
-            ingested = await asyncio.to_thread(ingest_uploads, library, user, saved, kind)
+            ingested = await library.threads.run(ingest_uploads, library, user, saved, kind)
         except IndexBusy as busy:
             raise json_error(web.HTTPServiceUnavailable, str(busy), **{"Retry-After": "30"}) from None
     files = ingested + refused
@@ -182,7 +182,8 @@ async def list_documents(request: web.Request) -> web.Response:
         limit = min(MAX_PAGE, max(1, int(request.query.get("limit", "50"))))
     except ValueError:
         raise json_error(web.HTTPBadRequest, "offset and limit are whole numbers") from None
-    documents = await asyncio.to_thread(_library(request).list_documents, user)
+    library = _library(request)
+    documents = await library.threads.run(library.list_documents, user)
     page = [document_json(info) for info in documents[offset : offset + limit]]
     following = offset + limit if offset + limit < len(documents) else None
     return web.json_response({"documents": page, "total": len(documents), "offset": offset, "next_offset": following})
@@ -191,7 +192,8 @@ async def list_documents(request: web.Request) -> web.Response:
 async def get_document(request: web.Request) -> web.Response:
     user = acting_user(request, principal_of(request))
     document_id = _document_id(request)
-    documents = await asyncio.to_thread(_library(request).list_documents, user)
+    library = _library(request)
+    documents = await library.threads.run(library.list_documents, user)
     for info in documents:
         if info.id == document_id:
             return web.json_response(document_json(info))
@@ -201,7 +203,8 @@ async def get_document(request: web.Request) -> web.Response:
 async def delete_document(request: web.Request) -> web.Response:
     user = acting_user(request, principal_of(request))
     document_id = _document_id(request)
-    if not await asyncio.to_thread(_library(request).delete_document, user, document_id):
+    library = _library(request)
+    if not await library.threads.run(library.delete_document, user, document_id):
         raise json_error(web.HTTPNotFound, f"no document {document_id} for this user")
     return web.json_response({"id": str(document_id), "deleted": True})
 

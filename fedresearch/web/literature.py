@@ -4,7 +4,6 @@ passages go straight to the internal adapter."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from aiohttp import web
@@ -98,7 +97,7 @@ async def _answer(request: web.Request, principal: Principal) -> web.Response:
         raise json_error(web.HTTPServiceUnavailable, "the embedded library is not open on this server")
     # a paper is one result however many of its passages match; notes' sections and files' pages
     # are sources of their own
-    passages = await asyncio.to_thread(
+    passages = await library.threads.run(
         library.search, body.user_id, body.query, body.type, body.top_k, documents=body.type == "biblio"
     )
     return web.json_response([item_of(passage) for passage in passages])
