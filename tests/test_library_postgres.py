@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -355,3 +356,35 @@ async def test_searches_held_up_by_a_lock_end_at_their_deadline_and_hold_up_noth
     async with websockets.connect(server.ws_url) as ws:
         frames = await run_task(ws, task)
     assert outcome(frames, "internal_biblio")[0] == "retriever_done"
+
+
+def _tcp_options(connection: psycopg.Connection) -> dict[str, int]:
+    """What the kernel holds for the connection's socket (the fd is borrowed, not closed)."""
+    sock = socket.socket(fileno=connection.fileno())
+    try:
+        return {
+            "keepalive": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            "idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            "interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            "count": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            "user_timeout_ms": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+        }
+    finally:
+        sock.detach()
+
+
+def test_pooled_connections_notice_a_vanished_server_within_half_a_minute_unless_the_url_says_otherwise(proxied_url):
+    url, _ = proxied_url
+    library = Library(url)
+    store = library.store
+    assert isinstance(store, PostgresStore)
+    with store._pool.connection() as db:
+        # the system's own: the first probe after 2 h of silence, and no bound on unacknowledged data
+        assert _tcp_options(db) == {"keepalive": 1, "idle": 10, "interval": 5, "count": 3, "user_timeout_ms": 20000}
+    library.close()
+    own = Library(url + "&keepalives_idle=60&tcp_user_timeout=90000")
+    store = own.store
+    assert isinstance(store, PostgresStore)
+    with store._pool.connection() as db:
+        assert _tcp_options(db) == {"keepalive": 1, "idle": 60, "interval": 5, "count": 3, "user_timeout_ms": 90000}
+    own.close()

@@ -24,6 +24,7 @@ from typing import Any, Self
 import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -56,6 +57,19 @@ RECONNECT_S = 2.0
 WAIT_SLICE_S = 0.2  # how often a call waiting for a connection looks whether the server is gone
 PROBE_EVERY_S = 1.0  # while unreachable, how often one call tries a connection of its own
 CONNECT_TIMEOUT_S = 3
+# A server whose packets vanish (a failover that moves its address, a partition) sends no reset:
+# without these, a connection waiting for its answer waited until TCP gave up (about 15 min of
+# retransmissions, or the system's keepalive: over 2 h), and with the pool's 8 held no new one
+# was made. With them a dead peer's connection ends within about half a minute (Linux: keepalive
+# probes from 10 s of silence, the connection closed once 20 s pass unacknowledged); a busy
+# server's kernel still answers both, so a long query is not cut. The URL's own values win.
+TCP_DEFAULTS = {
+    "keepalives": "1",
+    "keepalives_idle": "10",  # s of silence before the first probe
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "20000",  # ms a sent packet may go unacknowledged
+}
 _SCHEMA_LOCK = 7_215_420_091  # pg_advisory_lock key: one process creates or upgrades the schema
 
 DDL = """
@@ -299,6 +313,12 @@ class _ReportingConnection(psycopg.Connection[Any]):
         return connection
 
 
+def tcp_defaults(url: str) -> dict[str, str]:
+    """TCP_DEFAULTS the URL does not set itself (libpq ignores them on a Unix socket)."""
+    given = conninfo_to_dict(url)
+    return {name: value for name, value in TCP_DEFAULTS.items() if name not in given}
+
+
 def _answers(db: psycopg.Connection[Any]) -> bool:
     try:
         ConnectionPool.check_connection(db)
@@ -357,7 +377,7 @@ class PostgresStore:
             open=False,
             name="fedresearch-library",  # as psycopg's log lines name it
             connection_class=_ReportingConnection,
-            kwargs={"row_factory": dict_row, "reachability": self.reachability},
+            kwargs={"row_factory": dict_row, "reachability": self.reachability, **tcp_defaults(url)},
             configure=self._configure,
             reconnect_timeout=RECONNECT_S,  # no `timeout`: every wait for a connection is _getconn's
         )
