@@ -219,3 +219,22 @@ async def test_a_connection_cap_holds_across_processes(redis_url):
 
     await asyncio.gather(hold(first, "a"), hold(second, "b"))
     assert order in (["a in", "a out", "b in", "b out"], ["b in", "b out", "a in", "a out"])
+
+
+async def test_the_next_task_starts_though_the_last_ones_lease_reaches_redis_after_its_path(
+    tmp_path, fakes, start_server, redis_url, monkeypatch
+):
+    """What a worker whose Redis pool had no idle connection does: its removal of the finished
+    task's lease connects first, and reaches Redis after the client has its `path` frame."""
+    removal = Leases._remove
+
+    async def late_removal(self, name, token):
+        await asyncio.sleep(0.1)
+        await removal(self, name, token)
+
+    monkeypatch.setattr(Leases, "_remove", late_removal)
+    keys = {"api_keys": SecretStr("team-key:alice"), "max_tasks_per_key": 1}
+    first, second = await two_servers(tmp_path, fakes, start_server, redis_url, **keys)
+    for number in range(3):  # as GPT-Researcher's clients do: the next task the moment `path` arrives
+        frames = await ask(first if number % 2 else second, f"question {number}", "tavily", token="team-key")
+        assert outcome(frames, "tavily")[0] == "retriever_done", error_of(frames)
