@@ -388,3 +388,24 @@ def test_pooled_connections_notice_a_vanished_server_within_half_a_minute_unless
     with store._pool.connection() as db:
         assert _tcp_options(db) == {"keepalive": 1, "idle": 60, "interval": 5, "count": 3, "user_timeout_ms": 90000}
     own.close()
+
+
+def test_a_read_is_cut_at_its_timeout_while_a_write_waits_its_turn(postgres_url):
+    library = Library(postgres_url, read_timeout_s=0.5)
+    ingest(library, "alice", [EXAMPLES])
+    document = library.list_documents("alice")[0].id
+    with psycopg.connect(postgres_url) as locker, ThreadPoolExecutor(1) as thread:
+        locker.execute("LOCK TABLE library_passages IN ACCESS EXCLUSIVE MODE")
+        started = time.monotonic()
+        with pytest.raises(
+            LibraryUnavailable, match=r"canceling statement due to statement timeout \(reads stop after 0\.5 s"
+        ):
+            library.search("alice", "reciprocal rank fusion", None, 3)
+        assert time.monotonic() - started < 5
+        deleting = thread.submit(library.delete_document, "alice", document)
+        time.sleep(1.5)  # three times the read timeout: a write is not cut
+        assert not deleting.done()
+        locker.rollback()
+        assert deleting.result(timeout=10) is True
+    assert document not in {info.id for info in library.list_documents("alice")}
+    library.close()

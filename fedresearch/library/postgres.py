@@ -418,19 +418,20 @@ class PostgresStore:
         try:
             with db:
                 if not bounded and self.read_timeout_s is not None:
-                    # a writer waits its turn behind the user's other writer however long it takes
-                    db.execute("SET LOCAL statement_timeout = 0")
+                    # a writer waits its turn behind the user's other writer: the read bound is
+                    # lifted, to what the operator configured (the server's, role's or database's)
+                    db.execute("SET LOCAL statement_timeout TO DEFAULT")
                 yield db
         except psycopg.errors.QueryCanceled as error:
             if db.broken:
                 raise self._lost(error) from None
             reason = _first_line(error)
-            if "statement timeout" in reason:
+            if "statement timeout" in reason and bounded and self.read_timeout_s is not None:
                 reason += f" (reads stop after {self.read_timeout_s:g} s, RETRIEVER_TIMEOUT_S)"
             raise LibraryUnavailable(f"the library's PostgreSQL server cancelled the query: {reason}") from None
         except psycopg.OperationalError as error:
             if not db.broken:
-                raise  # the server's answer to this query (a statement timeout...), not an outage
+                raise  # the server's answer to this query (a constraint, a deadlock...), not an outage
             raise self._lost(error) from None
         finally:
             self._pool.putconn(db)

@@ -76,10 +76,10 @@ class RedisTaskSlots:
 
             return release
 
-        taken = await self.shared.run("taking a task slot", lease, lambda: self.local.take(key, limit))
-        for pause in RECHECK_PAUSES_S:
+        for pause in (0.0, *RECHECK_PAUSES_S):
+            if pause:
+                await asyncio.sleep(pause)
+            taken = await self.shared.run("taking a task slot", lease, lambda: self.local.take(key, limit))
             if not isinstance(taken, int):
                 break
-            await asyncio.sleep(pause)
-            taken = await self.shared.run("taking a task slot", lease, lambda: self.local.take(key, limit))
         return taken
