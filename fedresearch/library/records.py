@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -81,6 +82,25 @@ class Prepared:
     vectors: list[bytes | None]
 
 
+_BUSY_S = 30.0  # how long a connection waits for another's lock
+
+
+def _use_wal(connection: sqlite3.Connection) -> None:
+    """Two processes opening a new library at once (two `ingest`s, the workers of `serve`) both
+    switch it to WAL, which needs the file to itself: SQLite then answers "database is locked" at
+    once, without waiting its busy timeout (1 process in 240 failed so, 4 at a time). Once the
+    file is in WAL mode the switch is a no-op and never waits."""
+    deadline = time.monotonic() + _BUSY_S
+    while True:
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 class Records:
     """SQLite with one connection per thread (WAL: readers never wait for the writer)."""
 
@@ -92,9 +112,9 @@ class Records:
     def db(self) -> sqlite3.Connection:
         connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
         if connection is None:
-            connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            connection = sqlite3.connect(self.path, timeout=_BUSY_S, isolation_level=None)
             connection.row_factory = sqlite3.Row
-            connection.execute("PRAGMA journal_mode=WAL")
+            _use_wal(connection)
             connection.execute("PRAGMA foreign_keys=ON")
             connection.execute("PRAGMA synchronous=NORMAL")
             self._local.connection = connection
