@@ -53,9 +53,13 @@ def planned(body: dict[str, Any]) -> Answer:
     )
 
 
-async def research(tmp_path: Any, fakes: Any, start_server: Any, fake: FakeOpenAI) -> list[dict[str, Any]]:
+async def research(
+    tmp_path: Any, fakes: Any, start_server: Any, fake: FakeOpenAI, llm_timeout_s: float = 10
+) -> list[dict[str, Any]]:
+    """A detailed report planned by `fake`. The model's deadline is short only where a test waits it
+    out: at 1 s a loaded CI machine once let it pass before the plan's request reached the fake."""
     settings = make_settings(
-        tmp_path, fakes, llm_base_url=fake.url, llm_model="small", llm_timeout_s=1, llm_max_retries=0
+        tmp_path, fakes, llm_base_url=fake.url, llm_model="small", llm_timeout_s=llm_timeout_s, llm_max_retries=0
     )
     server = await start_server(settings)
     async with websockets.connect(server.ws_url) as ws:
@@ -96,7 +100,7 @@ async def test_any_planning_failure_falls_back_to_the_extractive_planner(tmp_pat
     fake = await FakeOpenAI().start()
     fake.script = [lambda body: Answer(status=500) if body.get("stream") else answer]
     try:
-        frames = await research(tmp_path, fakes, start_server, fake)
+        frames = await research(tmp_path, fakes, start_server, fake, llm_timeout_s=1 if answer.stall_after == 0 else 10)
     finally:
         await fake.stop()
     (fallback,) = logs(frames, "planner_fallback")
