@@ -60,6 +60,7 @@ class FakeOpenAI:
         self.script: list[Script] = []
         self.requests: list[dict[str, Any]] = []
         self.authorization: list[str | None] = []
+        self.peers: list[tuple[str, int]] = []  # the client's address of each request: one per connection
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -82,6 +83,7 @@ class FakeOpenAI:
         body = await request.json()
         self.requests.append(body)
         self.authorization.append(request.headers.get("Authorization"))
+        self.peers.append(request.transport.get_extra_info("peername") if request.transport else ("", 0))
         script = self.script[min(len(self.requests), len(self.script)) - 1]
         answer = script(body)
         if answer.status != 200:

@@ -109,3 +109,26 @@ async def test_any_planning_failure_falls_back_to_the_extractive_planner(tmp_pat
         assert planning["metadata"].get("planner", "extractive") == "extractive"
     check_invariants(report_of(frames))
     assert "sk-" not in json.dumps(frames)
+
+
+async def test_tasks_share_one_client_and_connection_to_the_model(tmp_path, fakes, start_server):
+    """A client per call built an SSL context each time (52 ms of the event loop here) and opened a
+    connection of its own; the app's client is made once and keeps its connection."""
+    fake = await FakeOpenAI().start()
+    fake.script = [planned]
+    settings = make_settings(tmp_path, fakes, llm_base_url=fake.url, llm_model="small", llm_max_retries=0)
+    server = await start_server(settings)
+    try:
+        async with websockets.connect(server.ws_url) as ws:
+            for number in range(3):
+                task = {
+                    "task": f"{TASK} ({number})",
+                    "report_type": "detailed_report",
+                    "headers": {"retrievers": "tavily"},
+                }
+                frames = await run_task(ws, task)
+                assert not logs(frames, "planner_fallback")
+    finally:
+        await fake.stop()
+    assert len(fake.requests) == 6  # each task: its plan, then its report (refused: the extractive writer)
+    assert len(set(fake.peers)) == 1

@@ -9,8 +9,9 @@ as the text streams (a tag may arrive split across chunks); a stream that sends 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
@@ -34,10 +35,52 @@ class LlmConfig:
     model: str
     timeout_s: float
     max_retries: int
+    clients: LlmClients | None = field(default=None, compare=False, repr=False)  # None: a client per call
 
 
-def llm_config(settings: Settings, requested: str | None) -> tuple[LlmConfig | None, str | None]:
-    """The model to write with (None: the extractive writer) and a note when the request's choice was refused."""
+class LlmClients:
+    """The app's clients of model endpoints, one per endpoint and key, made when first asked for
+    and kept. Making one builds an SSL context (52 ms of the event loop on this VM, for a plain
+    HTTP endpoint too) and it opens connections of its own: with a client per call, each research
+    task with a model held every other socket of its worker up for that long once or twice, and
+    the model server saw a new connection per call."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, str, float, int], AsyncOpenAI] = {}
+
+    def client(self, config: LlmConfig) -> AsyncOpenAI:
+        key = (config.base_url, config.api_key, config.timeout_s, config.max_retries)
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = _new_client(config)
+        return made
+
+    async def close(self) -> None:
+        made, self._made = list(self._made.values()), {}
+        for client in made:
+            await client.close()
+
+
+def _new_client(config: LlmConfig) -> AsyncOpenAI:
+    return AsyncOpenAI(
+        base_url=config.base_url, api_key=config.api_key, timeout=config.timeout_s, max_retries=config.max_retries
+    )
+
+
+@contextlib.asynccontextmanager
+async def _client(config: LlmConfig) -> AsyncIterator[AsyncOpenAI]:
+    if config.clients is not None:
+        yield config.clients.client(config)
+        return
+    async with _new_client(config) as client:
+        yield client
+
+
+def llm_config(
+    settings: Settings, requested: str | None, clients: LlmClients | None = None
+) -> tuple[LlmConfig | None, str | None]:
+    """The model to write with (None: the extractive writer) and a note when the request's choice
+    was refused; its calls go through `clients` (the app's), or a client each without."""
     if not settings.llm_base_url or not settings.llm_model:
         return None, "headers.llm_model ignored: no LLM is configured (LLM_BASE_URL, LLM_MODEL)" if requested else None
     model, note = settings.llm_model, None
@@ -48,7 +91,8 @@ def llm_config(settings: Settings, requested: str | None) -> tuple[LlmConfig | N
             allowed = ", ".join([settings.llm_model, *settings.llm_allowed_models])
             note = f"headers.llm_model {requested!r} is not allowed here (LLM_ALLOWED_MODELS: {allowed}); using {model}"
     key = secret(settings.llm_api_key) or "not-needed"  # local servers take none; the SDK requires one
-    return LlmConfig(settings.llm_base_url, key, model, settings.llm_timeout_s, settings.llm_max_retries), note
+    config = LlmConfig(settings.llm_base_url, key, model, settings.llm_timeout_s, settings.llm_max_retries, clients)
+    return config, note
 
 
 def seen_text(passage: Evidence) -> str:
@@ -173,9 +217,7 @@ def _split_headings(block: str) -> list[str]:
 async def complete(config: LlmConfig, messages: list[ChatCompletionMessageParam]) -> str:
     """The model's whole answer, not streamed (short answers: plans), within `LLM_TIMEOUT_S` in all,
     retries included; WriterFailure when it is late or empty."""
-    async with AsyncOpenAI(
-        base_url=config.base_url, api_key=config.api_key, timeout=config.timeout_s, max_retries=config.max_retries
-    ) as client:
+    async with _client(config) as client:
         try:
             async with asyncio.timeout(config.timeout_s):
                 response = await client.chat.completions.create(model=config.model, messages=messages, temperature=0.2)
@@ -201,30 +243,29 @@ def failure_reason(error: BaseException, config: LlmConfig) -> str:
 async def stream_paragraphs(config: LlmConfig, messages: list[ChatCompletionMessageParam]) -> AsyncIterator[str]:
     """The model's answer, paragraph by paragraph, thinking removed; WriterFailure when it fails."""
     thinking, paragraphs, produced = ThinkFilter(), Paragraphs(), False
-    async with AsyncOpenAI(
-        base_url=config.base_url, api_key=config.api_key, timeout=config.timeout_s, max_retries=config.max_retries
-    ) as client:
+    async with _client(config) as client:
         stream = await client.chat.completions.create(
             model=config.model,
             messages=messages,
             stream=True,
             temperature=0.2,
         )
-        chunks = aiter(stream)
-        while True:
-            try:
-                async with asyncio.timeout(config.timeout_s):
-                    chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
-            except TimeoutError:
-                raise WriterFailure(f"the model's stream stalled: nothing for {config.timeout_s:g} s") from None
-            content = chunk.choices[0].delta.content if chunk.choices else None
-            if content is not None and not isinstance(content, str):
-                raise WriterFailure("the model sent a malformed chunk (content is not text)")
-            for paragraph in paragraphs.feed(thinking.feed(content or "")):
-                produced = True
-                yield paragraph
+        async with stream:  # its connection goes back to the shared client however the stream ends
+            chunks = aiter(stream)
+            while True:
+                try:
+                    async with asyncio.timeout(config.timeout_s):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise WriterFailure(f"the model's stream stalled: nothing for {config.timeout_s:g} s") from None
+                content = chunk.choices[0].delta.content if chunk.choices else None
+                if content is not None and not isinstance(content, str):
+                    raise WriterFailure("the model sent a malformed chunk (content is not text)")
+                for paragraph in paragraphs.feed(thinking.feed(content or "")):
+                    produced = True
+                    yield paragraph
     for paragraph in paragraphs.feed(thinking.close()) + paragraphs.close():
         produced = True
         yield paragraph

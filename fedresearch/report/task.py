@@ -20,7 +20,7 @@ from fedresearch.federation.runner import Deps, federate
 from fedresearch.library.formats import Section
 from fedresearch.report.citations import Reference
 from fedresearch.report.compose import Composed, SendReport, compose
-from fedresearch.report.llm import LlmConfig, failure_reason, llm_config
+from fedresearch.report.llm import LlmClients, LlmConfig, failure_reason, llm_config
 from fedresearch.report.planner import SubQuestion, model_sub_questions, sub_questions
 from fedresearch.report.reading import read_pages, url_sources
 from fedresearch.report.store import save_report
@@ -124,16 +124,18 @@ async def run_research(
     send: SendReport | None = None,
     owner: str | None = None,
     report_id: str | None = None,
+    llm: LlmClients | None = None,
 ) -> ResearchOutcome:
     """The task, start to saved report; with `send`, the report goes out paragraph by paragraph as written.
     `owner`: the user whose key asked, the only one (with admins) who may read the saved report;
-    `report_id`: the name it is saved under (a job's research_id), new when not given."""
+    `report_id`: the name it is saved under (a job's research_id), new when not given; `llm`: the
+    app's clients of the model endpoint (without them, a client per call)."""
     settings: Settings = deps.settings
     started = time.perf_counter()
     await _announce(request, plan, emit)
     sources, outcomes = await gather_sources(request.task, plan, registry, deps, emit)
     retrieval_ms = round((time.perf_counter() - started) * 1000, 1)
-    config, refused = llm_config(settings, request.header("llm_model"))
+    config, refused = llm_config(settings, request.header("llm_model"), llm)
     if refused:
         await emit(ProgressEvent("warning", f"⚠️ {refused}"))
     decomposes = request.report_type.decomposes

@@ -30,6 +30,7 @@ from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_base
 from fedresearch.library.open import open_library
 from fedresearch.library.store import LibraryUnavailable
 from fedresearch.report.jobs import JobStore, LocalJobStore, RetentionPace, enforce_retention
+from fedresearch.report.llm import LlmClients
 from fedresearch.report.redis_jobs import RedisJobStore
 from fedresearch.retrievers import ADAPTERS
 from fedresearch.web import (
@@ -56,6 +57,7 @@ from fedresearch.web.keys import (
     KEYS,
     KNOWLEDGE_BASES,
     LIVE_JOBS,
+    LLM_CLIENTS,
     METRICS,
     QUERYING,
     REGISTRY,
@@ -95,6 +97,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
     pages = PageReader(settings, resolver=app.get(RESOLVER))
     work = WorkPool(settings.work_threads)
+    app[LLM_CLIENTS] = llm = LlmClients()
     # no cookie jar: one session serves every user's upstream calls, and cookies are not our APIs' auth
     jar = aiohttp.DummyCookieJar()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False, cookie_jar=jar) as session:
@@ -119,6 +122,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                     yield
         finally:
             await pages.close()
+            await llm.close()
             work.close()
 
 

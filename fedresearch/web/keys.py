@@ -20,6 +20,7 @@ from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import KnowledgeBase
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.jobs import JobStore, RetentionPace
+from fedresearch.report.llm import LlmClients
 from fedresearch.web.task_slots import TaskSlots
 
 
@@ -45,6 +46,7 @@ METRICS = web.AppKey("metrics", Metrics)
 ADAPTER_FACTORIES = web.AppKey[tuple[AdapterFactory, ...]]("adapter_factories")
 REGISTRY = web.AppKey[dict[str, Adapter]]("registry")
 DEPS = web.AppKey("deps", Deps)
+LLM_CLIENTS = web.AppKey("llm_clients", LlmClients)  # the model endpoint's clients, made once
 KNOWLEDGE_BASES = web.AppKey[dict[str, KnowledgeBase]]("knowledge_bases")
 SOCKETS = web.AppKey[set[OpenSocket]]("sockets")
 RUNNING = web.AppKey[collections.Counter[str]]("running_per_key")

@@ -32,7 +32,7 @@ from fedresearch.federation.runner import federate
 from fedresearch.report.store import REPORT_NAME
 from fedresearch.report.task import run_research
 from fedresearch.web.auth import principal_of
-from fedresearch.web.keys import DEPS, KEYS, REGISTRY, SETTINGS
+from fedresearch.web.keys import DEPS, KEYS, LLM_CLIENTS, REGISTRY, SETTINGS
 from fedresearch.web.status import retriever_list
 
 _BODY_CHARS = 1200
@@ -116,7 +116,7 @@ def build_server(app: web.Application) -> MCPServer:
             await ctx.report_progress(steps, None, event.output)  # MCP's progress notifications
 
         request = ResearchRequest(task=task, report_type=report_type)
-        outcome = await run_research(request, plan, app[REGISTRY], app[DEPS], progress)
+        outcome = await run_research(request, plan, app[REGISTRY], app[DEPS], progress, llm=app[LLM_CLIENTS])
         owners[outcome.report_id] = plan.options.user_id
         references = [{"number": r.number, "title": r.title, "href": r.link} for r in outcome.references]
         files = {kind: f"/reports/{name}" for kind, name in outcome.files.items()}

@@ -31,6 +31,7 @@ from fedresearch.web.keys import (
     DEPS,
     JOBS,
     LIVE_JOBS,
+    LLM_CLIENTS,
     METRICS,
     REGISTRY,
     RETENTION_PACE,
@@ -184,7 +185,15 @@ class JobRun:
                 registry, deps = self.app[REGISTRY], self.app[DEPS]
                 owner = job.owner if job is not None else None
                 self.outcome = await run_research(
-                    self.request, plan, registry, deps, self.log_event, self.send_report, owner, self.research_id
+                    self.request,
+                    plan,
+                    registry,
+                    deps,
+                    self.log_event,
+                    self.send_report,
+                    owner,
+                    self.research_id,
+                    self.app[LLM_CLIENTS],
                 )
         except TimeoutError:
             late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"
