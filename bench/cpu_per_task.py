@@ -1,7 +1,7 @@
 """The server's CPU per research task: this checkout against another, side by side in one run.
 
     python -m bench.cpu_per_task --against DIR [--rounds 3] [--seconds 10] [--concurrency 32]
-                                 [--together] [--redis]
+                                 [--together] [--redis] [--llm]
 
 DIR is another checkout of the project (`git worktree add /tmp/old <commit>`), started with the
 interpreter running this bench (`python -m fedresearch serve`, or `python server.py` for checkouts
@@ -15,6 +15,9 @@ servers are pinned to the last core and the clients and fakes to the others. Pri
 tasks/s and each server's CPU per task (/proc); then the medians, their ratio, and the spread of
 the ratios round by round. `--redis`: both servers keep jobs and shared state in a redis-server
 started here (a database each, emptied before every round), as the workers of a team do.
+`--llm`: the report is written by a model, a fake OpenAI-compatible endpoint in a process of its
+own that answers at once (the first passage's first sentence, cited), so what is measured is the
+server's side of the model's calls.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -29,13 +33,46 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from redis import Redis
 
 from bench.load import ROOT, cpu_seconds, free_port, raise_fd_limit
 from bench.scaling import closed_loop, start_server_env, upstreams
+from tests.fake_openai import Answer, FakeOpenAI, passages_of
 from tests.redis_server import start_redis
+
+
+def _cites_the_first_passage(body: dict[str, Any]) -> Answer:
+    first = passages_of(body).get(1, "")
+    sentence = first.split(". ")[0].rstrip(".")
+    return Answer(pieces=[f"{sentence} [1].\n"]) if body.get("stream") else Answer(pieces=["1. a\n2. b\n"])
+
+
+def _run_model(pipe: Connection) -> None:
+    async def serve() -> None:
+        fake = await FakeOpenAI().start()
+        fake.script = [_cites_the_first_passage]
+        pipe.send(fake.url)
+        await asyncio.get_running_loop().run_in_executor(None, pipe.recv)  # until told to stop
+
+    asyncio.run(serve())
+
+
+@contextlib.contextmanager
+def model() -> Iterator[str]:
+    """A fake model endpoint in a process of its own while the block runs; its URL."""
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+    process = multiprocessing.get_context("spawn").Process(target=_run_model, args=(theirs,), daemon=True)
+    process.start()
+    try:
+        yield ours.recv()
+    finally:
+        ours.send("stop")
+        process.join(10)
 
 
 def server_command(checkout: Path, port: int) -> list[str]:
@@ -129,12 +166,13 @@ def main(options: argparse.Namespace) -> None:
         if redis is not None:
             cleanup.callback(redis.stop)
         fakes = cleanup.enter_context(upstreams())
+        llm = {"LLM_BASE_URL": cleanup.enter_context(model()), "LLM_MODEL": "small"} if options.llm else {}
         checkouts = {"this": ROOT, "against": options.against.resolve()}
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in checkouts}
         print(f"this: {ROOT}  against: {checkouts['against']}  server pinned to core {server_core}")
         print(f"{'round':>5} {'checkout':>8} {'tasks/s':>8} {'CPU ms/task':>12}")
         for number in range(1, options.rounds + 1):
-            env = start_server_env(fakes.tavily_url, fakes.google_url)
+            env = start_server_env(fakes.tavily_url, fakes.google_url) | llm
             # with Redis, a database each: a key's task slots and the answer cache are not shared
             envs = {
                 name: env if redis is None else {**env, "FEDRESEARCH_REDIS_URL": f"{redis.url}?db={index}"}
@@ -169,6 +207,7 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--redis", action="store_true", help="jobs and shared state in a redis-server started here")
+    parser.add_argument("--llm", action="store_true", help="reports written by a fake model answering at once")
     parser.add_argument(
         "--together", action="store_true", help="load both servers at once on one core, not one after the other"
     )
