@@ -128,8 +128,10 @@ def measure_together(
 ) -> dict[str, tuple[float, float]]:
     """Both servers on the same core at the same time, each loaded by its own `--concurrency`
     sockets: whatever else the machine does meanwhile slows both alike."""
-    started = {name: start(checkout, envs[name], core) for name, checkout in checkouts.items()}
+    started: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     try:
+        for name, checkout in checkouts.items():  # one that does not start stops those that did
+            started[name] = start(checkout, envs[name], core)
         urls = {name: f"ws://127.0.0.1:{port}/ws" for name, (_, port) in started.items()}
 
         async def load(seconds: float, concurrency: int) -> list[tuple[list[float], int]]:
