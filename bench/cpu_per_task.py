@@ -65,8 +65,9 @@ def _run_model(pipe: Connection) -> None:
 @contextlib.contextmanager
 def model() -> Iterator[str]:
     """A fake model endpoint in a process of its own while the block runs; its URL."""
-    ours, theirs = multiprocessing.get_context("spawn").Pipe()
-    process = multiprocessing.get_context("spawn").Process(target=_run_model, args=(theirs,), daemon=True)
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    process = context.Process(target=_run_model, args=(theirs,), daemon=True)
     process.start()
     try:
         yield ours.recv()

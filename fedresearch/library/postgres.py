@@ -360,7 +360,7 @@ class PostgresStore:
         read_timeout_s: float | None = None,
     ) -> None:
         """`read_timeout_s`: the server cancels a read (a search, a list) that runs longer, as its
-        caller has given up by then; writes and `health` may take as long as they need."""
+        caller has given up by then; writes and `health` keep the operator's own timeout."""
         if dims is not None and dims != DIMS:
             raise LibraryDatabaseError(
                 f"the PostgreSQL library holds {DIMS}-dimensional vectors, the encoder makes {dims}"
@@ -402,7 +402,8 @@ class PostgresStore:
     @contextmanager
     def _db(self, bounded: bool = True) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """One transaction: committed when the block ends, rolled back when it raises; `bounded`:
-        its statements are cancelled after `read_timeout_s` (reads), or may run as long as they need.
+        its statements are cancelled after `read_timeout_s` (reads), or keep the operator's own
+        `statement_timeout` (writes: none unless the server, role or database sets one).
 
         Raises LibraryUnavailable when the server cannot be reached, its connection was lost, or it
         cancelled a read that ran too long."""
