@@ -1,17 +1,20 @@
 """A TCP port in front of a server's Unix socket that a test can take away and give back: what a
 client sees when the network to its database fails (connections reset, new ones refused) and
-when it returns. Threads, not asyncio, so synchronous code and an event loop can both use it."""
+when it returns, or a server far away (`answer_delay_s`: every answer waits that long on its
+way back). Threads, not asyncio, so synchronous code and an event loop can both use it."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
+import time
 
 
 class TcpProxy:
-    def __init__(self, unix_path: str) -> None:
+    def __init__(self, unix_path: str, answer_delay_s: float = 0.0) -> None:
         self.unix_path = unix_path
+        self.answer_delay_s = answer_delay_s
         self.port = 0
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
@@ -55,13 +58,14 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._open.update((client, server))
-            for source, target in ((client, server), (server, client)):
-                threading.Thread(target=_pump, args=(source, target), daemon=True).start()
+            for source, target, delay_s in ((client, server, 0.0), (server, client, self.answer_delay_s)):
+                threading.Thread(target=_pump, args=(source, target, delay_s), daemon=True).start()
 
 
-def _pump(source: socket.socket, target: socket.socket) -> None:
+def _pump(source: socket.socket, target: socket.socket, delay_s: float) -> None:
     try:
         while data := source.recv(65536):
+            time.sleep(delay_s)
             target.sendall(data)
     except OSError:
         pass

@@ -16,6 +16,7 @@ from fedresearch.report.jobs import Job, JobStatus, follow
 from fedresearch.report.redis_jobs import RedisJobStore
 from tests.conftest import make_settings, report_of
 from tests.redis_server import start_redis
+from tests.tcp_proxy import TcpProxy
 from tests.test_jobs_api import ALICE, KEYS, TASK
 
 
@@ -165,6 +166,34 @@ async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes
     async with aiohttp.ClientSession() as session, session.get(status_url, headers=ALICE) as response:
         job = await response.json()
     assert job["status"] == "completed" and job["report"] == report_of(resumed)
+
+
+async def test_the_next_task_sent_the_moment_path_arrives_is_not_refused(tmp_path, fakes, start_server, redis_url):
+    """GPT-Researcher's clients send their next task as soon as they read `path`. A socket that
+    resumed a job run by another worker follows it through Redis, here 20 ms away: once `path` is
+    sent there is nothing left to ask Redis, so the socket is free for the next task at once."""
+    far = TcpProxy(redis_url.removeprefix("unix://"), answer_delay_s=0.02)
+    far.up()
+    try:
+        near = make_settings(tmp_path, fakes, api_keys=SecretStr(KEYS), redis_url=SecretStr(redis_url))
+        first = await start_server(near)
+        far_url = SecretStr(f"redis://127.0.0.1:{far.port}")
+        second = await start_server(near.model_copy(update={"redis_url": far_url}))
+        task = {**TASK, "headers": {"retrievers": "tavily"}, "detach": True}
+        async with websockets.connect(first.ws_url, additional_headers=ALICE) as ws:
+            await ws.send("start " + json.dumps(task))
+            research_id = json.loads(await ws.recv())["metadata"]["research_id"]
+            while json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "path":
+                pass
+        async with websockets.connect(second.ws_url, additional_headers=ALICE) as ws:
+            for command in ("resume " + json.dumps({"research_id": research_id}), "start " + json.dumps(task)):
+                await ws.send(command)
+                frames = [json.loads(await asyncio.wait_for(ws.recv(), 30))]
+                while frames[-1]["type"] not in ("path", "error") and frames[-1].get("content") != "warning":
+                    frames.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+                assert frames[-1]["type"] == "path", frames[-1]
+    finally:
+        far.down()
 
 
 async def test_a_finished_jobs_mirror_is_dropped_and_redis_serves_it_after(redis_url) -> None:

@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -147,7 +147,7 @@ class JobStore(Protocol):
         ...
 
 
-async def follow(store: JobStore, research_id: str, start: int = 0) -> AsyncIterator[Frame]:
+async def follow(store: JobStore, research_id: str, start: int = 0) -> AsyncGenerator[Frame, None]:
     """Every frame of a job from index `start`, each once and in order: first those already sent,
     then the new ones as they come, until the job is finished and all its frames are read."""
     seen = start

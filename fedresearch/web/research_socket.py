@@ -147,8 +147,14 @@ class ResearchSocket:
         self.following = asyncio.create_task(self._pump(research_id, live))
 
     async def _pump(self, research_id: str, live: LiveJob | None) -> None:
-        async for frame in follow(self.app[JOBS], research_id):
-            await self.send(frame)
+        # `path` is a job's last frame: a client may send its next task the moment it reads it, so
+        # the socket is free then, not after asking the job's store (Redis, for a job run by another
+        # worker) whether anything follows
+        async with contextlib.aclosing(follow(self.app[JOBS], research_id)) as frames:
+            async for frame in frames:
+                await self.send(frame)
+                if frame.get("type") == "path":
+                    break
         if live is not None:
             self.chat_session = live.chat
 
