@@ -409,3 +409,60 @@ def test_a_read_is_cut_at_its_timeout_while_a_write_waits_its_turn(postgres_url)
         assert deleting.result(timeout=10) is True
     assert document not in {info.id for info in library.list_documents("alice")}
     library.close()
+
+
+_QUESTIONS = ("reciprocal rank fusion", "dense retrieval", "BM25 term weighting", "检索增强")
+
+
+def test_behind_pgbouncer_in_transaction_mode_threads_search_and_write_without_an_error(pooled_url):
+    library = Library(pooled_url, read_timeout_s=10, transaction_pooling=True)
+    ingest(library, "alice", [EXAMPLES])
+    expected = {question: [p.chunk_id for p in library.search("alice", question, None, 5)] for question in _QUESTIONS}
+    assert all(expected.values())
+
+    def search(n: int) -> tuple[str, list[str]]:
+        question = _QUESTIONS[n % len(_QUESTIONS)]
+        return question, [p.chunk_id for p in library.search("alice", question, None, 5)]
+
+    def write(n: int) -> int:
+        document = _document(f"note-{n}.md", f"note {n} on reciprocal rank fusion")
+        added, _ = library.store.write("bob", [document])
+        return added
+
+    # 8 threads over the pool's 8 connections, which PgBouncer runs on its 2 server connections
+    with ThreadPoolExecutor(8) as threads:
+        writes = [threads.submit(write, n) for n in range(20)]
+        found = list(threads.map(search, range(400)))
+    assert all(ids == expected[question] for question, ids in found)
+    assert sum(w.result() for w in writes) == 20 and len(library.list_documents("bob")) == 20
+    library.close()
+
+
+def test_behind_pgbouncer_reads_are_cut_at_their_timeout_and_no_server_connection_keeps_it(pooled_url, postgres_server):
+    library = Library(pooled_url, read_timeout_s=0.5, transaction_pooling=True)
+    ingest(library, "alice", [EXAMPLES])
+    database = urlsplit(pooled_url).path.lstrip("/")
+    with psycopg.connect(postgres_server, dbname=database) as locker:
+        locker.execute("LOCK TABLE library_passages IN ACCESS EXCLUSIVE MODE")
+        started = time.monotonic()
+        with pytest.raises(LibraryUnavailable, match=r"statement timeout \(reads stop after 0\.5 s"):
+            library.search("alice", "reciprocal rank fusion", None, 3)
+        assert time.monotonic() - started < 5
+    # PgBouncer's server connections are shared with every other client: a session setting made
+    # on one of them would bound, or fail to bound, whoever runs there next
+    first, second = (psycopg.connect(pooled_url, prepare_threshold=None) for _ in range(2))
+    with first, second:  # each inside a transaction: each holds one of the 2 server connections
+        assert [db.execute("SHOW statement_timeout").fetchone() for db in (first, second)] == [("0",), ("0",)]
+    assert library.search("alice", "reciprocal rank fusion", None, 3)
+    library.close()
+
+
+def test_workers_opening_the_library_at_once_through_pgbouncer_leave_no_lock_behind(pooled_url, postgres_server):
+    with ThreadPoolExecutor(4) as threads:
+        for library in list(threads.map(lambda _: Library(pooled_url, transaction_pooling=True), range(4))):
+            library.close()
+    database = urlsplit(pooled_url).path.lstrip("/")
+    with psycopg.connect(postgres_server, dbname=database) as db:
+        held = db.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
+    assert held == (0,)
+    Library(pooled_url, transaction_pooling=True).close()  # the next start does not wait on a lock

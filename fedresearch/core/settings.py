@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("./data"), validation_alias="FEDRESEARCH_DATA_DIR")
     # unset: the embedded library under data_dir; postgresql://…: on PostgreSQL (secret: it may hold a password)
     library_url: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_LIBRARY_URL")
+    # that URL is a pooler in transaction mode (PgBouncer, Supavisor): no prepared statements, and
+    # no session settings, as consecutive transactions may run on different server connections
+    library_transaction_pooling: bool = Field(False, validation_alias="FEDRESEARCH_LIBRARY_TRANSACTION_POOLING")
     default_retrievers: CommaList = Field(["library"], validation_alias="DEFAULT_RETRIEVERS")
     default_user: str | None = Field(None, validation_alias="FEDRESEARCH_DEFAULT_USER")
     retriever_timeout_s: float = Field(10.0, gt=0, validation_alias="RETRIEVER_TIMEOUT_S")

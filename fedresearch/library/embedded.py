@@ -155,9 +155,12 @@ class EmbeddedStore:
         """Nothing to release: SQLite connections close with their threads."""
 
 
-def open_store(location: Path | str, dims: int | None, read_timeout_s: float | None = None) -> Store:
+def open_store(
+    location: Path | str, dims: int | None, read_timeout_s: float | None = None, transaction_pooling: bool = False
+) -> Store:
     """The embedded store in a folder, or PostgreSQL for a `postgresql://` URL (whose reads the
-    server ends after `read_timeout_s`)."""
+    server ends after `read_timeout_s`; `transaction_pooling`: the URL is a pooler in transaction
+    mode)."""
     if isinstance(location, str) and location.startswith(POSTGRES_SCHEMES):
         try:
             from fedresearch.library.postgres import PostgresStore  # psycopg: the optional `postgres` extra
@@ -165,18 +168,24 @@ def open_store(location: Path | str, dims: int | None, read_timeout_s: float | N
             raise RuntimeError(
                 f'the library on PostgreSQL needs the postgres extra: pip install "fedresearch[postgres]" ({error})'
             ) from error
-        return PostgresStore(location, dims, read_timeout_s=read_timeout_s)
+        return PostgresStore(location, dims, read_timeout_s=read_timeout_s, transaction_pooling=transaction_pooling)
     return EmbeddedStore(Path(location), dims)
 
 
 class Library:
     def __init__(
-        self, location: Path | str, encoder: Encoder | None = None, read_timeout_s: float | None = None
+        self,
+        location: Path | str,
+        encoder: Encoder | None = None,
+        read_timeout_s: float | None = None,
+        transaction_pooling: bool = False,
     ) -> None:
         """`location`: the embedded library's folder, or a `postgresql://` URL; `read_timeout_s`:
-        how long a read may run on PostgreSQL (its callers give up by then: RETRIEVER_TIMEOUT_S)."""
+        how long a read may run on PostgreSQL (its callers give up by then: RETRIEVER_TIMEOUT_S);
+        `transaction_pooling`: that URL is a pooler in transaction mode."""
         self.encoder = encoder
-        self.store = open_store(location, encoder.dims if encoder is not None else None, read_timeout_s)
+        dims = encoder.dims if encoder is not None else None
+        self.store = open_store(location, dims, read_timeout_s, transaction_pooling)
         # the server's calls to the library run here, not on asyncio's default pool: searches
         # held up by a slow or locked database then never hold up host-name lookups and page reads
         # (as many threads as that pool has)

@@ -105,7 +105,7 @@ def migrate_command(settings: Settings, url: str) -> int:
     records = Records(database)
     total = int(records.db().execute("SELECT COUNT(*) FROM documents").fetchone()[0])
     try:
-        target = PostgresStore(url, dims=None)
+        target = PostgresStore(url, dims=None, transaction_pooling=settings.library_transaction_pooling)
     except (LibraryDatabaseError, psycopg.Error) as error:
         print(f"cannot open the PostgreSQL library: {error}", file=sys.stderr)
         return 1

