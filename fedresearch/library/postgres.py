@@ -191,8 +191,10 @@ def create_schema(url: str) -> None:
     """The tables and indexes, once: idempotent, and safe when several processes open at once.
 
     One transaction under a transaction-level lock: behind a pooler in transaction mode (PgBouncer)
-    consecutive statements may run on different server connections, so a session's lock could be
-    taken on one and its unlock sent to another, leaving the lock held for the next start to wait on."""
+    consecutive statements may run on different server connections, so a session's lock, taken on
+    one, held back no statement run on another (four workers opening a new database at once failed
+    with "duplicate key value violates unique constraint"), and its unlock, sent to another, could
+    leave it held for the next start to wait on."""
     try:
         connection = psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT_S, prepare_threshold=None)
     except psycopg.OperationalError as error:
