@@ -17,6 +17,7 @@ import aiohttp
 import psycopg
 import pytest
 import websockets
+from aiohttp import web
 
 from fedresearch.cli import main
 from fedresearch.core.settings import Settings
@@ -25,6 +26,8 @@ from fedresearch.library.ingest import ingest
 from fedresearch.library.postgres import POOL_WAIT_S, PostgresStore, StoredDocument, StoredPassage
 from fedresearch.library.search import SearchFilters
 from fedresearch.library.store import LibraryDatabaseError, LibraryUnavailable
+from fedresearch.web.app import create_app
+from fedresearch.web.keys import DEPS
 from tests.conftest import EXAMPLES, make_settings, run_task
 from tests.tcp_proxy import TcpProxy
 from tests.test_faults import outcome
@@ -466,3 +469,36 @@ def test_workers_opening_the_library_at_once_through_pgbouncer_leave_no_lock_beh
         held = db.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
     assert held == (0,)
     Library(pooled_url, transaction_pooling=True).close()  # the next start does not wait on a lock
+
+
+async def test_a_stopped_server_closes_its_library_and_lets_its_model_go(tmp_path, fakes, postgres_url):
+    """Its pool's connections end with it (a process embedding the app, or a test session starting
+    hundreds, kept them all before), and aiohttp, which keeps every app it served in a middleware
+    cache, keeps no model with it: 250 MB a server, which ran the test session out of memory."""
+    library = await asyncio.to_thread(Library, postgres_url)
+    await asyncio.to_thread(ingest, library, "alice", [EXAMPLES])
+    await asyncio.to_thread(library.close)
+
+    def connections() -> int:
+        with psycopg.connect(postgres_url, autocommit=True) as db:
+            query = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+            return int(db.execute(query).fetchone()[0]) - 1  # not this one
+
+    before = await asyncio.to_thread(connections)
+    settings = make_settings(tmp_path, fakes, library_url=postgres_url)
+    app = create_app(settings)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    task = {"task": "rank fusion", "headers": {"retrievers": "library", "user_id": "alice"}}
+    async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
+        frames = await run_task(ws, task)
+    assert outcome(frames, "internal_biblio")[0] == "retriever_done"
+    served = app[DEPS].library
+    assert served is not None and served.encoder is not None
+    assert await asyncio.to_thread(connections) > before
+    await runner.cleanup()
+    assert await asyncio.to_thread(connections) == before
+    assert served.encoder is None

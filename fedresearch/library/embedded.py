@@ -213,10 +213,14 @@ class Library:
         return self.embedded.index
 
     def close(self) -> None:
+        """Its threads and connections end, and its model is let go: whoever still holds a closed
+        library (aiohttp's middleware cache keeps every app it served, and its state with it)
+        then holds a few objects, not the model's 250 MB."""
         self.threads.close()
         if self._beside is not None:
             self._beside.shutdown()
         self.store.close()
+        self.encoder = self._query_vectors = self._text_vectors = None
 
     # -- writing ------------------------------------------------------------------------------
 

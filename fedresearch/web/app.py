@@ -124,6 +124,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             await pages.close()
             await llm.close()
             work.close()
+            await asyncio.to_thread(library.close)  # on PostgreSQL, closing the pool waits for its threads
 
 
 async def _open_jobs(app: web.Application, redis: SharedRedis | None, work: WorkPool) -> None:
