@@ -46,7 +46,7 @@ def _free_port() -> int:
 def pgbouncer_port(postgres_server: str) -> Iterator[int]:
     from psycopg.conninfo import conninfo_to_dict
 
-    binary = shutil.which("pgbouncer") or next((p for p in ("/usr/sbin/pgbouncer",) if os.path.exists(p)), None)
+    binary = shutil.which("pgbouncer", path=f"{os.environ.get('PATH', '')}:/usr/sbin")  # Debian puts it in sbin
     if binary is None:
         if os.environ.get("CI") == "true":
             pytest.fail("pgbouncer is missing in CI: .ci/run installs it (apt-get install pgbouncer)")
