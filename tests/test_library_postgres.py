@@ -502,3 +502,18 @@ async def test_a_stopped_server_closes_its_library_and_lets_its_model_go(tmp_pat
     await runner.cleanup()
     assert await asyncio.to_thread(connections) == before
     assert served.encoder is None
+
+
+def test_a_lost_prepared_statement_says_which_setting_fixes_it(postgres_url):
+    """What the server answers behind PgBouncer without FEDRESEARCH_LIBRARY_TRANSACTION_POOLING:
+    a retriever failure that names the setting, not "internal error in the adapter"."""
+    library = Library(postgres_url)
+    store = library.store
+    assert isinstance(store, PostgresStore)
+    lost = r'lost a prepared statement: prepared statement "_pg3_9" does not exist; behind a pooler in transaction'
+    said = pytest.raises(LibraryUnavailable, match=lost + r" mode \(PgBouncer\), set FEDRESEARCH_LIBRARY_TRANSACTION")
+    with said, store._db() as db:
+        db.execute("EXECUTE _pg3_9")  # the statement a pooler ran on another server connection
+    ingest(library, "alice", [EXAMPLES])  # the connection it happened on serves on
+    assert library.search("alice", "reciprocal rank fusion", None, 3)
+    library.close()

@@ -452,12 +452,28 @@ class PostgresStore:
             if "statement timeout" in reason and bounded and self.read_timeout_s is not None:
                 reason += f" (reads stop after {self.read_timeout_s:g} s, RETRIEVER_TIMEOUT_S)"
             raise LibraryUnavailable(f"the library's PostgreSQL server cancelled the query: {reason}") from None
+        except (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePreparedStatement) as error:
+            raise self._statements_lost(error) from None
         except psycopg.OperationalError as error:
+            if isinstance(error, psycopg.errors.ProtocolViolation) and "prepared statement" in str(error):
+                raise self._statements_lost(error) from None  # another statement's under our name
             if not db.broken:
                 raise  # the server's answer to this query (a constraint, a deadlock...), not an outage
             raise self._lost(error) from None
         finally:
             self._pool.putconn(db)
+
+    def _statements_lost(self, error: Exception) -> LibraryUnavailable:
+        """A prepared statement missing, or already there under our name: what a pooler in
+        transaction mode does to them (the next transaction runs on another server connection)."""
+        advice = (
+            ""
+            if self.transaction_pooling
+            else "; behind a pooler in transaction mode (PgBouncer), set FEDRESEARCH_LIBRARY_TRANSACTION_POOLING=true"
+        )
+        return LibraryUnavailable(
+            f"the library's PostgreSQL server lost a prepared statement: {_first_line(error)}{advice}"
+        )
 
     def _lost(self, error: Exception) -> LibraryUnavailable:
         """The connection ended mid-call: the server is away (probe raises), or it restarted and is back."""
