@@ -2,11 +2,13 @@
 
     python -m bench.scaling [--workers 1,2] [--balance reuseport,shared] [--seconds 8]
                             [--concurrency 64] [--sockets 1000] [--rate 0.5] [--client-procs 1]
-                            [--fake-procs cores/8]
+                            [--fake-procs cores/8] [--state redis,cluster]
 
 For each worker count N (and each way of sharing the port), `fedresearch serve --workers N` runs
 as in production, with its shared state in a real redis-server started here (N = 1 also runs
-without Redis: today's single process). Fake Tavily and Google answer in 50 ms from
+without Redis: today's single process); `--state redis,cluster` runs each row a second time with
+the state in a Redis Cluster of three primaries on this machine (FEDRESEARCH_REDIS_CLUSTER), whose
+efficiency is against one worker on the cluster. Fake Tavily and Google answer in 50 ms from
 `--fake-procs` processes of their own (sharing two ports); clients run in `--client-procs`
 processes of their own. The `cli` and `fakes` columns are the cores those used: near their
 process counts, the load generator or the fakes, not the server, set the row. Two scenarios per row:
@@ -49,6 +51,7 @@ import websockets
 
 from bench.load import ROOT, UPSTREAM_S, cpu_seconds, cpu_topology, free_port, machine_busy, percentile, raise_fd_limit
 from tests.fakes import FakeGoogle, FakeTavily
+from tests.redis_cluster import RedisCluster, start_redis_cluster
 from tests.redis_server import RedisServer, start_redis
 
 TASK = {"headers": {"retrievers": "tavily,google"}}
@@ -308,19 +311,19 @@ def measure(server: Server, fakes: Fakes, options: argparse.Namespace, label: st
     }
 
 
-def configurations(options: argparse.Namespace) -> list[tuple[int, str, bool]]:
-    rows: list[tuple[int, str, bool]] = []
+def configurations(options: argparse.Namespace) -> list[tuple[int, str, str]]:
+    """(workers, balance, state): state is "process" (nothing shared), "redis" or "cluster"."""
+    rows: list[tuple[int, str, str]] = []
     for workers in options.workers:
         if workers == 1:
-            rows.append((1, "reuseport", False))  # today's single process, nothing shared
-            rows.append((1, "reuseport", True))
+            rows.append((1, "reuseport", "process"))  # today's single process, nothing shared
+            rows += [(1, "reuseport", state) for state in options.state]
         else:
-            rows += [(workers, balance, True) for balance in options.balance]
+            rows += [(workers, balance, state) for balance in options.balance for state in options.state]
     return rows
 
 
-def print_row(workers: int, balance: str, redis: bool, row: dict[str, Any], base: float) -> None:
-    state = "Redis" if redis else "process"
+def print_row(workers: int, balance: str, state: str, row: dict[str, Any], base: float) -> None:
     efficiency = row["tasks/s"] / (workers * base) if base else float("nan")
     print(
         f"{workers:>7} {balance if workers > 1 else '-':>9} {state:>7} {row['tasks/s']:>8.1f} {efficiency:>6.2f} "
@@ -338,6 +341,7 @@ def main(options: argparse.Namespace) -> None:
         raise SystemExit("bench.scaling needs redis-server (apt-get install redis-server)")
     with upstreams(options.fake_procs) as fakes:
         redis: RedisServer = start_redis()
+        cluster: RedisCluster | None = start_redis_cluster() if "cluster" in options.state else None
         env = start_server_env(fakes.tavily_url, fakes.google_url)
         print(
             f"{cpu_topology()}; closed loop: {options.concurrency} sockets for {options.seconds:g} s; steady: "
@@ -350,20 +354,26 @@ def main(options: argparse.Namespace) -> None:
             f"{'rate/s':>7} {'p50 over':>8} {'p99 over':>8} {'err':>4} | "
             f"{'load':>5}"
         )
-        base = 0.0
+        base: dict[str, float] = {}  # tasks/s of one worker, per state
         try:
-            for workers, balance, shared in configurations(options):
-                server_env = {**env, "FEDRESEARCH_REDIS_URL": redis.url} if shared else env
+            for workers, balance, state in configurations(options):
+                server_env = dict(env)
+                if state == "redis":
+                    server_env["FEDRESEARCH_REDIS_URL"] = redis.url
+                elif state == "cluster" and cluster is not None:
+                    server_env.update(FEDRESEARCH_REDIS_URL=cluster.url, FEDRESEARCH_REDIS_CLUSTER="true")
                 server = start_server(workers, balance, server_env)
                 try:
-                    row = measure(server, fakes, options, f"{workers}{balance}{shared}")
+                    row = measure(server, fakes, options, f"{workers}{balance}{state}")
                 finally:
                     server.stop()
-                if workers == 1 and shared:
-                    base = row["tasks/s"]
-                print_row(workers, balance, shared, row, base)
+                if workers == 1:
+                    base[state] = row["tasks/s"]
+                print_row(workers, balance, state, row, base.get(state, 0.0) if state != "process" else 0.0)
         finally:
             redis.stop()
+            if cluster is not None:
+                cluster.stop()
 
 
 def numbers(text: str) -> list[int]:
@@ -379,6 +389,9 @@ if __name__ == "__main__":
     parser.add_argument("--sockets", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=0.5, help="steady arrivals as a fraction of capacity")
     parser.add_argument("--client-procs", type=int, default=1)
+    parser.add_argument(
+        "--state", type=lambda text: text.split(","), default=["redis"], help="redis, cluster or both (redis,cluster)"
+    )
     parser.add_argument(
         "--fake-procs", type=int, default=fake_processes_for_this_machine(), help="processes answering as the fakes"
     )

@@ -25,16 +25,16 @@ def _id(n: int) -> str:
 
 
 @pytest.fixture
-async def store(redis_url):
-    shared = SharedRedis(connect(redis_url), redis_url)
+async def store(redis_target):
+    shared = redis_target.shared()
     yield RedisJobStore(shared)
     await shared.close()
 
 
 @pytest.fixture
-async def elsewhere(redis_url):
+async def elsewhere(redis_target):
     """The same store as another worker sees it: only through Redis."""
-    shared = SharedRedis(connect(redis_url), redis_url)
+    shared = redis_target.shared()
     yield RedisJobStore(shared)
     await shared.close()
 
@@ -71,14 +71,22 @@ async def test_finishing_writes_the_last_frames_state_and_end_in_one_round_trip(
     """The frames still gathering go with the final state and the end, at once, not after the
     write-behind's wait and then a round trip of their own."""
     await store.create(Job(_id(2), "alice", "q", status=JobStatus.running))
-    await store.redis.config_resetstat()
+    before = await _scripts_run(store)
     for n in range(3):
         await store.append(_id(2), {"n": n})
     await store.finish(_id(2), JobStatus.completed)
-    assert (await store.redis.info("commandstats"))["cmdstat_evalsha"]["calls"] == 1
+    assert await _scripts_run(store) == before + 1
     assert [frame["n"] async for frame in follow(elsewhere, _id(2))] == [0, 1, 2]
     job = await elsewhere.get(_id(2))
     assert job is not None and job.status is JobStatus.completed
+
+
+async def _scripts_run(store: RedisJobStore) -> int:
+    """EVALSHA calls so far, on every node of a cluster."""
+    if not store.shared.cluster:
+        return int((await store.redis.info("commandstats")).get("cmdstat_evalsha", {}).get("calls", 0))
+    nodes = await store.redis.info("commandstats", target_nodes="primaries")  # type: ignore[call-arg]
+    return sum(int(stats.get("cmdstat_evalsha", {}).get("calls", 0)) for stats in nodes.values())
 
 
 async def test_frames_of_a_job_deleted_elsewhere_do_not_bring_it_back(store, elsewhere) -> None:
@@ -143,11 +151,11 @@ async def test_with_redis_gone_a_workers_own_jobs_are_still_deleted_and_others_s
         await shared.close()
 
 
-async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes, start_server, redis_url):
+async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes, start_server, redis_target):
     fakes["tavily"].behaviour.delay_s = 0.8
     # two workers of one host: one data folder (the reports), the jobs in Redis
     settings = make_settings(
-        tmp_path, fakes, api_keys=SecretStr(KEYS), redis_url=SecretStr(redis_url), upstream_cache_ttl_s=0
+        tmp_path, fakes, api_keys=SecretStr(KEYS), upstream_cache_ttl_s=0, **redis_target.settings()
     )
     first, second = await start_server(settings), await start_server(settings)
     task = {**TASK, "headers": {"retrievers": "internal_biblio,tavily"}, "detach": True}
@@ -196,8 +204,8 @@ async def test_the_next_task_sent_the_moment_path_arrives_is_not_refused(tmp_pat
         far.down()
 
 
-async def test_a_finished_jobs_mirror_is_dropped_and_redis_serves_it_after(redis_url) -> None:
-    shared = SharedRedis(connect(redis_url), redis_url)
+async def test_a_finished_jobs_mirror_is_dropped_and_redis_serves_it_after(redis_target) -> None:
+    shared = redis_target.shared()
     store = RedisJobStore(shared, keep_finished_s=0.1)
     await store.create(Job(_id(7), "alice", "q", status=JobStatus.running))
     for n in range(3):

@@ -25,6 +25,7 @@ from fedresearch.federation.shared_state import RedisRateLimiter
 from fedresearch.retrievers import brave
 from fedresearch.web.keys import RUNNING
 from tests.conftest import error_of, logs, make_settings, run_task
+from tests.redis_cluster import RedisTarget
 from tests.redis_server import start_redis
 from tests.scholarly_fakes import scholarly_settings, start_scholarly
 from tests.test_faults import outcome
@@ -32,11 +33,11 @@ from tests.test_faults import outcome
 LIMITS = {"retriever_timeout_s": 1.5, "retry_attempts": 0}
 
 
-async def two_servers(tmp_path, fakes, start_server, redis_url, **overrides):
-    """Two app instances sharing one Redis, each with its own data folder (as on two hosts)."""
+async def two_servers(tmp_path, fakes, start_server, redis_target, **overrides):
+    """Two app instances sharing one Redis (or cluster), each with its own data folder (as on two hosts)."""
     servers = []
     for name in ("a", "b"):
-        settings = make_settings(tmp_path / name, fakes, redis_url=SecretStr(redis_url), **{**LIMITS, **overrides})
+        settings = make_settings(tmp_path / name, fakes, **redis_target.settings(), **{**LIMITS, **overrides})
         servers.append(await start_server(settings))
     return servers
 
@@ -47,8 +48,8 @@ async def ask(server, question, retrievers="tavily,google", token=None):
         return await run_task(ws, {"task": question, "headers": {"retrievers": retrievers}})
 
 
-async def test_a_breaker_opened_on_one_instance_holds_on_the_other(tmp_path, fakes, start_server, redis_url):
-    first, second = await two_servers(tmp_path, fakes, start_server, redis_url)
+async def test_a_breaker_opened_on_one_instance_holds_on_the_other(tmp_path, fakes, start_server, redis_target):
+    first, second = await two_servers(tmp_path, fakes, start_server, redis_target)
     fakes["tavily"].behaviour.mode = "401"
     step, metadata = outcome(await ask(first, "rank fusion"), "tavily")
     assert step == "retriever_failed" and "401" in metadata["error"]
@@ -58,8 +59,8 @@ async def test_a_breaker_opened_on_one_instance_holds_on_the_other(tmp_path, fak
     assert outcome(await ask(second, "another question"), "google")[0] == "retriever_done"
 
 
-async def test_errors_counted_across_instances_open_the_breaker(tmp_path, fakes, start_server, redis_url):
-    servers = await two_servers(tmp_path, fakes, start_server, redis_url, breaker_error_threshold=3)
+async def test_errors_counted_across_instances_open_the_breaker(tmp_path, fakes, start_server, redis_target):
+    servers = await two_servers(tmp_path, fakes, start_server, redis_target, breaker_error_threshold=3)
     fakes["tavily"].behaviour.mode = "500"
     for number in range(3):  # a, b, a: three failures in a row, though no instance saw three
         step, _ = outcome(await ask(servers[number % 2], f"question {number}"), "tavily")
@@ -68,8 +69,8 @@ async def test_errors_counted_across_instances_open_the_breaker(tmp_path, fakes,
     assert step == "retriever_skipped" and "suspended 30 s" in metadata["error"]
 
 
-async def test_an_answer_cached_by_one_instance_serves_the_other(tmp_path, fakes, start_server, redis_url):
-    first, second = await two_servers(tmp_path, fakes, start_server, redis_url)
+async def test_an_answer_cached_by_one_instance_serves_the_other(tmp_path, fakes, start_server, redis_target):
+    first, second = await two_servers(tmp_path, fakes, start_server, redis_target)
     step, metadata = outcome(await ask(first, "Rank Fusion"), "tavily")
     assert step == "retriever_done" and not metadata["cached"]
     step, metadata = outcome(await ask(second, "rank   fusion"), "tavily")
@@ -77,7 +78,7 @@ async def test_an_answer_cached_by_one_instance_serves_the_other(tmp_path, fakes
     assert len(fakes["tavily"].requests) == 1
 
 
-async def test_two_processes_together_keep_to_the_upstreams_rate(tmp_path, redis_url):
+async def test_two_processes_together_keep_to_the_upstreams_rate(tmp_path, redis_target):
     upstreams = await start_scholarly()
     try:
         settings = make_settings(
@@ -87,7 +88,7 @@ async def test_two_processes_together_keep_to_the_upstreams_rate(tmp_path, redis
         options = SearchOptions(query="dense passage retrieval", max_results=3)
 
         async def one_process() -> list[object]:
-            shared = SharedRedis(connect(redis_url), redis_url)
+            shared = redis_target.shared()
             limiter = RedisRateLimiter(shared, Leases(shared.client))
             async with aiohttp.ClientSession() as session:
                 deps = Deps(session, settings, limiter=limiter)
@@ -106,9 +107,9 @@ async def test_two_processes_together_keep_to_the_upstreams_rate(tmp_path, redis
             await fake.stop()
 
 
-async def test_a_keys_task_limit_holds_across_instances(tmp_path, fakes, start_server, redis_url):
+async def test_a_keys_task_limit_holds_across_instances(tmp_path, fakes, start_server, redis_target):
     keys = {"api_keys": SecretStr("team-key:alice"), "max_tasks_per_key": 1, "retriever_timeout_s": 10}
-    first, second = await two_servers(tmp_path, fakes, start_server, redis_url, **keys)
+    first, second = await two_servers(tmp_path, fakes, start_server, redis_target, **keys)
     fakes["tavily"].behaviour.delay_s = 1.5
     task = {"task": "slow question", "headers": {"retrievers": "tavily"}}
     async with websockets.connect(first.ws_url, additional_headers={"Authorization": "Bearer team-key"}) as ws:
@@ -129,7 +130,7 @@ async def test_a_keys_task_limit_holds_across_instances(tmp_path, fakes, start_s
 
 HOLDER = """
 import asyncio, sys
-from fedresearch.core.shared import Leases, connect
+from fedresearch.core.shared import Leases, SharedRedis, connect
 
 async def hold():
     leases = Leases(connect(sys.argv[1]), lease_s=1.0)
@@ -184,19 +185,35 @@ async def test_tasks_go_on_when_redis_dies_mid_run(tmp_path, fakes, start_server
         server_of_redis.stop()
 
 
+async def test_a_cluster_taken_for_a_single_redis_says_which_setting_is_missing(
+    tmp_path, fakes, start_server, redis_cluster, caplog
+):
+    """Given one node of a cluster without FEDRESEARCH_REDIS_CLUSTER, the keys of other nodes'
+    slots answer MOVED and a job's script CROSSSLOT: the tasks go on, each process on its own state,
+    and the log says what to set."""
+    redis_cluster.flush()
+    settings = make_settings(tmp_path, fakes, redis_url=SecretStr(redis_cluster.url), **LIMITS)
+    server = await start_server(settings)
+    with caplog.at_level(logging.WARNING, logger="fedresearch"):
+        frames = await ask(server, "reciprocal rank fusion")
+    assert frames[-1]["type"] == "path" and outcome(frames, "tavily")[0] == "retriever_done"
+    said = [record.getMessage() for record in caplog.records if "Redis at redis://" in record.getMessage()]
+    assert said and "this Redis is a cluster: set FEDRESEARCH_REDIS_CLUSTER=true" in said[0]
+
+
 async def health(server) -> dict:
     async with aiohttp.ClientSession() as session, session.get(server.url + "/healthz") as response:
         assert response.status == 200  # the process serves: a dependency's trouble is in the body
         return await response.json()
 
 
-def limiter_of(redis_url: str) -> RedisRateLimiter:
-    shared = SharedRedis(connect(redis_url), redis_url)
+def limiter_of(redis_target: RedisTarget) -> RedisRateLimiter:
+    shared = redis_target.shared()
     return RedisRateLimiter(shared, Leases(shared.client))
 
 
-async def test_a_429_seen_by_one_process_pauses_the_upstream_for_the_other(redis_url):
-    first, second, rate = limiter_of(redis_url), limiter_of(redis_url), Rate(100)
+async def test_a_429_seen_by_one_process_pauses_the_upstream_for_the_other(redis_target):
+    first, second, rate = limiter_of(redis_target), limiter_of(redis_target), Rate(100)
     async with first.slot("upstream", rate):
         pass
     assert first.observe("upstream", 429, {"Retry-After": "1"}) == 1.0
@@ -207,8 +224,8 @@ async def test_a_429_seen_by_one_process_pauses_the_upstream_for_the_other(redis
     assert waited >= 0.6  # the rest of the second-long pause, though this process saw no 429
 
 
-async def test_a_connection_cap_holds_across_processes(redis_url):
-    first, second, rate = limiter_of(redis_url), limiter_of(redis_url), Rate(1000, connections=1)
+async def test_a_connection_cap_holds_across_processes(redis_target):
+    first, second, rate = limiter_of(redis_target), limiter_of(redis_target), Rate(1000, connections=1)
     order: list[str] = []
 
     async def hold(limiter: RedisRateLimiter, name: str) -> None:
@@ -222,7 +239,7 @@ async def test_a_connection_cap_holds_across_processes(redis_url):
 
 
 async def test_the_next_task_starts_though_the_last_ones_lease_reaches_redis_after_its_path(
-    tmp_path, fakes, start_server, redis_url, monkeypatch
+    tmp_path, fakes, start_server, redis_target, monkeypatch
 ):
     """What a worker whose Redis pool had no idle connection does: its removal of the finished
     task's lease connects first, and reaches Redis after the client has its `path` frame."""
@@ -234,7 +251,27 @@ async def test_the_next_task_starts_though_the_last_ones_lease_reaches_redis_aft
 
     monkeypatch.setattr(Leases, "_remove", late_removal)
     keys = {"api_keys": SecretStr("team-key:alice"), "max_tasks_per_key": 1}
-    first, second = await two_servers(tmp_path, fakes, start_server, redis_url, **keys)
+    first, second = await two_servers(tmp_path, fakes, start_server, redis_target, **keys)
     for number in range(3):  # as GPT-Researcher's clients do: the next task the moment `path` arrives
         frames = await ask(first if number % 2 else second, f"question {number}", "tavily", token="team-key")
         assert outcome(frames, "tavily")[0] == "retriever_done", error_of(frames)
+
+
+async def test_a_cluster_clients_first_commands_sent_at_once_all_reach_their_slots(redis_cluster):
+    """A cluster client learns the slots on its first command; dozens of tasks sending theirs at
+    once, before it knew them, had some fail and kept failing ("Connection closed by server")."""
+    redis_cluster.flush()
+    for _ in range(2):  # two fresh clients
+        shared = RedisTarget(redis_cluster.url, cluster=True).shared()
+        try:
+            for _ in range(3):
+                await asyncio.gather(*(_paced_read(shared, number) for number in range(60)))
+            assert shared.trouble is None  # no command failed over to this process's own state
+        finally:
+            await shared.close()
+
+
+async def _paced_read(shared: SharedRedis, number: int) -> None:
+    limiter = RedisRateLimiter(shared, Leases(shared.client))
+    async with limiter.slot(f"upstream {number % 7}", Rate(1000)):
+        await shared.attempt("a read", lambda: shared.client.get(f"fedresearch:probe:{number}"))

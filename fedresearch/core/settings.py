@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     # threads per process that write reports and save files (core/work.py says why so few)
     work_threads: int = Field(2, ge=1, le=64, validation_alias="WORK_THREADS")
     redis_url: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_REDIS_URL")
+    # that URL is one node of a Redis or Valkey Cluster (managed ones in cluster mode included)
+    redis_cluster: bool = Field(False, validation_alias="FEDRESEARCH_REDIS_CLUSTER")
     data_dir: Path = Field(Path("./data"), validation_alias="FEDRESEARCH_DATA_DIR")
     # unset: the embedded library under data_dir; postgresql://…: on PostgreSQL (secret: it may hold a password)
     library_url: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_LIBRARY_URL")

@@ -4,6 +4,10 @@ Every shared structure has an in-process twin. A Redis one falls back to its twi
 be reached and says so in the log, once per outage: each command has a 1 s timeout and is not
 retried, and after a failure Redis is left alone for a few seconds, so no task ever waits on it.
 
+With FEDRESEARCH_REDIS_CLUSTER the client is a cluster client, and every script and transaction
+touches keys of one slot only (a hash tag, `{…}`, in their names): a cluster refuses a command
+whose keys sit in two slots (CROSSSLOT).
+
 `Leases` counts holders that cannot leak: each holder is a member of a sorted set scored by its
 expiry, renewed by the process that holds it; a process killed with SIGKILL stops renewing, and its
 leases lapse within `lease_s`.
@@ -16,11 +20,12 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
 
 log = logging.getLogger("fedresearch")
 
@@ -54,24 +59,35 @@ return 0
 )
 
 
-def connect(url: str) -> Redis:
-    """A client for `url` that fails fast: 1 s timeouts, no retries (the callers fall back instead)."""
+def connect(url: str, cluster: bool = False) -> Redis:
+    """A client for `url` that fails fast: 1 s timeouts, no retries (the callers fall back instead);
+    with `cluster`, a cluster client that learns the other nodes from this one (typed as Redis: the
+    commands used here are the same on both)."""
     try:
         from redis.asyncio import Redis
+        from redis.asyncio.cluster import RedisCluster
         from redis.backoff import NoBackoff
         from redis.retry import Retry
     except ImportError:
         raise RuntimeError(
             "FEDRESEARCH_REDIS_URL is set but the redis package is not installed: pip install 'fedresearch[redis]'"
         ) from None
-    return Redis.from_url(
-        url,
-        socket_timeout=_TIMEOUT_S,
-        socket_connect_timeout=_TIMEOUT_S,
-        retry=Retry(NoBackoff(), 0),
-        retry_on_timeout=False,
-        health_check_interval=30,
-    )
+    fail_fast: dict[str, Any] = {
+        "socket_timeout": _TIMEOUT_S,
+        "socket_connect_timeout": _TIMEOUT_S,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if cluster:
+        return cast("Redis", RedisCluster.from_url(url, **fail_fast))
+    return Redis.from_url(url, **fail_fast, retry_on_timeout=False, health_check_interval=30)
+
+
+def failures() -> tuple[type[BaseException], ...]:
+    """What a Redis command raises when Redis, or the network, fails: a cluster client's own errors
+    (no node answers for a slot) are not RedisErrors."""
+    from redis.exceptions import RedisClusterException, RedisError
+
+    return RedisError, RedisClusterException, OSError, TimeoutError
 
 
 def where(url: str) -> str:
@@ -90,7 +106,15 @@ class SharedRedis:
     """One Redis client and its health, for every shared structure of a process."""
 
     def __init__(self, client: Redis, url: str, clock: Callable[[], float] = time.monotonic) -> None:
+        from redis.asyncio.cluster import RedisCluster
+
         self.client = client
+        self.cluster = isinstance(client, RedisCluster)  # scripts and transactions keep to one slot
+        # a cluster client learns the slots on its first command; when dozens of tasks sent theirs at
+        # once, before it knew them, some went to the wrong node for good (redis-py 8.1: 2-8 of 50
+        # commands a round failed, "Connection closed by server"), so it learns them first, alone
+        self._learned = not self.cluster
+        self._learning = asyncio.Lock()
         self.where = where(url)
         self.clock = clock
         self._down_until = 0.0
@@ -98,19 +122,25 @@ class SharedRedis:
 
     async def attempt(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
         """`operation` on Redis; SharedDown (logged once per outage) when Redis fails or failed recently."""
-        from redis.exceptions import RedisError
-
         if self._down and self.clock() < self._down_until:
             raise SharedDown(f"Redis at {self.where} does not answer")
         try:
+            if not self._learned:
+                await self._learn_slots()
             result = await operation()
-        except (RedisError, OSError, TimeoutError) as error:
+        except failures() as error:
             self._failed(what, error)
             raise SharedDown(f"Redis at {self.where} does not answer") from error
         if self._down:
             self._down = False
             log.warning("Redis at %s answers again: shared state is back in use", self.where)
         return result
+
+    async def _learn_slots(self) -> None:
+        async with self._learning:
+            if not self._learned:
+                await cast("RedisCluster", self.client).initialize()
+                self._learned = True
 
     async def run(self, what: str, operation: Callable[[], Awaitable[T]], fallback: Callable[[], Awaitable[T]]) -> T:
         """`operation` on Redis, or `fallback` (this process's own state) while Redis is failing."""
@@ -125,17 +155,27 @@ class SharedRedis:
         anyone may read: where Redis is stays in the log)."""
         return "Redis does not answer: each process uses its own state" if self._down else None
 
-    def _failed(self, what: str, error: Exception) -> None:
+    def _failed(self, what: str, error: BaseException) -> None:
         if not self._down:
             log.warning(
-                "Redis at %s failed while %s (%s: %s): each process uses its own state until it answers again",
+                "Redis at %s failed while %s (%s: %s%s): each process uses its own state until it answers again",
                 self.where,
                 what,
                 type(error).__name__,
                 error,
+                self._hint(error),
             )
         self._down = True
         self._down_until = self.clock() + _REST_S
+
+    def _hint(self, error: BaseException) -> str:
+        """What to do when a single server's client is answered by a cluster (MOVED: the key's slot
+        is on another node)."""
+        from redis.exceptions import AskError, ClusterCrossSlotError, ClusterDownError
+
+        if not self.cluster and isinstance(error, (AskError, ClusterCrossSlotError, ClusterDownError)):
+            return "; this Redis is a cluster: set FEDRESEARCH_REDIS_CLUSTER=true"
+        return ""
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -176,22 +216,18 @@ class Leases:
         task.add_done_callback(self._releasing.discard)
 
     async def _remove(self, name: str, token: str) -> None:
-        from redis.exceptions import RedisError
-
         try:
             await self.redis.zrem(PREFIX + name, token)
-        except (RedisError, OSError, TimeoutError) as error:
+        except failures() as error:
             log.warning("could not give back a lease on %s in Redis (it lapses by itself): %s", name, error)
 
     async def _renew_while_held(self) -> None:
-        from redis.exceptions import RedisError
-
         while self._held:
             await asyncio.sleep(self.lease_ms / 3000)
             for name, tokens in list(self._held.items()):
                 try:
                     await self._renew(keys=[PREFIX + name], args=[self.lease_ms, *tokens])
-                except (RedisError, OSError, TimeoutError) as error:
+                except failures() as error:
                     log.warning("could not renew leases on %s in Redis: %s", name, error)
 
     async def close(self) -> None:

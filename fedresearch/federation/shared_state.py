@@ -60,6 +60,11 @@ def _digest(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, default=str, ensure_ascii=False).encode()).hexdigest()[:32]
 
 
+def _rate_key(upstream: str, what: str) -> str:
+    """An upstream's meter or pause, in one slot (a hash tag): the reserving script reads both."""
+    return f"{PREFIX}rate:{{{upstream}}}:{what}"
+
+
 class RedisBreaker:
     def __init__(self, shared: SharedRedis, settings: Settings) -> None:
         self.shared = shared
@@ -70,7 +75,7 @@ class RedisBreaker:
 
     @staticmethod
     def _keys(key: tuple[str, str]) -> tuple[str, str]:
-        base = f"{PREFIX}breaker:{_digest(*key)}"
+        base = f"{PREFIX}breaker:{{{_digest(*key)}}}"  # a hash tag: one slot, for the transaction on both
         return base + ":failures", base + ":open"
 
     async def check(self, key: tuple[str, str]) -> None:
@@ -216,7 +221,7 @@ class RedisRateLimiter:
         """Wait for a connection (if capped) and the upstream's next start; the connection's lease."""
         lease = await self._connection(upstream, rate.connections) if rate.connections else None
         try:
-            meter, paused = f"{PREFIX}rate:{upstream}:next", f"{PREFIX}rate:{upstream}:paused"
+            meter, paused = _rate_key(upstream, "next"), _rate_key(upstream, "paused")
             wait_ms = int(await self._reserve(keys=[meter, paused], args=[max(1, int(rate.interval_s * 1000))]))
             if wait_ms > 0:  # the script saw no pause now; one may come while we wait
                 await asyncio.sleep(wait_ms / 1000)
@@ -254,7 +259,7 @@ class RedisRateLimiter:
 
     async def _share_pause(self, upstream: str, pause_s: float) -> None:
         async def push() -> None:
-            await self._pause(keys=[f"{PREFIX}rate:{upstream}:paused"], args=[max(1, int(pause_s * 1000))])
+            await self._pause(keys=[_rate_key(upstream, "paused")], args=[max(1, int(pause_s * 1000))])
 
         with contextlib.suppress(SharedDown):
             await self.shared.attempt(f"pausing {upstream} after a 429", push)

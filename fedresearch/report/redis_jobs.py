@@ -81,16 +81,27 @@ return 1
 _GATHER_S = 0.05
 
 
-def _meta(research_id: str) -> str:
-    return f"{PREFIX}job:{research_id}"
+class _JobKeys:
+    """A job's three keys. On a cluster the job's id is their hash tag, so that the scripts reading
+    and writing all three run on one node; on a single Redis their names stay those of the jobs
+    stored before clusters were supported, which would otherwise drop out of every listing."""
 
+    def __init__(self, tagged: bool) -> None:
+        self.tagged = tagged
 
-def _frames(research_id: str) -> str:
-    return f"{PREFIX}job:{research_id}:frames"
+    def meta(self, research_id: str) -> str:
+        return f"{PREFIX}job:{{{research_id}}}" if self.tagged else f"{PREFIX}job:{research_id}"
 
+    def frames(self, research_id: str) -> str:
+        return self.meta(research_id) + ":frames"
 
-def _ended(research_id: str) -> str:
-    return f"{PREFIX}job:{research_id}:ended"
+    def ended(self, research_id: str) -> str:
+        return self.meta(research_id) + ":ended"
+
+    def all(self, research_id: str) -> list[str]:
+        """Frames, end, metadata: the KEYS of the scripts that write a job."""
+        meta = self.meta(research_id)
+        return [meta + ":frames", meta + ":ended", meta]
 
 
 def _owned_by(owner: str | None) -> str:
@@ -108,6 +119,7 @@ class RedisJobStore:
     def __init__(self, shared: SharedRedis, keep_finished_s: float = 60.0) -> None:
         self.shared = shared
         self.redis = shared.client
+        self._keys = _JobKeys(tagged=shared.cluster)
         self.keep_finished_s = keep_finished_s  # how long a finished job's mirror serves late readers
         self.here = LocalJobStore(None)  # the jobs run here, and those created while Redis failed
         self._only_here: set[str] = set()  # of those, the ones Redis does not have (whole)
@@ -141,9 +153,19 @@ class RedisJobStore:
         await self.here.create(job)
 
     async def _create(self, job: Job) -> None:
-        keys = [_meta(job.research_id), _owned_by(job.owner), _EVERY_JOB]
-        if not await self._create_script(keys=keys, args=[_dumps(job.to_json()), job.created_at, job.research_id]):
+        meta, listed = self._keys.meta(job.research_id), {job.research_id: job.created_at}
+        if not self.shared.cluster:
+            keys = [meta, _owned_by(job.owner), _EVERY_JOB]
+            if not await self._create_script(keys=keys, args=[_dumps(job.to_json()), job.created_at, job.research_id]):
+                raise ValueError(f"job {job.research_id} exists")
+            return
+        # the lists sit in other slots: the job first, so an id already taken is never listed again
+        if not await self.redis.set(meta, _dumps(job.to_json()), nx=True):
             raise ValueError(f"job {job.research_id} exists")
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(_owned_by(job.owner), listed)
+            pipe.zadd(_EVERY_JOB, listed)
+            await pipe.execute()
 
     async def save(self, job: Job) -> None:
         if job.research_id in self.here:
@@ -160,7 +182,7 @@ class RedisJobStore:
 
     async def _save(self, job: Job) -> None:
         job = job.evolve(updated_at=time.time())
-        keys = [_frames(job.research_id), _ended(job.research_id), _meta(job.research_id)]
+        keys = self._keys.all(job.research_id)
         ending = job.status.value if job.status.finished else ""
         if int(await self._save_script(keys=keys, args=[_dumps(job.to_json()), ending])) < 0:
             raise KeyError(job.research_id)
@@ -200,7 +222,7 @@ class RedisJobStore:
         with an extra SCRIPT EXISTS each time)."""
         meta = "" if job is None else _dumps(job.to_json())
         status = job.status.value if ending and job is not None else ""
-        keys = [_frames(research_id), _ended(research_id), _meta(research_id)]
+        keys = self._keys.all(research_id)
         await self._write_behind_script(keys=keys, args=[meta, status, *frames])
 
     async def _written(self, research_id: str) -> None:
@@ -209,7 +231,7 @@ class RedisJobStore:
             await asyncio.shield(writing)
 
     async def _append_one(self, research_id: str, frame: Frame) -> int:
-        index = int(await self._append(keys=[_frames(research_id), _ended(research_id)], args=[frame_text(frame)]))
+        index = int(await self._append(keys=self._keys.all(research_id)[:2], args=[frame_text(frame)]))
         if index < 0:
             raise ValueError(f"job {research_id} is finished: no frame may follow")
         return index
@@ -222,7 +244,7 @@ class RedisJobStore:
     async def _frames_from(self, research_id: str, start: int) -> builtins.list[Frame]:
         entries = cast(
             builtins.list[tuple[bytes, dict[bytes, bytes]]],
-            await self.redis.xrange(_frames(research_id), min=f"0-{start + 1}"),
+            await self.redis.xrange(self._keys.frames(research_id), min=f"0-{start + 1}"),
         )
         return [json.loads(fields[b"f"]) for _, fields in entries if b"f" in fields]
 
@@ -236,7 +258,7 @@ class RedisJobStore:
             if job.status.finished:
                 return True
             # entries after 0-seen: frame number `seen` or the end
-            more = lambda: self.redis.xread({_frames(research_id): f"0-{seen}"}, count=1, block=_WAIT_MS)  # noqa: E731
+            more = lambda: self.redis.xread({self._keys.frames(research_id): f"0-{seen}"}, count=1, block=_WAIT_MS)  # noqa: E731
             if await self.shared.attempt("waiting for a frame", more):
                 return True
 
@@ -274,7 +296,7 @@ class RedisJobStore:
         return await self.shared.attempt("reading a job", lambda: self._get(research_id))
 
     async def _get(self, research_id: str) -> Job | None:
-        stored = await self.redis.get(_meta(research_id))
+        stored = await self.redis.get(self._keys.meta(research_id))
         return None if stored is None else Job.from_json(json.loads(stored))
 
     async def list(self, owner: str | None, everyone: bool = False) -> builtins.list[Job]:
@@ -292,7 +314,7 @@ class RedisJobStore:
         )
         if not ids:
             return []
-        stored = await self.redis.mget([_meta(i.decode()) for i in ids])
+        stored = await self._mget([self._keys.meta(i.decode()) for i in ids])
         return [Job.from_json(json.loads(value)) for value in stored if value is not None]
 
     async def delete(self, research_id: str) -> bool:
@@ -321,17 +343,25 @@ class RedisJobStore:
         """Two round trips whatever the count: retention deletes a busy user's jobs by the dozen, and
         at 140 tasks/s the oldest of 200 were still mirrored here and deleted one by one (one round
         trip a task)."""
-        stored = await self.redis.mget([_meta(research_id) for research_id in research_ids])
+        stored = await self._mget([self._keys.meta(research_id) for research_id in research_ids])
         found = [Job.from_json(json.loads(value)) for value in stored if value is not None]
         if not found:
             return []
-        async with self.redis.pipeline(transaction=True) as pipe:
+        # on a cluster the jobs and lists sit in many slots, which no transaction spans: each DEL
+        # (one job's keys, one slot) and ZREM is atomic on its own
+        async with self.redis.pipeline(transaction=not self.shared.cluster) as pipe:
             for job in found:
-                pipe.delete(_meta(job.research_id), _frames(job.research_id), _ended(job.research_id))
+                pipe.delete(*self._keys.all(job.research_id))
                 pipe.zrem(_owned_by(job.owner), job.research_id)
             pipe.zrem(_EVERY_JOB, *(job.research_id for job in found))
             await pipe.execute()
         return [job.research_id for job in found]
+
+    async def _mget(self, keys: builtins.list[str]) -> builtins.list[bytes | None]:
+        """The values of `keys`, in their order: one MGET, or on a cluster one per slot."""
+        if self.shared.cluster:
+            return cast(builtins.list[bytes | None], await self.redis.mget_nonatomic(keys))  # type: ignore[attr-defined]
+        return cast(builtins.list[bytes | None], await self.redis.mget(keys))
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

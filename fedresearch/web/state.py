@@ -35,7 +35,7 @@ async def open_state(settings: Settings, running: collections.Counter[str]) -> A
     if url is None:
         yield SharedState(Guard(settings), LocalRateLimiter(), LocalTaskSlots(running))
         return
-    shared = SharedRedis(connect(url), url)
+    shared = SharedRedis(connect(url, settings.redis_cluster), url)
     leases = Leases(shared.client)
     # unreachable now: attempt() says so in the log, and this process uses its own state until it answers
     with contextlib.suppress(SharedDown):

@@ -1,0 +1,159 @@
+"""A real Redis Cluster for the tests: three primaries on 127.0.0.1 (a cluster speaks TCP only, and
+each node's bus listens on its port + 10000), the slots spread by `redis-cli --cluster create`, no
+persistence. What managed Valkey and Redis offer in cluster mode (ElastiCache Serverless, Memorystore
+Cluster): a command whose keys sit in two slots is refused with CROSSSLOT, and a key asked of the
+wrong node answers MOVED. Missing binary: the tests skip, saying why, except in CI, where they fail."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fedresearch.core.shared import SharedRedis, connect
+
+_NODES = 3
+
+
+@dataclass
+class RedisCluster:
+    processes: list[subprocess.Popen[bytes]]
+    ports: list[int]
+    folder: Path
+
+    @property
+    def url(self) -> str:
+        """One node's address: the client learns the others from it (CLUSTER SLOTS)."""
+        return f"redis://127.0.0.1:{self.ports[0]}"
+
+    def flush(self) -> None:
+        import redis
+
+        for port in self.ports:
+            with redis.Redis(port=port) as node:
+                node.flushall()
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports free for a node and for its bus (port + 10000)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port + 10000 > 65535 or port in ports:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+def start_redis_cluster() -> RedisCluster:
+    binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if binary is None or cli is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is missing in CI: .ci/run installs it (apt-get install redis-server)")
+        pytest.skip("redis-server is not installed (apt-get install redis-server): the cluster tests need a real one")
+    folder = Path(tempfile.mkdtemp(prefix="fedresearch-redis-cluster-"))
+    ports = _free_ports(_NODES)
+    cluster = RedisCluster([], ports, folder)
+    try:
+        for port in ports:
+            home = folder / str(port)
+            home.mkdir()
+            options = ["--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]
+            options += ["--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"]
+            options += ["--save", "", "--appendonly", "no", "--dir", str(home), "--loglevel", "warning"]
+            cluster.processes.append(subprocess.Popen([binary, *options], stdout=subprocess.DEVNULL))
+        for port in ports:
+            _wait_until(lambda port=port: _answers(port), f"node {port} did not start")
+        nodes = [f"127.0.0.1:{port}" for port in ports]
+        subprocess.run(
+            [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        for port in ports:
+            _wait_until(lambda port=port: _cluster_ok(port), f"node {port} never saw the cluster whole")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _answers(port: int) -> bool:
+    import redis
+
+    with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as node:
+        return bool(node.ping())
+    return False
+
+
+def _cluster_ok(port: int) -> bool:
+    import redis
+
+    with redis.Redis(port=port, socket_timeout=1) as node:
+        return bool(node.cluster("info").get("cluster_state") == "ok")
+
+
+def _wait_until(condition: object, failure: str, timeout_s: float = 30.0) -> None:
+    assert callable(condition)
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(failure)
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    cluster = start_redis_cluster()
+    yield cluster
+    cluster.stop()
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """A Redis the shared state can live in: a single server, or a cluster (FEDRESEARCH_REDIS_CLUSTER)."""
+
+    url: str
+    cluster: bool
+
+    def settings(self) -> dict[str, object]:
+        from pydantic import SecretStr
+
+        return {"redis_url": SecretStr(self.url), "redis_cluster": self.cluster}
+
+    def shared(self) -> SharedRedis:
+        return SharedRedis(connect(self.url, self.cluster), self.url)
+
+
+@pytest.fixture(params=["single", "cluster"])
+def redis_target(request: pytest.FixtureRequest) -> RedisTarget:
+    """The session's single Redis or its cluster, emptied for this test: the tests taking it hold on both."""
+    if request.param == "single":
+        return RedisTarget(request.getfixturevalue("redis_url"), cluster=False)
+    cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+    cluster.flush()
+    return RedisTarget(cluster.url, cluster=True)
