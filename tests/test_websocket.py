@@ -7,6 +7,7 @@ import json
 
 import websockets
 
+from fedresearch.web.research_socket import ResearchSocket
 from tests.conftest import error_of, logs, make_settings, report_of, run_task
 
 TASK = {"task": "How does rank fusion combine lexical and dense retrieval?", "report_type": "research_report"}
@@ -146,6 +147,31 @@ async def test_protocol_ping_bare_json_second_start_and_bad_frames(tmp_path, fak
         warnings = logs(frames, "warning")
         assert warnings and warnings[0]["output"] == "Task already running. Please wait."
         assert len(fakes["tavily"].requests) == 1
+
+
+async def test_the_next_task_is_taken_while_paths_send_is_still_waiting(tmp_path, fakes, start_server, monkeypatch):
+    """`path`'s bytes go out before its send waits for a full buffer to drain; a client that reads
+    it and sends its next task before that wait resumes must not be told "Task already running"."""
+    sending = ResearchSocket.send
+
+    async def path_resumes_late(self, frame):
+        await sending(self, frame)
+        if frame.get("type") == "path":
+            await asyncio.sleep(0.5)  # as when the send buffer was full: the coroutine resumes after the reader read
+
+    monkeypatch.setattr(ResearchSocket, "send", path_resumes_late)
+    server = await start_server(make_settings(tmp_path, fakes))
+    task = {**TASK, "headers": {"retrievers": "tavily"}}
+    async with websockets.connect(server.ws_url) as ws:
+        for _ in range(3):
+            await ws.send("start " + json.dumps(task))
+            frames = [json.loads(await asyncio.wait_for(ws.recv(), 10))]
+            while frames[-1].get("type") != "path" and frames[-1].get("content") != "warning":
+                frames.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+            assert not logs(frames, "warning") and "tavily" in report_of(frames)
+        await ws.send("chat " + json.dumps({"message": "what did the sources say about fusion?"}))
+        answer = json.loads(await ws.recv())
+        assert answer["type"] == "chat" and "Ask a research question first" not in answer["content"]
 
 
 async def test_saved_report_files_are_served(tmp_path, fakes, start_server):

@@ -148,13 +148,20 @@ class ResearchSocket:
 
     async def _pump(self, research_id: str, live: LiveJob | None) -> None:
         # `path` is a job's last frame: a client may send its next task the moment it reads it, so
-        # the socket is free then, not after asking the job's store (Redis, for a job run by another
-        # worker) whether anything follows
+        # the socket is free from then on: not after asking the job's store (Redis, for a job run by
+        # another worker) whether anything follows, nor after `path`'s send resumes, which waits
+        # for a full send buffer (a long report to a slow reader) to drain, and so may resume after
+        # the client has read `path` and sent its next task. Its bytes are in the buffer before
+        # that wait, so the next job's frames still follow it.
         async with contextlib.aclosing(follow(self.app[JOBS], research_id)) as frames:
             async for frame in frames:
-                await self.send(frame)
                 if frame.get("type") == "path":
-                    break
+                    self.following = None
+                    if live is not None:
+                        self.chat_session = live.chat
+                    await self.send(frame)
+                    return
+                await self.send(frame)
         if live is not None:
             self.chat_session = live.chat
 
