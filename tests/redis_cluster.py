@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -29,6 +29,7 @@ class RedisCluster:
     processes: list[subprocess.Popen[bytes]]
     ports: list[int]
     folder: Path
+    commands: list[list[str]] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -41,6 +42,17 @@ class RedisCluster:
         for port in self.ports:
             with redis.Redis(port=port) as node:
                 node.flushall()
+
+    def kill(self, node: int) -> None:
+        """SIGKILL one node: its slots have no one to answer for them until it is back."""
+        self.processes[node].kill()
+        self.processes[node].wait(10)
+
+    def restart(self, node: int) -> None:
+        """Start a killed node again (its nodes.conf keeps its place) and wait for the cluster to be whole."""
+        self.processes[node] = subprocess.Popen(self.commands[node], stdout=subprocess.DEVNULL)
+        for port in self.ports:
+            _wait_until(lambda port=port: _cluster_ok(port), f"node {port} never saw the cluster whole again")
 
     def stop(self) -> None:
         for process in self.processes:
@@ -84,7 +96,8 @@ def start_redis_cluster() -> RedisCluster:
             options = ["--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]
             options += ["--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"]
             options += ["--save", "", "--appendonly", "no", "--dir", str(home), "--loglevel", "warning"]
-            cluster.processes.append(subprocess.Popen([binary, *options], stdout=subprocess.DEVNULL))
+            cluster.commands.append([binary, *options])
+            cluster.processes.append(subprocess.Popen(cluster.commands[-1], stdout=subprocess.DEVNULL))
         for port in ports:
             _wait_until(lambda port=port: _answers(port), f"node {port} did not start")
         nodes = [f"127.0.0.1:{port}" for port in ports]
@@ -113,8 +126,9 @@ def _answers(port: int) -> bool:
 def _cluster_ok(port: int) -> bool:
     import redis
 
-    with redis.Redis(port=port, socket_timeout=1) as node:
+    with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as node:
         return bool(node.cluster("info").get("cluster_state") == "ok")
+    return False
 
 
 def _wait_until(condition: object, failure: str, timeout_s: float = 30.0) -> None:

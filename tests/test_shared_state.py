@@ -17,7 +17,7 @@ import aiohttp
 import websockets
 from pydantic import SecretStr
 
-from fedresearch.core.shared import Leases, SharedRedis, connect
+from fedresearch.core.shared import Leases, SharedDown, SharedRedis, connect
 from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.federation.runner import Deps, search_one
@@ -25,7 +25,7 @@ from fedresearch.federation.shared_state import RedisRateLimiter
 from fedresearch.retrievers import brave
 from fedresearch.web.keys import RUNNING
 from tests.conftest import error_of, logs, make_settings, run_task
-from tests.redis_cluster import RedisTarget
+from tests.redis_cluster import RedisTarget, start_redis_cluster
 from tests.redis_server import start_redis
 from tests.scholarly_fakes import scholarly_settings, start_scholarly
 from tests.test_faults import outcome
@@ -130,7 +130,7 @@ async def test_a_keys_task_limit_holds_across_instances(tmp_path, fakes, start_s
 
 HOLDER = """
 import asyncio, sys
-from fedresearch.core.shared import Leases, SharedRedis, connect
+from fedresearch.core.shared import Leases, SharedDown, SharedRedis, connect
 
 async def hold():
     leases = Leases(connect(sys.argv[1]), lease_s=1.0)
@@ -269,6 +269,32 @@ async def test_a_cluster_clients_first_commands_sent_at_once_all_reach_their_slo
             assert shared.trouble is None  # no command failed over to this process's own state
         finally:
             await shared.close()
+
+
+async def test_a_cluster_node_killed_and_back_the_shared_state_is_used_again():
+    """With one primary gone its slots have no answer: those commands fall back to the process's
+    own state, and once the node is back every command reaches its slot again."""
+    cluster, now = start_redis_cluster(), [0.0]
+    shared = SharedRedis(connect(cluster.url, cluster=True), cluster.url, clock=lambda: now[0])
+    try:
+
+        async def writes() -> int:
+            """Of 60 writes at once, those that failed over to this process's own state."""
+            outcomes = await asyncio.gather(
+                *(shared.attempt("a write", lambda n=n: shared.client.set(f"probe:{n}", n)) for n in range(60)),
+                return_exceptions=True,
+            )
+            return sum(isinstance(outcome, SharedDown) for outcome in outcomes)
+
+        assert await writes() == 0
+        cluster.kill(1)
+        assert await writes() > 0  # those whose slots were the killed node's, and any sent in its rest after
+        cluster.restart(1)
+        now[0] += 10  # past the rest after a failure
+        assert [await writes() for _ in range(3)] == [0, 0, 0] and shared.trouble is None
+    finally:
+        await shared.close()
+        cluster.stop()
 
 
 async def _paced_read(shared: SharedRedis, number: int) -> None:
