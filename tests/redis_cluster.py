@@ -13,7 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,8 +131,7 @@ def _cluster_ok(port: int) -> bool:
     return False
 
 
-def _wait_until(condition: object, failure: str, timeout_s: float = 30.0) -> None:
-    assert callable(condition)
+def _wait_until(condition: Callable[[], bool], failure: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:

@@ -130,7 +130,7 @@ async def test_a_keys_task_limit_holds_across_instances(tmp_path, fakes, start_s
 
 HOLDER = """
 import asyncio, sys
-from fedresearch.core.shared import Leases, SharedDown, SharedRedis, connect
+from fedresearch.core.shared import Leases, connect
 
 async def hold():
     leases = Leases(connect(sys.argv[1]), lease_s=1.0)

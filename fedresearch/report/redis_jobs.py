@@ -159,7 +159,8 @@ class RedisJobStore:
             if not await self._create_script(keys=keys, args=[_dumps(job.to_json()), job.created_at, job.research_id]):
                 raise ValueError(f"job {job.research_id} exists")
             return
-        # the lists sit in other slots: the job first, so an id already taken is never listed again
+        # the lists sit in other slots, out of the job's script: the job first, so that an id
+        # already taken is refused before its owner's list could gain it
         if not await self.redis.set(meta, _dumps(job.to_json()), nx=True):
             raise ValueError(f"job {job.research_id} exists")
         async with self.redis.pipeline(transaction=False) as pipe:
