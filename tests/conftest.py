@@ -23,6 +23,7 @@ from fedresearch.web.app import create_app
 from tests.fakes import FakeGoogle, FakeLiteratureApi, FakeTavily, FakeUpstream, start_all
 from tests.pgbouncer import pgbouncer_port, pooled_url  # noqa: F401  (fixtures for every test module)
 from tests.redis_cluster import redis_cluster, redis_target  # noqa: F401  (fixtures for every test module)
+from tests.redis_sentinel import redis_sentinel  # noqa: F401  (fixtures for every test module)
 from tests.redis_server import redis_server, redis_url  # noqa: F401  (fixtures for every test module)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "library"

@@ -52,7 +52,7 @@ class RedisCluster:
         """Start a killed node again (its nodes.conf keeps its place) and wait for the cluster to be whole."""
         self.processes[node] = subprocess.Popen(self.commands[node], stdout=subprocess.DEVNULL)
         for port in self.ports:
-            _wait_until(lambda port=port: _cluster_ok(port), f"node {port} never saw the cluster whole again")
+            wait_until(lambda port=port: _cluster_ok(port), f"node {port} never saw the cluster whole again")
 
     def stop(self) -> None:
         for process in self.processes:
@@ -62,7 +62,7 @@ class RedisCluster:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Ports free for a node and for its bus (port + 10000)."""
     ports: list[int] = []
     while len(ports) < count:
@@ -87,7 +87,7 @@ def start_redis_cluster() -> RedisCluster:
             pytest.fail("redis-server is missing in CI: .ci/run installs it (apt-get install redis-server)")
         pytest.skip("redis-server is not installed (apt-get install redis-server): the cluster tests need a real one")
     folder = Path(tempfile.mkdtemp(prefix="fedresearch-redis-cluster-"))
-    ports = _free_ports(_NODES)
+    ports = free_ports(_NODES)
     cluster = RedisCluster([], ports, folder)
     try:
         for port in ports:
@@ -99,7 +99,7 @@ def start_redis_cluster() -> RedisCluster:
             cluster.commands.append([binary, *options])
             cluster.processes.append(subprocess.Popen(cluster.commands[-1], stdout=subprocess.DEVNULL))
         for port in ports:
-            _wait_until(lambda port=port: _answers(port), f"node {port} did not start")
+            wait_until(lambda port=port: _answers(port), f"node {port} did not start")
         nodes = [f"127.0.0.1:{port}" for port in ports]
         subprocess.run(
             [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
@@ -108,7 +108,7 @@ def start_redis_cluster() -> RedisCluster:
             timeout=60,
         )
         for port in ports:
-            _wait_until(lambda port=port: _cluster_ok(port), f"node {port} never saw the cluster whole")
+            wait_until(lambda port=port: _cluster_ok(port), f"node {port} never saw the cluster whole")
     except BaseException:
         cluster.stop()
         raise
@@ -131,7 +131,7 @@ def _cluster_ok(port: int) -> bool:
     return False
 
 
-def _wait_until(condition: Callable[[], bool], failure: str, timeout_s: float = 30.0) -> None:
+def wait_until(condition: Callable[[], bool], failure: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
@@ -162,11 +162,16 @@ class RedisTarget:
         return SharedRedis(connect(self.url, self.cluster), self.url)
 
 
-@pytest.fixture(params=["single", "cluster"])
+@pytest.fixture(params=["single", "cluster", "sentinel"])
 def redis_target(request: pytest.FixtureRequest) -> RedisTarget:
-    """The session's single Redis or its cluster, emptied for this test: the tests taking it hold on both."""
+    """The session's single Redis, its cluster or its master behind a sentinel, emptied for this
+    test: the tests taking it hold on all three."""
     if request.param == "single":
         return RedisTarget(request.getfixturevalue("redis_url"), cluster=False)
+    if request.param == "sentinel":
+        sentinel = request.getfixturevalue("redis_sentinel")
+        sentinel.flush()
+        return RedisTarget(sentinel.url, cluster=False)
     cluster: RedisCluster = request.getfixturevalue("redis_cluster")
     cluster.flush()
     return RedisTarget(cluster.url, cluster=True)

@@ -14,10 +14,12 @@ import sys
 import time
 
 import aiohttp
+import pytest
 import websockets
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
-from fedresearch.core.shared import Leases, SharedDown, SharedRedis, connect
+from fedresearch.core.settings import Settings
+from fedresearch.core.shared import Leases, SentinelAddress, SharedDown, SharedRedis, connect, where
 from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.federation.runner import Deps, search_one
@@ -26,6 +28,7 @@ from fedresearch.retrievers import brave
 from fedresearch.web.keys import RUNNING
 from tests.conftest import error_of, logs, make_settings, run_task
 from tests.redis_cluster import RedisTarget, start_redis_cluster
+from tests.redis_sentinel import start_redis_sentinel
 from tests.redis_server import start_redis
 from tests.scholarly_fakes import scholarly_settings, start_scholarly
 from tests.test_faults import outcome
@@ -295,6 +298,51 @@ async def test_a_cluster_node_killed_and_back_the_shared_state_is_used_again():
     finally:
         await shared.close()
         cluster.stop()
+
+
+def test_a_sentinel_url_is_checked_at_start_and_logged_without_its_password():
+    with pytest.raises(ValidationError, match=r"redis\+sentinel://\[:password@\]host:26379") as refused:
+        Settings(redis_url=SecretStr("redis+sentinel://:hunter2@sentinel-a:26379"))  # no master named
+    assert "hunter2" not in str(refused.value)
+    with pytest.raises(ValidationError, match="exclude each other"):
+        Settings(redis_url=SecretStr("redis+sentinel://sentinel-a/fedmaster"), redis_cluster=True)
+    url = "redis+sentinel://:hunter2@sentinel-a,[::1]:26380/fedmaster/3?sentinel_password=s3cret"
+    assert where(url) == "redis+sentinel://sentinel-a:26379,::1:26380/fedmaster/3"
+    address = SentinelAddress.parse(url)
+    assert address.sentinels == (("sentinel-a", 26379), ("::1", 26380)) and address.master == "fedmaster"
+    assert (address.db, address.password, address.sentinel_password) == (3, "hunter2", "s3cret")
+
+
+async def test_after_a_sentinel_failover_the_shared_state_follows_the_new_master():
+    """The master dies and the sentinel promotes its replica: commands fail while it has none (the
+    process keeps its own state meanwhile), and after the rest every command goes to the new
+    master, asked of the sentinel, which has what was written before."""
+    setup, now = start_redis_sentinel(), [0.0]
+    shared = SharedRedis(connect(setup.url), setup.url, clock=lambda: now[0])
+    try:
+
+        async def writes(tag: str) -> int:
+            """Of 60 writes at once, those that failed over to this process's own state."""
+            outcomes = await asyncio.gather(
+                *(shared.attempt("a write", lambda n=n: shared.client.set(f"{tag}:{n}", n)) for n in range(60)),
+                return_exceptions=True,
+            )
+            return sum(isinstance(outcome, SharedDown) for outcome in outcomes)
+
+        assert await writes("before") == 0
+        await shared.client.execute_command("WAIT", 1, 2000)  # the replica has them
+        promoted = setup.kill_master()
+        assert await writes("during") > 0  # to the dead master's connections
+        for _ in range(3):
+            now[0] += 10  # past the rest after a failure
+            if await writes("after") == 0:
+                break
+        assert await writes("after") == 0 and shared.trouble is None
+        assert int(await shared.client.get("before:59")) == 59
+        assert shared.client.connection_pool.master_address[1] == promoted  # type: ignore[attr-defined]
+    finally:
+        await shared.close()
+        setup.stop()
 
 
 async def _paced_read(shared: SharedRedis, number: int) -> None:

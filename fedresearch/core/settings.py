@@ -8,9 +8,10 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from fedresearch.core.shared import SentinelAddress, is_sentinel_url
 from fedresearch.core.text import split_commas
 
 CommaList = Annotated[list[str], NoDecode]
@@ -226,6 +227,22 @@ class Settings(BaseSettings):
     def library_location(self) -> Path | str:
         """Where the library lives: the embedded library's folder, or FEDRESEARCH_LIBRARY_URL."""
         return self.library_url.get_secret_value() if self.library_url is not None else self.library_dir
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and is_sentinel_url(value.get_secret_value()):
+            SentinelAddress.parse(value.get_secret_value())  # a malformed one says what the form is
+        return value
+
+    @field_validator("redis_cluster")
+    @classmethod
+    def _one_way_to_redis(cls, cluster: bool, info: ValidationInfo) -> bool:
+        # a field's error shows its own value only: a model's would show every setting given
+        url = info.data.get("redis_url")
+        if cluster and isinstance(url, SecretStr) and is_sentinel_url(url.get_secret_value()):
+            raise ValueError("FEDRESEARCH_REDIS_CLUSTER=true and a redis+sentinel:// URL exclude each other")
+        return cluster
 
     @field_validator("library_url")
     @classmethod

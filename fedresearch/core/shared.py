@@ -4,6 +4,9 @@ Every shared structure has an in-process twin. A Redis one falls back to its twi
 be reached and says so in the log, once per outage: each command has a 1 s timeout and is not
 retried, and after a failure Redis is left alone for a few seconds, so no task ever waits on it.
 
+A `redis+sentinel://` URL names Redis Sentinels and the master they watch: the client asks them
+where the master is, and again after a failover (a demoted master answers READONLY).
+
 With FEDRESEARCH_REDIS_CLUSTER the client is a cluster client, and every script and transaction
 touches keys of one slot only (a hash tag, `{…}`, in their names): a cluster refuses a command
 whose keys sit in two slots (CROSSSLOT).
@@ -20,8 +23,9 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -59,6 +63,63 @@ return 0
 )
 
 
+_SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+_SENTINEL_PORT = 26379
+
+
+@dataclass(frozen=True)
+class SentinelAddress:
+    """`redis+sentinel://[[user]:password@]host[:port][,host[:port]…]/master[/db][?sentinel_password=…]`:
+    the sentinels, the name of the master they watch, and how to reach that master (`rediss+`: TLS).
+    The password is the master's; sentinels that require one of their own take `sentinel_password`."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_password: str | None = None
+    tls: bool = False
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelAddress:
+        scheme, _, rest = url.partition("://")
+        rest, _, query = rest.partition("?")
+        located, _, path = rest.partition("/")
+        userinfo, _, hosts = located.rpartition("@")
+        username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
+        sentinels = tuple(_host_port(host) for host in hosts.split(",") if host.strip())
+        master, _, db = path.strip("/").partition("/")
+        if not sentinels or not master or (db and not db.isdigit()):
+            raise ValueError(
+                "a Sentinel URL is redis+sentinel://[:password@]host:26379[,host:26379…]/master[/db] "
+                "(the master's name as the sentinels know it)"
+            )
+        options = parse_qs(query)
+        return cls(
+            sentinels,
+            unquote(master),
+            int(db or 0),
+            unquote(username) or None,
+            unquote(password) or None,
+            options["sentinel_password"][0] if "sentinel_password" in options else None,
+            scheme == "rediss+sentinel",
+        )
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, colon, port = text.strip().rpartition(":")
+    if not colon or host.endswith(":"):  # no port, or a bare IPv6 address
+        host, port = text.strip(), str(_SENTINEL_PORT)
+    if not port.isdigit():
+        raise ValueError(f"a sentinel's port must be a number: {text.strip()!r}")
+    return host.strip("[]"), int(port)
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.partition("://")[0] in _SENTINEL_SCHEMES
+
+
 def connect(url: str, cluster: bool = False) -> Redis:
     """A client for `url` that fails fast: 1 s timeouts, no retries (the callers fall back instead);
     with `cluster`, a cluster client that learns the other nodes from this one (typed as Redis: the
@@ -79,7 +140,29 @@ def connect(url: str, cluster: bool = False) -> Redis:
     }
     if cluster:
         return cast("Redis", RedisCluster.from_url(url, **fail_fast))
+    if is_sentinel_url(url):
+        return _through_sentinels(SentinelAddress.parse(url), fail_fast)
     return Redis.from_url(url, **fail_fast, retry_on_timeout=False, health_check_interval=30)
+
+
+def _through_sentinels(address: SentinelAddress, fail_fast: dict[str, Any]) -> Redis:
+    from redis.asyncio.sentinel import Sentinel
+
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        list(address.sentinels),
+        sentinel_kwargs={**fail_fast, "password": address.sentinel_password},
+        **fail_fast,
+    )
+    master: Redis = sentinels.master_for(
+        address.master,
+        db=address.db,
+        username=address.username,
+        password=address.password,
+        ssl=address.tls,
+        retry_on_timeout=False,
+        health_check_interval=30,
+    )
+    return master
 
 
 def failures() -> tuple[type[BaseException], ...]:
@@ -92,6 +175,10 @@ def failures() -> tuple[type[BaseException], ...]:
 
 def where(url: str) -> str:
     """`url` fit for a log: host, port and database, never the password."""
+    if is_sentinel_url(url):
+        address = SentinelAddress.parse(url)
+        hosts = ",".join(f"{host}:{port}" for host, port in address.sentinels)
+        return f"{url.partition('://')[0]}://{hosts}/{address.master}/{address.db}"
     parts = urlsplit(url)
     if parts.scheme == "unix":
         return f"unix://{parts.path}"
@@ -179,6 +266,10 @@ class SharedRedis:
 
     async def close(self) -> None:
         await self.client.aclose()
+        pool = getattr(self.client, "connection_pool", None)  # a cluster client has one per node
+        sentinels = getattr(pool, "sentinel_manager", None)
+        if sentinels is not None:  # its own connections to the sentinels
+            await sentinels.aclose()
 
 
 class Leases:
