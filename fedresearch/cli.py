@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from fedresearch.core.settings import Settings
 
 
@@ -23,8 +25,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _worker_count(text: str) -> int:
     """`--workers`: read as FEDRESEARCH_WORKERS is (a number, or auto)."""
-    from pydantic import ValidationError
-
     try:
         return Settings(FEDRESEARCH_WORKERS=text).worker_count
     except ValidationError:
@@ -248,6 +248,20 @@ def main(argv: list[str] | None = None) -> int:
     except (LibraryDatabaseError, LibraryUnavailable) as error:  # for the operator to fix: no traceback
         print(f"fedresearch: {error}", file=sys.stderr)
         return 1
+    except ValidationError as error:
+        if error.title != Settings.__name__:
+            raise
+        print(f"fedresearch: {settings_problems(error)}", file=sys.stderr)
+        return 2
+
+
+def settings_problems(error: ValidationError) -> str:
+    """What is wrong with the settings, by name, without the values given: a URL may hold a password."""
+    problems = []
+    for problem in error.errors(include_input=False, include_url=False):
+        name = ".".join(str(part) for part in problem["loc"])
+        problems.append(f"{name}: {problem['msg'].removeprefix('Value error, ')}")
+    return "invalid settings: " + "; ".join(problems)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,17 @@ def test_a_library_url_must_be_postgresql(tmp_path):
     ).library_location == (tmp_path / "library")
 
 
+def test_bad_settings_stop_the_cli_with_their_names_and_never_their_values(monkeypatch, capsys):
+    """pydantic's own message shows the value given, and a URL may hold a password."""
+    monkeypatch.setenv("FEDRESEARCH_LIBRARY_URL", "mysql://reader:hunter2@db.example/library")
+    monkeypatch.setenv("FEDRESEARCH_REDIS_URL", "redis+sentinel://:hunter2@sentinel-a:26379")
+    assert main(["serve", "--port", "0"]) == 2
+    said = capsys.readouterr().err
+    assert "FEDRESEARCH_LIBRARY_URL: FEDRESEARCH_LIBRARY_URL must be a postgresql:// URL" in said
+    assert "FEDRESEARCH_REDIS_URL: a Sentinel URL is redis+sentinel://" in said
+    assert "hunter2" not in said and "Traceback" not in said
+
+
 _RECOUNTED_TERMS = (
     "SELECT f.field, f.lexeme, count(*) AS passages FROM library_passages p CROSS JOIN LATERAL"
     " (SELECT 'english' AS field, unnest(tsvector_to_array(p.english)) AS lexeme"
