@@ -306,10 +306,11 @@ def test_a_sentinel_url_is_checked_at_start_and_logged_without_its_password():
     assert "hunter2" not in str(refused.value)
     with pytest.raises(ValidationError, match="exclude each other"):
         Settings(redis_url=SecretStr("redis+sentinel://sentinel-a/fedmaster"), redis_cluster=True)
-    url = "redis+sentinel://:hunter2@sentinel-a,[::1]:26380/fedmaster/3?sentinel_password=s3cret"
-    assert where(url) == "redis+sentinel://sentinel-a:26379,::1:26380/fedmaster/3"
+    url = "redis+sentinel://:hunter2@sentinel-a,[::1]:26380,[::2]/fedmaster/3?sentinel_password=s3cret"
+    assert where(url) == "redis+sentinel://sentinel-a:26379,::1:26380,::2:26379/fedmaster/3"
     address = SentinelAddress.parse(url)
-    assert address.sentinels == (("sentinel-a", 26379), ("::1", 26380)) and address.master == "fedmaster"
+    assert address.sentinels == (("sentinel-a", 26379), ("::1", 26380), ("::2", 26379))
+    assert address.master == "fedmaster"
     assert (address.db, address.password, address.sentinel_password) == (3, "hunter2", "s3cret")
 
 

@@ -109,7 +109,7 @@ class SentinelAddress:
 
 def _host_port(text: str) -> tuple[str, int]:
     host, colon, port = text.strip().rpartition(":")
-    if not colon or host.endswith(":"):  # no port, or a bare IPv6 address
+    if not colon or (":" in host.strip("[]") and not host.endswith("]")):  # no port: a name, or IPv6 alone
         host, port = text.strip(), str(_SENTINEL_PORT)
     if not port.isdigit():
         raise ValueError(f"a sentinel's port must be a number: {text.strip()!r}")
