@@ -7,19 +7,16 @@ wrong node answers MOVED. Missing binary: the tests skip, saying why, except in 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import socket
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from fedresearch.core.shared import SharedRedis, connect
+from tests.redis_server import free_ports, redis_binary, stop_all, wait_until
 
 _NODES = 3
 
@@ -55,37 +52,11 @@ class RedisCluster:
             wait_until(lambda port=port: _cluster_ok(port), f"node {port} never saw the cluster whole again")
 
     def stop(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports free for a node and for its bus (port + 10000)."""
-    ports: list[int] = []
-    while len(ports) < count:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port + 10000 > 65535 or port in ports:
-            continue
-        with socket.socket() as bus:
-            try:
-                bus.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        ports.append(port)
-    return ports
+        stop_all(self.processes, self.folder)
 
 
 def start_redis_cluster() -> RedisCluster:
-    binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-    if binary is None or cli is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("redis-server is missing in CI: .ci/run installs it (apt-get install redis-server)")
-        pytest.skip("redis-server is not installed (apt-get install redis-server): the cluster tests need a real one")
+    binary, cli = redis_binary("the cluster tests"), redis_binary("the cluster tests", "redis-cli")
     folder = Path(tempfile.mkdtemp(prefix="fedresearch-redis-cluster-"))
     ports = free_ports(_NODES)
     cluster = RedisCluster([], ports, folder)
@@ -129,14 +100,6 @@ def _cluster_ok(port: int) -> bool:
     with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as node:
         return bool(node.cluster("info").get("cluster_state") == "ok")
     return False
-
-
-def wait_until(condition: Callable[[], bool], failure: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(failure)
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,6 @@ Missing binary: the tests skip, saying why, except in CI, where they fail."""
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -17,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.redis_cluster import free_ports, wait_until
+from tests.redis_server import free_ports, redis_binary, stop_all, wait_until
 
 MASTER_NAME = "fedmaster"
 
@@ -65,19 +63,11 @@ class RedisSentinel:
             master.flushall()
 
     def stop(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        stop_all(self.processes, self.folder)
 
 
 def start_redis_sentinel() -> RedisSentinel:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("redis-server is missing in CI: .ci/run installs it (apt-get install redis-server)")
-        pytest.skip("redis-server is not installed (apt-get install redis-server): the Sentinel tests need a real one")
+    binary = redis_binary("the Sentinel tests")
     master, replica, watcher = free_ports(3)
     setup = RedisSentinel(Path(tempfile.mkdtemp(prefix="fedresearch-redis-sentinel-")), {})
     setup.ports = {"master": master, "replica": replica, "sentinel": watcher}
