@@ -8,6 +8,7 @@ import websockets
 
 from fedresearch.core.models import ReportType, SearchResult
 from fedresearch.federation.fusion import fuse
+from fedresearch.report.chat import report_sources
 from fedresearch.report.writer import write_report
 from tests.conftest import make_settings, report_of, run_task
 
@@ -153,3 +154,17 @@ def test_a_link_with_parentheses_stays_one_link():
     target = "https://doi.org/10.1016/0306-4573%2888%2990021-0"
     assert f"[[1]]({target})" in markdown and f"[1] [Term weighting]({target})" in markdown
     assert "⚠" not in markdown and "(88)" not in markdown
+
+
+def test_a_saved_reports_sentences_are_the_evidence_of_the_sources_they_cite():
+    """The writers cite after the full stop, as links ("… well. [[1]](url)[[2]](url) Next …"): a
+    chat about a saved report found every source's evidence empty and answered that nothing was known."""
+    markdown = (
+        "# Fusion\n\n## Summary\n\n"
+        "Rank fusion combines lexical and dense retrieval well. [[1]](https://a.example/1)[[2]](https://b.example/2) "
+        "Reciprocal rank fusion sums 1/(k + rank) [2].\n\n"
+        "## References\n\n[1] [First](https://a.example/1)\n[2] [Second](https://b.example/2)\n"
+    )
+    first, second = report_sources(markdown)
+    claim = "Rank fusion combines lexical and dense retrieval well."
+    assert first.body == claim and second.body == claim + " Reciprocal rank fusion sums 1/(k + rank)."

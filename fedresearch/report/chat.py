@@ -85,6 +85,8 @@ async def _quiet(_: ProgressEvent) -> None:
     return None
 
 
+_CITATION = re.compile(r"\s*(?:\[\[\d+\]\]\([^)\s]*\)|\[\d+\])")  # [3], or [[3]](link) as the writers link it
+_LEADING_CITATIONS = re.compile(rf"(?:{_CITATION.pattern})+\s*")
 _REFERENCE_LINE = re.compile(r"^\[(\d+)\]\s+(?:\[(?P<title>.+)\]\((?P<link>\S+)\)|(?P<plain>.+?) — (?P<id>\S+))\s*$")
 
 
@@ -92,7 +94,17 @@ def report_sources(markdown: str) -> list[FusedResult]:
     """A saved report's references as sources, numbered as the report numbers them, each carrying
     the report's sentences that cite it: the evidence a chat about a report with no live task has."""
     body, _, listed = markdown.partition("\n## References")
-    sentences = split_sentences(" ".join(body.split()))
+    sentences: list[str] = []
+    prose = " ".join(line for line in body.splitlines() if not line.lstrip().startswith("#"))  # headings claim nothing
+    for sentence in split_sentences(" ".join(prose.split())):
+        # the writers cite after the full stop ("… well. [[1]](link) Next …"): the markers that
+        # open a sentence are the last one's
+        leading = _LEADING_CITATIONS.match(sentence)
+        if sentences and leading:
+            sentences[-1] += " " + leading.group().strip()
+            sentence = sentence[leading.end() :]
+        if sentence:
+            sentences.append(sentence)
     sources = []
     for line in listed.splitlines():
         match = _REFERENCE_LINE.match(line.strip())
@@ -102,7 +114,7 @@ def report_sources(markdown: str) -> list[FusedResult]:
         link = unquote(match.group("link") or match.group("id") or "")
         title = match.group("title") or match.group("plain") or link
         citing = " ".join(s for s in sentences if f"[{number}]" in s)
-        text = re.sub(r"\s*\[\d+\]", "", citing).strip()
+        text = _CITATION.sub("", citing).strip()
         sources.append(
             FusedResult(
                 key=canonical_key(link), href=link, title=title, body=text, score=1 / number, retrievers=[], ranks={}
