@@ -11,7 +11,7 @@ import websockets
 
 from fedresearch.library.embedded import Library
 from fedresearch.library.ingest import ingest
-from fedresearch.report.store import export, report_markdown, save_report
+from fedresearch.report.store import export, record_bytes, report_markdown, save_report
 from tests.conftest import EXAMPLES, make_settings, run_task
 
 
@@ -47,7 +47,7 @@ async def test_path_frame_lists_every_format_and_each_one_is_served(tmp_path, st
 
 def test_a_report_is_saved_as_its_record_and_every_other_format_rendered_when_fetched(tmp_path):
     markdown = "# Fusion\n\nReciprocal rank fusion sums 1/(k + rank) [1].\n"
-    files = save_report(tmp_path, "a" * 32, markdown, {"owner": "alice", "question": "fusion"})
+    files = save_report(tmp_path, "a" * 32, record_bytes(markdown, {"owner": "alice", "question": "fusion"}))
     assert set(files) == {"md", "pdf", "docx", "html", "json"}
     assert [path.name for path in tmp_path.iterdir()] == ["a" * 32 + ".json"]  # one file created per task
     assert report_markdown(tmp_path, "a" * 32) == markdown

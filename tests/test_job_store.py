@@ -20,7 +20,7 @@ from fedresearch.report.jobs import (
     follow,
     frame_text,
 )
-from fedresearch.report.store import export, save_report
+from fedresearch.report.store import export, record_bytes, save_report
 
 
 def _id(n: int) -> str:
@@ -76,7 +76,7 @@ async def test_retention_deletes_old_and_surplus_jobs_with_their_reports(tmp_pat
     for n, days in ages.items():
         await store.create(Job(_id(n), "alice", f"q{n}", created_at=now - days * 86400, status=JobStatus.running))
         await store.finish(_id(n), JobStatus.completed)
-        save_report(reports, _id(n), "# q\n", {"owner": "alice"})
+        save_report(reports, _id(n), record_bytes("# q\n", {"owner": "alice"}))
     await store.create(Job(_id(9), "alice", "running", created_at=now - 90 * 86400, status=JobStatus.running))
     await store.create(Job(_id(8), "bob", "bob's", status=JobStatus.running))
     await store.finish(_id(8), JobStatus.completed)

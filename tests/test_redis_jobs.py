@@ -14,10 +14,11 @@ from pydantic import SecretStr
 from fedresearch.core.shared import SharedDown, SharedRedis, connect
 from fedresearch.report.jobs import Job, JobStatus, follow
 from fedresearch.report.redis_jobs import RedisJobStore
+from fedresearch.web.keys import JOBS
 from tests.conftest import make_settings, report_of
 from tests.redis_server import start_redis
 from tests.tcp_proxy import TcpProxy
-from tests.test_jobs_api import ALICE, KEYS, TASK
+from tests.test_jobs_api import ALICE, BOB, KEYS, TASK
 
 
 def _id(n: int) -> str:
@@ -218,3 +219,53 @@ async def test_a_finished_jobs_mirror_is_dropped_and_redis_serves_it_after(redis
     job = await store.get(_id(7))
     assert job is not None and job.status is JobStatus.completed
     await shared.close()
+
+
+async def test_a_report_written_on_one_host_is_read_deleted_and_gone_on_another(
+    tmp_path, fakes, start_server, redis_target
+):
+    """Two hosts: their own data folders, the jobs in one Redis. The report a worker on the first
+    saved is read whole on the second (REST, files, exports, listing, chat), only by its owner; once
+    deleted there, the first host serves it no more and drops its files."""
+    near = make_settings(tmp_path / "a", fakes, api_keys=SecretStr(KEYS), **redis_target.settings())
+    first = await start_server(near)
+    second = await start_server(near.model_copy(update={"data_dir": tmp_path / "b" / "data"}))
+    async with websockets.connect(first.ws_url, additional_headers=ALICE) as ws:
+        await ws.send("start " + json.dumps({**TASK, "headers": {"retrievers": "tavily"}}))
+        frames = [json.loads(await asyncio.wait_for(ws.recv(), 30))]
+        while frames[-1]["type"] != "path":
+            frames.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+    research_id, report = frames[0]["metadata"]["research_id"], report_of(frames)
+    assert "tavily" in report and (tmp_path / "a" / "data" / "reports" / f"{research_id}.json").is_file()
+    there = tmp_path / "b" / "data" / "reports"
+    assert not there.exists()
+
+    async def get(server, path: str, who: dict[str, str]) -> tuple[int, bytes]:
+        async with aiohttp.ClientSession() as session, session.get(server.url + path, headers=who) as response:
+            return response.status, await response.read()
+
+    status, body = await get(second, f"/api/jobs/{research_id}", ALICE)
+    assert status == 200 and json.loads(body)["report"] == report
+    for who, seen in ((BOB, 404), (ALICE, 200)):  # bob learns nothing, not even that it exists
+        assert (await get(second, f"/reports/{research_id}.md", who))[0] == seen
+    assert (await get(second, f"/reports/{research_id}.md", ALICE))[1].decode() == report
+    status, body = await get(second, f"/reports/{research_id}.json", ALICE)
+    assert status == 200 and json.loads(body)["owner"] == "alice" and json.loads(body)["report"] == report
+    status, body = await get(second, f"/reports/{research_id}.pdf", ALICE)
+    assert status == 200 and body.startswith(b"%PDF")
+    status, body = await get(second, f"/report/{research_id}", ALICE)
+    assert status == 200 and body.startswith(b"PK")  # the DOCX, GPT-Researcher's route
+    status, body = await get(second, "/api/reports", ALICE)
+    assert [entry["answer"] for entry in json.loads(body)["reports"]] == [report]
+    chat = {"research_id": research_id, "messages": [{"role": "user", "content": "rank fusion"}]}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{second.url}/api/chat", json=chat, headers=ALICE) as response:
+            assert response.status == 200 and "[1]" in (await response.json())["response"]["content"]
+        async with session.delete(f"{second.url}/api/reports/{research_id}", headers=ALICE) as response:
+            assert response.status == 200
+    assert not list(there.iterdir())  # what the second host kept went with the job
+    assert await first.app[JOBS].records([research_id]) == {}  # and Redis's copy
+    assert (await get(first, f"/reports/{research_id}.md", ALICE))[0] == 404
+    assert (await get(first, f"/api/jobs/{research_id}", ALICE))[0] == 404  # its mirror there is not the truth
+    assert json.loads((await get(first, "/api/reports", ALICE))[1]) == {"reports": []}
+    assert not list((tmp_path / "a" / "data" / "reports").iterdir())  # left behind on the first host: gone now

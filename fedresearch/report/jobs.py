@@ -11,8 +11,11 @@ The state lives behind `JobStore`, a small async protocol, so it can be kept in 
 - `frames(research_id, start=0) -> list[Frame]`: the frames from index `start` on, in order.
 - `wait(research_id, seen) -> bool`: return once the job has more than `seen` frames or is
   finished (at once if either is already true); False when there is no such job.
-- `finish(research_id, status, error=None, files=None) -> Job | None`: the job ends in `status`
-  (completed, failed or cancelled); waiters wake, and no frame is appended after it.
+- `finish(research_id, status, error=None, files=None, record=None) -> Job | None`: the job ends in
+  `status` (completed, failed or cancelled); waiters wake, and no frame is appended after it.
+  `record` is its saved report's JSON, written to this host's reports directory: a store shared by
+  several hosts (`shares_reports`) keeps a copy with the job, which `records(ids)` reads back on
+  any host and deleting the job deletes.
 - `get(research_id) -> Job | None`, `list(owner, everyone=False) -> list[Job]` (newest first; the
   jobs of `owner`, or every job when `everyone`), `delete(research_id) -> bool`.
 
@@ -132,9 +135,18 @@ class JobStore(Protocol):
 
     async def wait(self, research_id: str, seen: int) -> bool: ...
 
+    shares_reports: bool
+
     async def finish(
-        self, research_id: str, status: JobStatus, error: str | None = None, files: dict[str, str] | None = None
+        self,
+        research_id: str,
+        status: JobStatus,
+        error: str | None = None,
+        files: dict[str, str] | None = None,
+        record: bytes | None = None,
     ) -> Job | None: ...
+
+    async def records(self, research_ids: Sequence[str]) -> dict[str, bytes]: ...
 
     async def get(self, research_id: str) -> Job | None: ...
 
@@ -191,6 +203,8 @@ class LocalJobStore:
     deleting them all, inode allocation took a fifth of the server's CPU in one profiled run (README).
     Directories written by earlier versions (`<id>.json` and `<id>.frames.jsonl`) are converted at
     `load`."""
+
+    shares_reports = False  # its workers share one host, and so the reports directory
 
     def __init__(self, directory: Path | None, work: WorkPool | None = None) -> None:
         self.directory = directory
@@ -260,7 +274,12 @@ class LocalJobStore:
         return True
 
     async def finish(
-        self, research_id: str, status: JobStatus, error: str | None = None, files: dict[str, str] | None = None
+        self,
+        research_id: str,
+        status: JobStatus,
+        error: str | None = None,
+        files: dict[str, str] | None = None,
+        record: bytes | None = None,
     ) -> Job | None:
         entry = self._entries.get(research_id)
         if entry is None:
@@ -275,6 +294,9 @@ class LocalJobStore:
             await self._write_meta(entry.job)
         entry.wake()
         return entry.job
+
+    async def records(self, research_ids: Sequence[str]) -> dict[str, bytes]:
+        return {}  # the reports directory has them all
 
     async def get(self, research_id: str) -> Job | None:
         entry = self._entries.get(research_id)

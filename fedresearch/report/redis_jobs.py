@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import functools
 import hashlib
 import json
@@ -38,18 +39,20 @@ redis.call('XADD', KEYS[1], '0-' .. next, 'f', ARGV[1])
 return next - 1
 """
 
-# a batch written behind: frames at the end of the stream (ARGV[3]...), then the latest metadata
-# (ARGV[1], or ''), then, when ARGV[2] names the job's final status, the end of its stream; -1: the
-# job is finished already, -2: it was deleted meanwhile (nothing is written: no stream without its job)
+# a batch written behind: frames at the end of the stream (ARGV[4]...), then the latest metadata
+# (ARGV[1], or ''), the saved report's record (ARGV[3], or ''), then, when ARGV[2] names the job's
+# final status, the end of its stream; -1: the job is finished already, -2: it was deleted meanwhile
+# (nothing is written: no stream without its job)
 _WRITE_BEHIND = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 if redis.call('EXISTS', KEYS[3]) == 0 then return -2 end
 local n = redis.call('XLEN', KEYS[1])
-for i = 3, #ARGV do
+for i = 4, #ARGV do
     n = n + 1
     redis.call('XADD', KEYS[1], '0-' .. n, 'f', ARGV[i])
 end
 if ARGV[1] ~= '' then redis.call('SET', KEYS[3], ARGV[1], 'XX') end
+if ARGV[3] ~= '' then redis.call('SET', KEYS[4], ARGV[3]) end
 if ARGV[2] ~= '' then
     redis.call('SET', KEYS[2], ARGV[2])
     redis.call('XADD', KEYS[1], '0-' .. (n + 1), 'end', ARGV[2])
@@ -82,7 +85,7 @@ _GATHER_S = 0.05
 
 
 class _JobKeys:
-    """A job's three keys. On a cluster the job's id is their hash tag, so that the scripts reading
+    """A job's four keys. On a cluster the job's id is their hash tag, so that the scripts reading
     and writing all three run on one node; on a single Redis their names stay those of the jobs
     stored before clusters were supported, which would otherwise drop out of every listing."""
 
@@ -98,10 +101,13 @@ class _JobKeys:
     def ended(self, research_id: str) -> str:
         return self.meta(research_id) + ":ended"
 
+    def record(self, research_id: str) -> str:
+        return self.meta(research_id) + ":report"
+
     def all(self, research_id: str) -> list[str]:
-        """Frames, end, metadata: the KEYS of the scripts that write a job."""
+        """Frames, end, metadata, the report's record: the KEYS of the scripts that write a job."""
         meta = self.meta(research_id)
-        return [meta + ":frames", meta + ":ended", meta]
+        return [meta + ":frames", meta + ":ended", meta, meta + ":report"]
 
 
 def _owned_by(owner: str | None) -> str:
@@ -114,7 +120,11 @@ _EVERY_JOB = f"{PREFIX}jobs:all"
 
 class RedisJobStore:
     """Jobs in Redis, and those this process runs mirrored here: its own sockets follow them without
-    a round trip to Redis per frame (the usual case); any other worker reads them from Redis."""
+    a round trip to Redis per frame (the usual case); any other worker reads them from Redis. A
+    finished job's saved report (its JSON record) is kept beside it, for hosts whose reports
+    directory does not have it."""
+
+    shares_reports = True
 
     def __init__(self, shared: SharedRedis, keep_finished_s: float = 60.0) -> None:
         self.shared = shared
@@ -129,6 +139,7 @@ class RedisJobStore:
         self._frames_due: dict[str, list[str]] = {}
         self._meta_due: dict[str, Job] = {}
         self._ending_due: set[str] = set()  # finished: the next batch ends the job's stream
+        self._record_due: dict[str, bytes] = {}  # the saved report, written with the end
         self._writing: dict[str, asyncio.Task[None]] = {}
         self._gathering: dict[str, asyncio.Future[None]] = {}  # a writer's wait, cut short by finish
         self._append: Any = self.redis.register_script(_APPEND)
@@ -210,21 +221,24 @@ class RedisJobStore:
             while research_id in self._frames_due or research_id in self._meta_due:
                 frames, job = self._frames_due.pop(research_id, []), self._meta_due.pop(research_id, None)
                 ending = research_id in self._ending_due  # no frame can follow: this batch is the last
-                await self._mirror(
-                    research_id, "adding frames", functools.partial(self._write, research_id, frames, job, ending)
-                )
+                record = self._record_due.pop(research_id, b"") if ending else b""
+                write = functools.partial(self._write, research_id, frames, job, ending, record)
+                await self._mirror(research_id, "adding frames", write)
         finally:
             timer.cancel()
             del self._writing[research_id], self._gathering[research_id]
             self._ending_due.discard(research_id)
+            self._record_due.pop(research_id, None)
 
-    async def _write(self, research_id: str, frames: builtins.list[str], job: Job | None, ending: bool) -> None:
+    async def _write(
+        self, research_id: str, frames: builtins.list[str], job: Job | None, ending: bool, record: bytes = b""
+    ) -> None:
         """One batch in one round trip (a script, not a pipeline: redis-py checks a pipeline's scripts
         with an extra SCRIPT EXISTS each time)."""
         meta = "" if job is None else _dumps(job.to_json())
         status = job.status.value if ending and job is not None else ""
         keys = self._keys.all(research_id)
-        await self._write_behind_script(keys=keys, args=[meta, status, *frames])
+        await self._write_behind_script(keys=keys, args=[meta, status, record, *frames])
 
     async def _written(self, research_id: str) -> None:
         """Wait until every frame and save of a job run here has reached Redis (or Redis failed)."""
@@ -264,14 +278,22 @@ class RedisJobStore:
                 return True
 
     async def finish(
-        self, research_id: str, status: JobStatus, error: str | None = None, files: dict[str, str] | None = None
+        self,
+        research_id: str,
+        status: JobStatus,
+        error: str | None = None,
+        files: dict[str, str] | None = None,
+        record: bytes | None = None,
     ) -> Job | None:
         if research_id in self.here:
             job = await self.here.finish(research_id, status, error, files)
             if job is not None and research_id not in self._only_here:
-                # the frames still gathering, the final state and the stream's end: one round trip, now
+                # the frames still gathering, the final state, the report and the stream's end: one
+                # round trip, now
                 self._meta_due[research_id] = job
                 self._ending_due.add(research_id)
+                if record:
+                    self._record_due[research_id] = record
                 self._write_behind(research_id)
                 _resolve(self._gathering[research_id])  # no more frames to wait for
             await self._written(research_id)
@@ -281,6 +303,8 @@ class RedisJobStore:
         found = await self.get(research_id)
         if found is None:
             return None
+        if record:
+            await self.shared.attempt("saving a report", lambda: self.redis.set(self._keys.record(research_id), record))
         progress = 1.0 if status is JobStatus.completed else found.progress
         await self.save(replace(found, status=status, error=error, files=files or found.files, progress=progress))
         return await self.get(research_id)
@@ -291,9 +315,31 @@ class RedisJobStore:
         self._forgetting.add(task)
         task.add_done_callback(self._forgetting.discard)
 
+    async def records(self, research_ids: Sequence[str]) -> dict[str, bytes]:
+        """The saved reports' records that Redis keeps, by research id (one MGET, or one per slot)."""
+        if not research_ids:
+            return {}
+        stored = await self.shared.attempt(
+            "reading reports", lambda: self._mget([self._keys.record(research_id) for research_id in research_ids])
+        )
+        return {research_id: value for research_id, value in zip(research_ids, stored, strict=True) if value}
+
+    def _fresher_here(self, job: Job) -> bool:
+        """Whether this worker's mirror of a job it ran is newer than Redis's: while it runs, while
+        its writes are on their way, and when Redis never had it. Once finished and written, Redis
+        has the truth, which another worker may have changed since (a client's fields saved, the job
+        deleted) while the mirror serves late followers."""
+        research_id = job.research_id
+        return not job.status.finished or research_id in self._only_here or research_id in self._writing
+
     async def get(self, research_id: str) -> Job | None:
         if research_id in self.here:
-            return await self.here.get(research_id)
+            job = await self.here.get(research_id)
+            if job is None or self._fresher_here(job):
+                return job
+            with contextlib.suppress(SharedDown):
+                return await self.shared.attempt("reading a job", lambda: self._get(research_id))
+            return job
         return await self.shared.attempt("reading a job", lambda: self._get(research_id))
 
     async def _get(self, research_id: str) -> Job | None:
@@ -301,13 +347,14 @@ class RedisJobStore:
         return None if stored is None else Job.from_json(json.loads(stored))
 
     async def list(self, owner: str | None, everyone: bool = False) -> builtins.list[Job]:
-        here = {job.research_id: job for job in await self.here.list(owner, everyone)}
+        here = await self.here.list(owner, everyone)
         try:
             shared = await self.shared.attempt("listing jobs", lambda: self._list(owner, everyone))
         except SharedDown:
-            shared = []
-        jobs = [*here.values(), *(job for job in shared if job.research_id not in here)]
-        return sorted(jobs, key=lambda job: job.created_at, reverse=True)
+            return here
+        jobs = {job.research_id: job for job in shared}
+        jobs.update((job.research_id, job) for job in here if self._fresher_here(job))
+        return sorted(jobs.values(), key=lambda job: job.created_at, reverse=True)
 
     async def _list(self, owner: str | None, everyone: bool) -> builtins.list[Job]:
         ids = cast(

@@ -29,14 +29,18 @@ def write_atomic(path: Path | str, data: bytes) -> None:
     os.replace(temporary, path)
 
 
-def save_report(directory: Path, report_id: str, markdown: str, record: dict[str, Any]) -> dict[str, str]:
-    """Write the JSON record (`record`, with the Markdown as its `report`); return every format's
-    name relative to the reports directory. The Markdown file, like the exports, is written when
-    first fetched: every file created is an inode allocated, and on ext4 without a journal each
-    allocation skips one by one the inodes retention freed in the last 30 s, while most clients never
-    fetch the Markdown file (the report reaches them in frames)."""
+def record_bytes(markdown: str, record: dict[str, Any]) -> bytes:
+    """The saved JSON: `record`, with the Markdown as its `report`."""
     # compact: json's C encoder serves only unindented output, the indented one runs in Python
-    data = json.dumps({**record, "report": markdown}, ensure_ascii=False).encode()
+    return json.dumps({**record, "report": markdown}, ensure_ascii=False).encode()
+
+
+def save_report(directory: Path, report_id: str, data: bytes) -> dict[str, str]:
+    """Write the JSON record (`data`, from record_bytes); return every format's name relative to the
+    reports directory. The Markdown file, like the exports, is written when first fetched: every
+    file created is an inode allocated, and on ext4 without a journal each allocation skips one by
+    one the inodes retention freed in the last 30 s, while most clients never fetch the Markdown
+    file (the report reaches them in frames)."""
     try:
         write_atomic(f"{directory}/{report_id}.json", data)
     except FileNotFoundError:  # no folder yet: made on the first report, not checked at every one

@@ -23,7 +23,7 @@ from fedresearch.report.compose import Composed, SendReport, compose
 from fedresearch.report.llm import LlmClients, LlmConfig, failure_reason, llm_config
 from fedresearch.report.planner import SubQuestion, model_sub_questions, sub_questions
 from fedresearch.report.reading import read_pages, url_sources
-from fedresearch.report.store import save_report
+from fedresearch.report.store import record_bytes, save_report
 from fedresearch.report.writer import Part, Writing
 
 log = logging.getLogger("fedresearch")
@@ -44,6 +44,7 @@ class ResearchOutcome:
     retrieval_ms: float
     writing: Writing = field(default_factory=Writing)
     streamed: bool = False  # the report went out through `send` as it was written
+    record: bytes = b""  # the saved JSON record, which a shared job store keeps for other hosts
 
 
 def writing_for(request: ResearchRequest, deps: Deps, pages: dict[str, list[Section]] | None = None) -> Writing:
@@ -128,8 +129,9 @@ async def run_research(
 ) -> ResearchOutcome:
     """The task, start to saved report; with `send`, the report goes out paragraph by paragraph as written.
     `owner`: the user whose key asked, the only one (with admins) who may read the saved report;
-    `report_id`: the name it is saved under (a job's research_id), new when not given; `llm`: the
-    app's clients of the model endpoint (without them, a client per call)."""
+    `report_id`: the name it is saved under (a job's research_id, and its record says so: it is
+    deleted with the job), new when not given; `llm`: the app's clients of the model endpoint
+    (without them, a client per call)."""
     settings: Settings = deps.settings
     started = time.perf_counter()
     await _announce(request, plan, emit)
@@ -145,18 +147,23 @@ async def run_research(
     await emit(
         ProgressEvent("writing_report", f"✍️ Writing the {request.report_type.value} from {len(sources)} sources")
     )
+    job = report_id is not None  # a job's report goes when its job does
     report_id = report_id or uuid.uuid4().hex
 
+    saved = b""
+
     def save(composed: Composed) -> dict[str, str]:
-        record = {"owner": owner} | _record(report_id, request, composed, outcomes, retrieval_ms)
-        return save_report(settings.reports_dir, report_id, composed.markdown, record)
+        nonlocal saved
+        record = {"owner": owner, "job": job} | _record(report_id, request, composed, outcomes, retrieval_ms)
+        saved = record_bytes(composed.markdown, record)
+        return save_report(settings.reports_dir, report_id, saved)
 
     composed = await compose(
         request.task, request.report_type, sources, outcomes, writing, parts, config, emit, send, save
     )
     markdown, references, streamed = composed.markdown, composed.references, send is not None
     return ResearchOutcome(
-        report_id, markdown, composed.files, sources, references, outcomes, retrieval_ms, writing, streamed
+        report_id, markdown, composed.files, sources, references, outcomes, retrieval_ms, writing, streamed, saved
     )
 
 

@@ -25,9 +25,10 @@ from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import session_from_report
 from fedresearch.report.jobs import JOB_ID, Job, JobStatus
-from fedresearch.report.store import REPORT_ID, delete_report, export, report_markdown
+from fedresearch.report.store import REPORT_ID, delete_report
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, REGISTRY, SETTINGS
+from fedresearch.web.reports import saved_reports
 from fedresearch.web.tasks import may_see, start_job
 
 _BACKGROUND_MESSAGE = "Your report is being generated in the background. Please check back later."
@@ -73,7 +74,7 @@ async def _owned(request: web.Request, principal: Principal, research_id: str, m
 
 
 async def _report_text(request: web.Request, research_id: str) -> str | None:
-    return await asyncio.to_thread(report_markdown, request.app[SETTINGS].reports_dir, research_id)
+    return await saved_reports(request.app).markdown(research_id)
 
 
 async def generate_report(request: web.Request) -> web.Response:
@@ -119,7 +120,7 @@ async def read_report(request: web.Request) -> web.StreamResponse:
     job = await request.app[JOBS].get(research_id)
     path = None
     if job is not None and may_see(principal, job):
-        path = await asyncio.to_thread(export, request.app[SETTINGS].reports_dir, research_id, "docx")
+        path = await saved_reports(request.app).export(research_id, "docx")
     if path is None:
         raise web.HTTPNotFound(text=json.dumps({"message": "Report not found."}), content_type="application/json")
     disposition = f'attachment; filename="report-{research_id[:8]}.docx"'
@@ -175,12 +176,9 @@ def _needs_text(job: Job) -> bool:
 
 async def _entries(request: web.Request, jobs: list[Job]) -> list[dict[str, Any]]:
     """Jobs as GPT-Researcher's saved reports, their texts read in one trip to a thread (a listing
-    of a user's 200 reports made 200 trips)."""
-    directory = request.app[SETTINGS].reports_dir
+    of a user's 200 reports made 200 trips) and those written on other hosts in one trip to Redis."""
     wanted = [job.research_id for job in jobs if _needs_text(job)]
-    texts = await asyncio.to_thread(
-        lambda: {research_id: report_markdown(directory, research_id) for research_id in wanted}
-    )
+    texts = await saved_reports(request.app).markdowns(wanted)
     return [_entry(job, texts.get(job.research_id)) for job in jobs]
 
 

@@ -10,7 +10,6 @@ headers, so a tool acts as the key's user. Over stdio the caller is the local us
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -33,6 +32,7 @@ from fedresearch.report.store import REPORT_NAME
 from fedresearch.report.task import run_research
 from fedresearch.web.auth import principal_of
 from fedresearch.web.keys import DEPS, KEYS, LLM_CLIENTS, REGISTRY, SETTINGS
+from fedresearch.web.reports import saved_reports
 from fedresearch.web.status import retriever_list
 
 _BODY_CHARS = 1200
@@ -91,7 +91,6 @@ def build_server(app: web.Application) -> MCPServer:
     SDK's decorator, so they are declared here together, each a few lines.
     """
     server: MCPServer = MCPServer(name="fedresearch", instructions=INSTRUCTIONS)
-    owners: dict[str, str | None] = {}  # reports researched here, and whose they are
 
     @server.tool(description="Federated search: ranked sources (title, link, passage, retrievers) for a query.")
     async def search(
@@ -116,8 +115,11 @@ def build_server(app: web.Application) -> MCPServer:
             await ctx.report_progress(steps, None, event.output)  # MCP's progress notifications
 
         request = ResearchRequest(task=task, report_type=report_type)
-        outcome = await run_research(request, plan, app[REGISTRY], app[DEPS], progress, llm=app[LLM_CLIENTS])
-        owners[outcome.report_id] = plan.options.user_id
+        # its record names its owner, so that any worker or host serves it to that user's key
+        owner = plan.options.user_id
+        outcome = await run_research(
+            request, plan, app[REGISTRY], app[DEPS], progress, owner=owner, llm=app[LLM_CLIENTS]
+        )
         references = [{"number": r.number, "title": r.title, "href": r.link} for r in outcome.references]
         files = {kind: f"/reports/{name}" for kind, name in outcome.files.items()}
         return {"research_id": outcome.report_id, "report": outcome.markdown, "references": references, "files": files}
@@ -130,17 +132,12 @@ def build_server(app: web.Application) -> MCPServer:
     @server.tool(description="A saved report by its research_id: its Markdown, sources and retriever outcomes.")
     async def get_report(research_id: str, ctx: Context) -> dict[str, Any]:
         principal = caller(app, ctx)
-        if not REPORT_NAME.match(f"{research_id}.json"):
-            raise ToolError(f"no report {research_id!r}")
-        path = app[SETTINGS].reports_dir / f"{research_id}.json"
-        owner = owners.get(research_id, "")
-        try:
-            record: dict[str, Any] = json.loads(await asyncio.to_thread(path.read_text, encoding="utf-8"))
-        except FileNotFoundError:
-            raise ToolError(f"no report {research_id!r}") from None
-        owner = record.get("user_id", owner)
-        if not principal.admin and (owner == "" or owner != principal.user_id):
+        reports = saved_reports(app)
+        if not REPORT_NAME.match(f"{research_id}.json") or not await reports.readable(principal, research_id):
             raise ToolError(f"no report {research_id!r}")  # another user's report is not there for this key
+        record = await reports.record(research_id)
+        if record is None:
+            raise ToolError(f"no report {research_id!r}")
         return record
 
     return server

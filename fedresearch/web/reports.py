@@ -1,38 +1,135 @@
 """Saved reports, fetched over HTTP under /reports/: each readable by its owner and by admins only;
-exports are rendered on first request."""
+exports are rendered on first request.
+
+A report is saved as a JSON record in the reports directory of the host whose worker ran its job.
+With the jobs in Redis (several hosts), the job store keeps a copy of the record with the job:
+another host fetches it once into its own directory and renders exports from it there, and a
+report whose job is gone (deleted, or expired by retention, on any host) is not served, and its
+files found here are removed.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from fedresearch.core.auth import Principal
+from fedresearch.core.shared import SharedDown
 from fedresearch.report.exports import EXPORTS
-from fedresearch.report.store import REPORT_NAME, export
+from fedresearch.report.jobs import JobStore
+from fedresearch.report.store import REPORT_NAME, delete_report, export, report_markdown, write_atomic
 from fedresearch.web.auth import principal_of
-from fedresearch.web.keys import SETTINGS
+from fedresearch.web.keys import JOBS, SETTINGS
+from fedresearch.web.tasks import may_see
 
 _TYPES = {"md": "text/markdown; charset=utf-8", "json": "application/json; charset=utf-8", **EXPORTS}
+
+
+class SavedReports:
+    """The saved reports of `jobs`, whichever host wrote them, read through `directory`."""
+
+    def __init__(self, directory: Path, jobs: JobStore) -> None:
+        self.directory = directory
+        self.jobs = jobs
+
+    async def fetch(self, research_ids: Sequence[str]) -> None:
+        """Copy into this host's directory the records it lacks that the job store keeps (one trip
+        to Redis for them all); while Redis fails, what this host has is what there is."""
+        if not self.jobs.shares_reports or not research_ids:
+            return
+        missing = await asyncio.to_thread(self._missing, research_ids)
+        if not missing:
+            return
+        try:
+            records = await self.jobs.records(missing)
+        except SharedDown:
+            return
+        if records:
+            await asyncio.to_thread(self._keep, records)
+
+    def _missing(self, research_ids: Sequence[str]) -> list[str]:
+        return [i for i in research_ids if not os.path.exists(f"{self.directory}/{i}.json")]
+
+    def _keep(self, records: dict[str, bytes]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for research_id, data in records.items():
+            write_atomic(f"{self.directory}/{research_id}.json", data)
+
+    async def markdowns(self, research_ids: Sequence[str]) -> dict[str, str | None]:
+        """The reports' Markdown by research id (None: no such report), in one trip to a thread."""
+        await self.fetch(research_ids)
+        return await asyncio.to_thread(lambda: {i: report_markdown(self.directory, i) for i in research_ids})
+
+    async def markdown(self, research_id: str) -> str | None:
+        return (await self.markdowns([research_id]))[research_id]
+
+    async def export(self, research_id: str, kind: str) -> Path | None:
+        """The report's file of one format, rendered here if needed; None when there is no report."""
+        await self.fetch([research_id])
+        return await asyncio.to_thread(export, self.directory, research_id, kind)
+
+    async def record(self, research_id: str) -> dict[str, Any] | None:
+        await self.fetch([research_id])
+        path = self.directory / f"{research_id}.json"
+        try:
+            record = json.loads(await asyncio.to_thread(path.read_text, encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    async def readable(self, principal: Principal, research_id: str) -> bool:
+        """Whether `principal` may read this report (and it exists). With jobs shared by several
+        hosts a job's report is there while its job is: a job deleted on another host (or by its
+        retention) leaves this host's copy behind, which goes now."""
+        record = self.directory / f"{research_id}.json"
+        if self.jobs.shares_reports:
+            with contextlib.suppress(SharedDown):  # Redis away: this host's own record decides
+                job = await self.jobs.get(research_id)
+                if job is None:
+                    if await asyncio.to_thread(_of_a_job, record):
+                        await asyncio.to_thread(delete_report, self.directory, research_id)
+                        return False
+                elif not may_see(principal, job):
+                    return False
+                else:
+                    await self.fetch([research_id])
+        return await asyncio.to_thread(may_read, principal, record)
+
+
+def saved_reports(app: web.Application) -> SavedReports:
+    return SavedReports(app[SETTINGS].reports_dir, app[JOBS])
 
 
 async def report_file(request: web.Request) -> web.FileResponse:
     principal = principal_of(request)
     match = REPORT_NAME.match(request.match_info["name"])
-    directory = request.app[SETTINGS].reports_dir
+    reports = saved_reports(request.app)
     # another user's report is "not found", like a missing one: ids must not be probed
-    if match is None or not await asyncio.to_thread(may_read, principal, directory / f"{match.group(1)}.json"):
+    if match is None or not await reports.readable(principal, match.group(1)):
         raise web.HTTPNotFound(text="no such report")
     report_id, kind = match.groups()
-    path = await asyncio.to_thread(export, directory, report_id, kind)
+    path = await asyncio.to_thread(export, reports.directory, report_id, kind)
     if path is None:
         raise web.HTTPNotFound(text="no such report")
     headers = {"Content-Type": _TYPES[kind]}
     if kind in ("pdf", "docx"):
         headers["Content-Disposition"] = f'attachment; filename="report-{report_id[:8]}.{kind}"'
     return web.FileResponse(path, headers=headers)
+
+
+def _of_a_job(record: Path) -> bool:
+    """Whether a saved record is a job's report (an MCP research is saved without a job)."""
+    try:
+        return json.loads(record.read_text(encoding="utf-8")).get("job") is True
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def may_read(principal: Principal, record: Path) -> bool:

@@ -23,7 +23,7 @@ from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.compose import report_chunks
 from fedresearch.report.jobs import EncodedFrame, Frame, Job, JobStatus, RetentionPace, enforce_retention
-from fedresearch.report.store import save_report
+from fedresearch.report.store import record_bytes, save_report
 from fedresearch.report.task import ResearchOutcome, run_research
 from fedresearch.web import webhooks
 from fedresearch.web.keys import (
@@ -88,6 +88,7 @@ class JobRun:
         self.research_id = uuid.uuid4().hex
         self.failure: Failure | None = None
         self.outcome: ResearchOutcome | None = None
+        self.record: bytes | None = None  # the saved report's JSON, for a job store other hosts read
         self.slot: Slot | None = None  # its place under MAX_TASKS_PER_KEY (none: it was refused)
         self._done_retrievers = 0
         self._retrievers = 1
@@ -145,13 +146,15 @@ class JobRun:
         owner = job.owner if job is not None else None
         record = {
             "owner": owner,
+            "job": True,
             "id": self.research_id,
             "question": self.request.task,
             "error": failure.reason,
             "report": markdown,
         }
         directory = self.app[SETTINGS].reports_dir
-        saved = await run_on(self.app[DEPS].work, save_report, directory, self.research_id, markdown, record)
+        self.record = record_bytes(markdown, record)
+        saved = await run_on(self.app[DEPS].work, save_report, directory, self.research_id, self.record)
         await self.deliver(markdown, saved, "📄 Report saved: the research could not run")
 
     async def execute(self, plan: Plan | None, refusal: Failure | None) -> None:
@@ -204,6 +207,7 @@ class JobRun:
             reason = "internal error while running the task; the server log has the details"
             await self.cannot_run(Failure(reason, 500))
             return
+        self.record = self.outcome.record
         live = self.app[LIVE_JOBS].get(self.research_id)
         if live is not None:
             live.chat = ChatSession(self.request, plan, self.outcome)
@@ -213,7 +217,8 @@ class JobRun:
     async def _finish(self, status: JobStatus, error: str | None) -> None:
         files = {kind: f"reports/{self.research_id}.{kind}" for kind in ("md", "pdf", "docx", "html", "json")}
         saved = status is not JobStatus.cancelled or self.outcome is not None
-        job = await self.app[JOBS].finish(self.research_id, status, error, files if saved else None)
+        record = self.record if saved else None
+        job = await self.app[JOBS].finish(self.research_id, status, error, files if saved else None, record)
         if job is None or status is JobStatus.cancelled:
             return
         settings = self.app[SETTINGS]
