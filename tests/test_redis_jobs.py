@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -15,6 +16,7 @@ from fedresearch.core.shared import SharedDown, SharedRedis, connect
 from fedresearch.report.jobs import Job, JobStatus, follow
 from fedresearch.report.redis_jobs import RedisJobStore
 from fedresearch.web.keys import JOBS
+from fedresearch.web.reports import saved_reports
 from tests.conftest import make_settings, report_of
 from tests.redis_server import start_redis
 from tests.tcp_proxy import TcpProxy
@@ -226,24 +228,32 @@ async def test_a_report_written_on_one_host_is_read_deleted_and_gone_on_another(
 ):
     """Two hosts: their own data folders, the jobs in one Redis. The report a worker on the first
     saved is read whole on the second (REST, files, exports, listing, chat), only by its owner; once
-    deleted there, the first host serves it no more and drops its files."""
+    deleted there, the first host serves it no more and drops its files (when asked for it, or at
+    its sweep)."""
     near = make_settings(tmp_path / "a", fakes, api_keys=SecretStr(KEYS), **redis_target.settings())
     first = await start_server(near)
     second = await start_server(near.model_copy(update={"data_dir": tmp_path / "b" / "data"}))
-    async with websockets.connect(first.ws_url, additional_headers=ALICE) as ws:
-        await ws.send("start " + json.dumps({**TASK, "headers": {"retrievers": "tavily"}}))
-        frames = [json.loads(await asyncio.wait_for(ws.recv(), 30))]
-        while frames[-1]["type"] != "path":
-            frames.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
-    research_id, report = frames[0]["metadata"]["research_id"], report_of(frames)
-    assert "tavily" in report and (tmp_path / "a" / "data" / "reports" / f"{research_id}.json").is_file()
-    there = tmp_path / "b" / "data" / "reports"
-    assert not there.exists()
+    here, there = tmp_path / "a" / "data" / "reports", tmp_path / "b" / "data" / "reports"
+
+    async def research() -> tuple[str, str]:
+        async with websockets.connect(first.ws_url, additional_headers=ALICE) as ws:
+            await ws.send("start " + json.dumps({**TASK, "headers": {"retrievers": "tavily"}}))
+            frames = [json.loads(await asyncio.wait_for(ws.recv(), 30))]
+            while frames[-1]["type"] != "path":
+                frames.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+        return frames[0]["metadata"]["research_id"], report_of(frames)
 
     async def get(server, path: str, who: dict[str, str]) -> tuple[int, bytes]:
         async with aiohttp.ClientSession() as session, session.get(server.url + path, headers=who) as response:
             return response.status, await response.read()
 
+    async def delete(server, research_id: str) -> None:
+        url = f"{server.url}/api/reports/{research_id}"
+        async with aiohttp.ClientSession() as session, session.delete(url, headers=ALICE) as response:
+            assert response.status == 200
+
+    research_id, report = await research()
+    assert "tavily" in report and (here / f"{research_id}.json").is_file() and not there.exists()
     status, body = await get(second, f"/api/jobs/{research_id}", ALICE)
     assert status == 200 and json.loads(body)["report"] == report
     for who, seen in ((BOB, 404), (ALICE, 200)):  # bob learns nothing, not even that it exists
@@ -258,14 +268,26 @@ async def test_a_report_written_on_one_host_is_read_deleted_and_gone_on_another(
     status, body = await get(second, "/api/reports", ALICE)
     assert [entry["answer"] for entry in json.loads(body)["reports"]] == [report]
     chat = {"research_id": research_id, "messages": [{"role": "user", "content": "rank fusion"}]}
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{second.url}/api/chat", json=chat, headers=ALICE) as response:
-            assert response.status == 200 and "[1]" in (await response.json())["response"]["content"]
-        async with session.delete(f"{second.url}/api/reports/{research_id}", headers=ALICE) as response:
-            assert response.status == 200
+    chat_url = f"{second.url}/api/chat"
+    async with aiohttp.ClientSession() as session, session.post(chat_url, json=chat, headers=ALICE) as response:
+        assert response.status == 200 and "[1]" in (await response.json())["response"]["content"]
+
+    await delete(second, research_id)
     assert not list(there.iterdir())  # what the second host kept went with the job
     assert await first.app[JOBS].records([research_id]) == {}  # and Redis's copy
-    assert (await get(first, f"/reports/{research_id}.md", ALICE))[0] == 404
-    assert (await get(first, f"/api/jobs/{research_id}", ALICE))[0] == 404  # its mirror there is not the truth
+    assert (await get(first, f"/api/jobs/{research_id}", ALICE))[0] == 404  # the first's mirror is not the truth
     assert json.loads((await get(first, "/api/reports", ALICE))[1]) == {"reports": []}
-    assert not list((tmp_path / "a" / "data" / "reports").iterdir())  # left behind on the first host: gone now
+    assert (await get(first, f"/reports/{research_id}.md", ALICE))[0] == 404  # asked for: its files go at once
+    assert not list(here.iterdir())
+
+    kept, _ = await research()
+    gone, _ = await research()
+    await delete(second, gone)
+    swept, latest = await saved_reports(first.app).sweep(time.time() - 60)
+    assert swept == 1 and latest > 0 and [path.name for path in here.iterdir()] == [f"{kept}.json"]
+    assert (await saved_reports(first.app).sweep(time.time() - 60))[0] == 0  # read again: nothing left to drop
+    shared = redis_target.shared()
+    await shared.client.flushall()  # Redis lost everything: what the hosts saved stays, served to its owner
+    await shared.close()
+    assert (await get(first, f"/reports/{kept}.md", ALICE))[0] == 200
+    assert (await saved_reports(first.app).sweep(0.0))[0] == 0 and (here / f"{kept}.json").is_file()

@@ -15,7 +15,8 @@ The state lives behind `JobStore`, a small async protocol, so it can be kept in 
   `status` (completed, failed or cancelled); waiters wake, and no frame is appended after it.
   `record` is its saved report's JSON, written to this host's reports directory: a store shared by
   several hosts (`shares_reports`) keeps a copy with the job, which `records(ids)` reads back on
-  any host and deleting the job deletes.
+  any host and deleting the job deletes; such a store remembers deletions for a day
+  (`was_deleted(id)`, `deleted_since(t)`), so that every host drops the files it kept of them.
 - `get(research_id) -> Job | None`, `list(owner, everyone=False) -> list[Job]` (newest first; the
   jobs of `owner`, or every job when `everyone`), `delete(research_id) -> bool`.
 
@@ -147,6 +148,12 @@ class JobStore(Protocol):
     ) -> Job | None: ...
 
     async def records(self, research_ids: Sequence[str]) -> dict[str, bytes]: ...
+
+    async def was_deleted(self, research_id: str) -> bool: ...
+
+    async def deleted_since(
+        self, since: float, skip: int = 0, limit: int = 10_000
+    ) -> builtins.list[tuple[str, float]]: ...
 
     async def get(self, research_id: str) -> Job | None: ...
 
@@ -297,6 +304,12 @@ class LocalJobStore:
 
     async def records(self, research_ids: Sequence[str]) -> dict[str, bytes]:
         return {}  # the reports directory has them all
+
+    async def was_deleted(self, research_id: str) -> bool:
+        return False  # its reports are deleted with it, here
+
+    async def deleted_since(self, since: float, skip: int = 0, limit: int = 10_000) -> builtins.list[tuple[str, float]]:
+        return []
 
     async def get(self, research_id: str) -> Job | None:
         entry = self._entries.get(research_id)

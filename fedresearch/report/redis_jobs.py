@@ -116,6 +116,11 @@ def _owned_by(owner: str | None) -> str:
 
 
 _EVERY_JOB = f"{PREFIX}jobs:all"
+# research id -> when it was deleted, for a day and at most the newest 100,000: a host away longer
+# (or behind by more) keeps the files of those it missed, served to their owners as before
+_DELETED = f"{PREFIX}jobs:deleted"
+KEEP_DELETED_S = 86400.0
+_KEEP_DELETED = 100_000
 
 
 class RedisJobStore:
@@ -324,6 +329,22 @@ class RedisJobStore:
         )
         return {research_id: value for research_id, value in zip(research_ids, stored, strict=True) if value}
 
+    async def was_deleted(self, research_id: str) -> bool:
+        when = await self.shared.attempt("reading deletions", lambda: self.redis.zscore(_DELETED, research_id))
+        return when is not None
+
+    async def deleted_since(self, since: float, skip: int = 0, limit: int = 10_000) -> builtins.list[tuple[str, float]]:
+        """Jobs deleted at `since` or later (by the deleting worker's clock), oldest first, from the
+        `skip`th on: (id, when)."""
+        found = cast(
+            builtins.list[tuple[bytes, float]],
+            await self.shared.attempt(
+                "reading deletions",
+                lambda: self.redis.zrangebyscore(_DELETED, since, "+inf", start=skip, num=limit, withscores=True),
+            ),
+        )
+        return [(member.decode(), float(score)) for member, score in found]
+
     def _fresher_here(self, job: Job) -> bool:
         """Whether this worker's mirror of a job it ran is newer than Redis's: while it runs, while
         its writes are on their way, and when Redis never had it. Once finished and written, Redis
@@ -402,6 +423,11 @@ class RedisJobStore:
                 pipe.delete(*self._keys.all(job.research_id))
                 pipe.zrem(_owned_by(job.owner), job.research_id)
             pipe.zrem(_EVERY_JOB, *(job.research_id for job in found))
+            # remembered a while, so that every host drops the files it keeps of them (web/reports.py)
+            now = time.time()
+            pipe.zadd(_DELETED, {job.research_id: now for job in found})
+            pipe.zremrangebyscore(_DELETED, "-inf", now - KEEP_DELETED_S)
+            pipe.zremrangebyrank(_DELETED, 0, -_KEEP_DELETED - 1)
             await pipe.execute()
         return [job.research_id for job in found]
 

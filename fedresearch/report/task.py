@@ -129,9 +129,8 @@ async def run_research(
 ) -> ResearchOutcome:
     """The task, start to saved report; with `send`, the report goes out paragraph by paragraph as written.
     `owner`: the user whose key asked, the only one (with admins) who may read the saved report;
-    `report_id`: the name it is saved under (a job's research_id, and its record says so: it is
-    deleted with the job), new when not given; `llm`: the app's clients of the model endpoint
-    (without them, a client per call)."""
+    `report_id`: the name it is saved under (a job's research_id), new when not given; `llm`: the
+    app's clients of the model endpoint (without them, a client per call)."""
     settings: Settings = deps.settings
     started = time.perf_counter()
     await _announce(request, plan, emit)
@@ -147,14 +146,13 @@ async def run_research(
     await emit(
         ProgressEvent("writing_report", f"✍️ Writing the {request.report_type.value} from {len(sources)} sources")
     )
-    job = report_id is not None  # a job's report goes when its job does
     report_id = report_id or uuid.uuid4().hex
 
     saved = b""
 
     def save(composed: Composed) -> dict[str, str]:
         nonlocal saved
-        record = {"owner": owner, "job": job} | _record(report_id, request, composed, outcomes, retrieval_ms)
+        record = {"owner": owner} | _record(report_id, request, composed, outcomes, retrieval_ms)
         saved = record_bytes(composed.markdown, record)
         return save_report(settings.reports_dir, report_id, saved)
 

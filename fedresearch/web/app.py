@@ -176,6 +176,7 @@ def create_app(
     app[BACKGROUND] = set()
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(tasks.retention_sweeps)  # after _resources: it reads the job store
+    app.cleanup_ctx.append(reports.leftover_sweeps)
     app.on_shutdown.append(_close_sockets)
     app.on_shutdown.append(tasks.stop_jobs)
     _add_routes(app)

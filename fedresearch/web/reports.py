@@ -3,9 +3,10 @@ exports are rendered on first request.
 
 A report is saved as a JSON record in the reports directory of the host whose worker ran its job.
 With the jobs in Redis (several hosts), the job store keeps a copy of the record with the job:
-another host fetches it once into its own directory and renders exports from it there, and a
-report whose job is gone (deleted, or expired by retention, on any host) is not served, and its
-files found here are removed.
+another host fetches it once into its own directory and renders exports from it there. A job
+deleted on one host (by its owner, or by retention) takes its report from every host: the store
+remembers deletions for a day, and each host drops the files it keeps of them within a minute
+(at once should one be asked for).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +27,18 @@ from fedresearch.core.auth import Principal
 from fedresearch.core.shared import SharedDown
 from fedresearch.report.exports import EXPORTS
 from fedresearch.report.jobs import JobStore
+from fedresearch.report.redis_jobs import KEEP_DELETED_S
 from fedresearch.report.store import REPORT_NAME, delete_report, export, report_markdown, write_atomic
 from fedresearch.web.auth import principal_of
 from fedresearch.web.keys import JOBS, SETTINGS
 from fedresearch.web.tasks import may_see
 
 _TYPES = {"md": "text/markdown; charset=utf-8", "json": "application/json; charset=utf-8", **EXPORTS}
+_SWEEP_EVERY_S = 60.0
+_SWEEP_PAGE = 10_000
+_CLOCK_SKEW_S = 60.0
+
+log = logging.getLogger("fedresearch")
 
 
 class SavedReports:
@@ -86,25 +95,67 @@ class SavedReports:
 
     async def readable(self, principal: Principal, research_id: str) -> bool:
         """Whether `principal` may read this report (and it exists). With jobs shared by several
-        hosts a job's report is there while its job is: a job deleted on another host (or by its
-        retention) leaves this host's copy behind, which goes now."""
+        hosts, its job says whose it is; a job deleted on another host (by its owner or by
+        retention) leaves this host's copy behind, which goes now rather than at the next sweep."""
         record = self.directory / f"{research_id}.json"
         if self.jobs.shares_reports:
             with contextlib.suppress(SharedDown):  # Redis away: this host's own record decides
                 job = await self.jobs.get(research_id)
-                if job is None:
-                    if await asyncio.to_thread(_of_a_job, record):
-                        await asyncio.to_thread(delete_report, self.directory, research_id)
-                        return False
-                elif not may_see(principal, job):
+                if job is not None and not may_see(principal, job):
                     return False
-                else:
+                if job is not None:
                     await self.fetch([research_id])
+                elif await self.jobs.was_deleted(research_id):
+                    await asyncio.to_thread(delete_report, self.directory, research_id)
+                    return False
         return await asyncio.to_thread(may_read, principal, record)
+
+    async def sweep(self, since: float) -> tuple[int, float]:
+        """Remove this host's files of the reports whose jobs were deleted from `since` on, a page of
+        ids at a time; returns how many reports had files here, and the latest deletion seen."""
+        swept, latest, skip = 0, since, 0
+        while deleted := await self.jobs.deleted_since(since, skip, _SWEEP_PAGE):
+            swept += await asyncio.to_thread(self._drop, [research_id for research_id, _ in deleted])
+            latest, skip = deleted[-1][1], skip + len(deleted)
+            if len(deleted) < _SWEEP_PAGE:
+                break
+        return swept, latest
+
+    def _drop(self, research_ids: list[str]) -> int:
+        # a deletion is read again on the sweeps within the clock margin: a stat, not five unlinks
+        here = [i for i in research_ids if any(os.path.exists(f"{self.directory}/{i}.{k}") for k in ("json", "md"))]
+        return sum(delete_report(self.directory, research_id) for research_id in here)
 
 
 def saved_reports(app: web.Application) -> SavedReports:
     return SavedReports(app[SETTINGS].reports_dir, app[JOBS])
+
+
+async def leftover_sweeps(app: web.Application) -> AsyncIterator[None]:
+    """With jobs shared by several hosts, drop every minute the files this host keeps of reports
+    whose jobs were deleted elsewhere (at start, those of the day the store remembers)."""
+    jobs = app[JOBS]
+
+    async def sweep() -> None:
+        since = time.time() - KEEP_DELETED_S
+        while True:
+            try:
+                swept, latest = await saved_reports(app).sweep(since)
+                since = max(since, latest - _CLOCK_SKEW_S)  # deletions are stamped by each host's clock
+            except SharedDown:
+                pass  # the shared state says so in the log; tried again next time
+            except OSError as error:
+                log.warning("could not sweep the reports folder: %s", error)
+            else:
+                if swept:
+                    log.info("removed the files of %d reports deleted on other hosts", swept)
+            await asyncio.sleep(_SWEEP_EVERY_S)
+
+    sweeper = asyncio.create_task(sweep()) if jobs.shares_reports else None
+    yield
+    if sweeper is not None:
+        sweeper.cancel()
+        await asyncio.gather(sweeper, return_exceptions=True)
 
 
 async def report_file(request: web.Request) -> web.FileResponse:
@@ -122,14 +173,6 @@ async def report_file(request: web.Request) -> web.FileResponse:
     if kind in ("pdf", "docx"):
         headers["Content-Disposition"] = f'attachment; filename="report-{report_id[:8]}.{kind}"'
     return web.FileResponse(path, headers=headers)
-
-
-def _of_a_job(record: Path) -> bool:
-    """Whether a saved record is a job's report (an MCP research is saved without a job)."""
-    try:
-        return json.loads(record.read_text(encoding="utf-8")).get("job") is True
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def may_read(principal: Principal, record: Path) -> bool:

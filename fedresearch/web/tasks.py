@@ -146,7 +146,6 @@ class JobRun:
         owner = job.owner if job is not None else None
         record = {
             "owner": owner,
-            "job": True,
             "id": self.research_id,
             "question": self.request.task,
             "error": failure.reason,
