@@ -4,7 +4,9 @@ listed or read on any other worker or host.
 A job is a JSON value (its metadata) and a stream of its frames: frame i has the entry id 0-(i+1),
 so reading from an index is one XRANGE and waiting for the next frame is one XREAD BLOCK. Finishing
 a job adds one last entry with no frame in it, which wakes every waiter; a Lua script refuses any
-frame after it. Owners' job lists are sorted sets scored by creation time.
+frame after it. Owners' job lists are sorted sets scored by creation time. A finished job's saved
+report (its JSON record) is a value beside it, and deleted jobs are remembered for a day in a sorted
+set scored by the time of deletion, so that other hosts drop their files of them (web/reports.py).
 
 The jobs a process runs are mirrored in its memory (a LocalJobStore), so its own sockets follow them
 without a Redis round trip per frame; other workers read them from Redis. While Redis fails (said
@@ -86,7 +88,7 @@ _GATHER_S = 0.05
 
 class _JobKeys:
     """A job's four keys. On a cluster the job's id is their hash tag, so that the scripts reading
-    and writing all three run on one node; on a single Redis their names stay those of the jobs
+    and writing them run on one node; on a single Redis their names stay those of the jobs
     stored before clusters were supported, which would otherwise drop out of every listing."""
 
     def __init__(self, tagged: bool) -> None:
