@@ -171,6 +171,10 @@ async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes
         resumed = []
         while not resumed or resumed[-1]["type"] != "path":
             resumed.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+        # the chat session lives in the first worker's memory: this one makes it from the saved report
+        await ws.send("chat " + json.dumps({"message": "rank fusion"}))
+        answer = json.loads(await asyncio.wait_for(ws.recv(), 30))
+    assert answer["type"] == "chat" and "[1]" in answer["content"], answer
     assert resumed[:3] == before
     assert "tavily" in report_of(resumed) and not any(frame["type"] == "error" for frame in resumed)
     status_url = f"{second.url}/api/jobs/{research_id}"
@@ -254,7 +258,12 @@ async def test_a_report_written_on_one_host_is_read_deleted_and_gone_on_another(
 
     research_id, report = await research()
     assert "tavily" in report and (here / f"{research_id}.json").is_file() and not there.exists()
-    status, body = await get(second, f"/api/jobs/{research_id}", ALICE)
+    # `path` goes out before the job's end reaches Redis (written behind, within 50 ms)
+    for _ in range(100):
+        status, body = await get(second, f"/api/jobs/{research_id}", ALICE)
+        if json.loads(body)["status"] == "completed":
+            break
+        await asyncio.sleep(0.05)
     assert status == 200 and json.loads(body)["report"] == report
     for who, seen in ((BOB, 404), (ALICE, 200)):  # bob learns nothing, not even that it exists
         assert (await get(second, f"/reports/{research_id}.md", who))[0] == seen

@@ -19,17 +19,14 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedresearch.core.auth import Principal
-from fedresearch.core.errors import RequestError
 from fedresearch.core.models import ResearchRequest
-from fedresearch.federation.contract import SearchOptions
-from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import session_from_report
 from fedresearch.report.jobs import JOB_ID, Job, JobStatus
 from fedresearch.report.store import REPORT_ID, delete_report
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, REGISTRY, SETTINGS
 from fedresearch.web.reports import saved_reports
-from fedresearch.web.tasks import may_see, start_job
+from fedresearch.web.tasks import chat_plan, may_see, start_job
 
 _BACKGROUND_MESSAGE = "Your report is being generated in the background. Please check back later."
 
@@ -293,19 +290,6 @@ async def add_report_chat_message(request: web.Request) -> web.Response:
     return web.json_response({"success": True, "id": job.research_id})
 
 
-def _chat_plan(request: web.Request, principal: Principal, owner: str | None, question: str) -> Plan:
-    """The default retrievers for a follow-up search, as the caller; none when they cannot run."""
-    headers = {"user_id": owner} if owner else {}
-    follow_up = ResearchRequest(task=question[:2000] or "?", headers=headers)
-    bound = None if principal.admin else principal.user_id
-    app = request.app
-    registry = app[REGISTRY]
-    try:
-        return plan_request(follow_up, app[SETTINGS], registry, bound_user=bound)
-    except RequestError:  # e.g. no user for the library: the report's own evidence must do
-        return Plan([], SearchOptions(query=follow_up.task, max_results=app[SETTINGS].max_search_results))
-
-
 async def chat(request: web.Request) -> web.Response:
     """Chat about a report: the answer is drawn from the report's cited evidence (and a new search
     with the default retrievers when that does not cover the question), cited with its numbers."""
@@ -321,7 +305,7 @@ async def chat(request: web.Request) -> web.Response:
     if asked.research_id:
         job = await _owned(request, principal, asked.research_id, "Report not found")
         report, owner = await _report_text(request, job.research_id) or "", job.owner
-    plan = _chat_plan(request, principal, owner or request.app[SETTINGS].default_user, question)
+    plan = chat_plan(request.app, principal, owner or request.app[SETTINGS].default_user, question)
     deps = request.app[DEPS]
     session = session_from_report(report, ResearchRequest(task=question[:2000]), plan, deps)
     answer = await session.answer(question.strip(), request.app[REGISTRY], deps)

@@ -20,11 +20,12 @@ from pydantic import ValidationError
 from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
 from fedresearch.core.models import ResearchRequest
-from fedresearch.report.chat import ChatSession
-from fedresearch.report.jobs import follow, frame_text
+from fedresearch.report.chat import ChatSession, session_from_report
+from fedresearch.report.jobs import JobStatus, follow, frame_text
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, METRICS, REGISTRY, SETTINGS, SOCKETS, LiveJob
-from fedresearch.web.tasks import may_see, start_job
+from fedresearch.web.reports import saved_reports
+from fedresearch.web.tasks import chat_plan, may_see, start_job
 
 log = logging.getLogger("fedresearch")
 
@@ -63,6 +64,9 @@ class ResearchSocket:
         self.following: asyncio.Task[None] | None = None
         self.owned: LiveJob | None = None  # the job this socket started, if it dies with the socket
         self.chat_session: ChatSession | None = None
+        # a job followed to its end whose chat session lives in no memory here (it ran on another
+        # worker or host, or ended before `resume`): the session is made from its saved report
+        self.chat_about: str | None = None
 
     async def send(self, frame: dict[str, Any]) -> None:
         if self.ws.closed:
@@ -143,7 +147,7 @@ class ResearchSocket:
         self._follow(job.research_id, self.app[LIVE_JOBS].get(job.research_id))
 
     def _follow(self, research_id: str, live: LiveJob | None) -> None:
-        self.chat_session = None
+        self.chat_session, self.chat_about = None, None
         self.following = asyncio.create_task(self._pump(research_id, live))
 
     async def _pump(self, research_id: str, live: LiveJob | None) -> None:
@@ -157,19 +161,35 @@ class ResearchSocket:
             async for frame in frames:
                 if frame.get("type") == "path":
                     self.following = None
-                    if live is not None:
-                        self.chat_session = live.chat
+                    self._chat_after(research_id, live)
                     await self.send(frame)
                     return
                 await self.send(frame)
-        if live is not None:
-            self.chat_session = live.chat
+        self._chat_after(research_id, live)
+
+    def _chat_after(self, research_id: str, live: LiveJob | None) -> None:
+        self.chat_session = live.chat if live is not None else None
+        self.chat_about = research_id if self.chat_session is None else None
+
+    async def _saved_chat(self, research_id: str) -> ChatSession | None:
+        """A chat session about a completed job's saved report, wherever it was written."""
+        job = await self.app[JOBS].get(research_id)
+        if job is None or job.status is not JobStatus.completed or not may_see(self.principal, job):
+            return None
+        markdown = await saved_reports(self.app).markdown(research_id)
+        if markdown is None:
+            return None
+        owner = job.owner or self.app[SETTINGS].default_user
+        plan = chat_plan(self.app, self.principal, owner, job.task)
+        return session_from_report(markdown, ResearchRequest(task=job.task[:2000]), plan, self.app[DEPS])
 
     async def chat(self, payload: str) -> None:
         """GPT-Researcher's chat: answered from the last report's evidence, searching again if needed."""
         message = await self._text_field("chat", payload, "message")
         if message is None:
             return
+        if self.chat_session is None and self.chat_about is not None:
+            self.chat_session = await self._saved_chat(self.chat_about)
         if self.chat_session is None:
             content = "Ask a research question first; then chat about its report here."
             await self.send({"type": "chat", "content": content, "role": "assistant", "metadata": None})

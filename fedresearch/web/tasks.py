@@ -19,6 +19,7 @@ from fedresearch.core.errors import RequestError
 from fedresearch.core.events import ProgressEvent
 from fedresearch.core.models import ResearchRequest
 from fedresearch.core.work import run_on
+from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.compose import report_chunks
@@ -75,6 +76,19 @@ def background(app: web.Application, work: Coroutine[Any, Any, object]) -> None:
 def may_see(principal: Principal, job: Job | None) -> bool:
     """Admins see every job; a caller bound to a user sees that user's jobs only."""
     return job is not None and (principal.admin or (job.owner is not None and job.owner == principal.user_id))
+
+
+def chat_plan(app: web.Application, principal: Principal, owner: str | None, question: str) -> Plan:
+    """The default retrievers for a follow-up search about a saved report, as the caller; none
+    when they cannot run (the report's own evidence must do)."""
+    headers = {"user_id": owner} if owner else {}
+    follow_up = ResearchRequest(task=question[:2000] or "?", headers=headers)
+    bound = None if principal.admin else principal.user_id
+    registry = app[REGISTRY]
+    try:
+        return plan_request(follow_up, app[SETTINGS], registry, bound_user=bound)
+    except RequestError:  # e.g. no user for the library
+        return Plan([], SearchOptions(query=follow_up.task, max_results=app[SETTINGS].max_search_results))
 
 
 class JobRun:
