@@ -3,6 +3,7 @@ server's keys, and stdio through `fedresearch mcp`."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 
@@ -89,3 +90,27 @@ async def test_stdio(tmp_path, encoder):
         result = await client.call_tool("search", {"query": "reciprocal rank fusion", "retrievers": "library"})
         assert not result.is_error, result
         assert result.structured_content["sources"]
+
+
+async def test_research_is_a_job_under_the_keys_limits(tmp_path, fakes, start_server):
+    """`research` runs as a job, as over the WebSocket and REST: listed with the user's reports and
+    held to MAX_TASK_CHARS and MAX_TASKS_PER_KEY (it ran outside them, unlisted and never expired)."""
+    fakes["tavily"].behaviour.delay_s = 1.0
+    settings = make_settings(tmp_path, fakes, api_keys=KEYS, max_task_chars=60, max_tasks_per_key=1)
+    server = await start_server(settings)
+    async with client_for(server.url, "alice-key") as client, client_for(server.url, "alice-key") as again:
+        too_long = await client.call_tool("research", {"task": "rank fusion " * 10, "retrievers": "tavily"})
+        assert too_long.is_error and "MAX_TASK_CHARS" in too_long.content[0].text
+        first = asyncio.create_task(client.call_tool("research", {"task": "rank fusion", "retrievers": "tavily"}))
+        await asyncio.sleep(0.5)  # the first is waiting for Tavily: the key's one place is taken
+        second = await again.call_tool("research", {"task": "dense retrieval", "retrievers": "tavily"})
+        assert second.is_error and "MAX_TASKS_PER_KEY=1" in second.content[0].text
+        done = await first
+        assert not done.is_error, done
+    research_id = done.structured_content["research_id"]
+    async with httpx2.AsyncClient() as http:
+        listed = await http.get(server.url + "/api/jobs", headers={"Authorization": "Bearer alice-key"})
+        report = await http.get(f"{server.url}/reports/{research_id}.md", headers={"Authorization": "Bearer alice-key"})
+    jobs = {job["research_id"]: job for job in listed.json()["jobs"]}
+    assert jobs[research_id]["origin"] == "mcp" and jobs[research_id]["status"] == "completed"
+    assert report.status_code == 200 and report.text == done.structured_content["report"]

@@ -10,6 +10,7 @@ headers, so a tool acts as the key's user. Over stdio the caller is the local us
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,18 +23,19 @@ from pydantic import ValidationError
 
 from fedresearch.core.auth import Principal, bearer_token
 from fedresearch.core.errors import RequestError
-from fedresearch.core.events import ProgressEvent, discard
+from fedresearch.core.events import discard
 from fedresearch.core.identifiers import string_ids
 from fedresearch.core.models import FusedResult, ResearchRequest
 from fedresearch.federation.fusion import fuse
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.federation.runner import federate
+from fedresearch.report.jobs import follow
 from fedresearch.report.store import REPORT_NAME
-from fedresearch.report.task import run_research
 from fedresearch.web.auth import principal_of
-from fedresearch.web.keys import DEPS, KEYS, LLM_CLIENTS, REGISTRY, SETTINGS
+from fedresearch.web.keys import DEPS, JOBS, KEYS, REGISTRY, SETTINGS
 from fedresearch.web.reports import saved_reports
 from fedresearch.web.status import retriever_list
+from fedresearch.web.tasks import start_job
 
 _BODY_CHARS = 1200
 INSTRUCTIONS = (
@@ -106,20 +108,27 @@ def build_server(app: web.Application) -> MCPServer:
     async def research(
         task: str, ctx: Context, retrievers: str = "", report_type: str = "research_report", user_id: str = ""
     ) -> dict[str, Any]:
-        plan = plan_for(app, caller(app, ctx), task, retrievers, user_id, report_type=report_type)
+        # a job, as over the WebSocket and REST: MAX_TASKS_PER_KEY, MAX_TASK_CHARS and TASK_TIMEOUT_S
+        # apply, it is listed and kept (or expired) with the user's other reports, and it goes on
+        # should the client leave (get_report reads it then)
+        headers = {key: value for key, value in (("retrievers", retrievers), ("user_id", user_id)) if value}
+        try:
+            request = ResearchRequest(task=task, report_type=report_type, headers=headers)
+        except ValidationError as error:
+            raise ToolError("; ".join(str(issue["msg"]) for issue in error.errors())) from None
+        run, live = await start_job(app, caller(app, ctx), request, "mcp", detached=True)
+        if run.failure is not None:
+            raise ToolError(run.failure.reason)
         steps = 0
-
-        async def progress(event: ProgressEvent) -> None:
-            nonlocal steps
-            steps += 1
-            await ctx.report_progress(steps, None, event.output)  # MCP's progress notifications
-
-        request = ResearchRequest(task=task, report_type=report_type)
-        # its record names its owner, so that any worker or host serves it to that user's key
-        owner = plan.options.user_id
-        outcome = await run_research(
-            request, plan, app[REGISTRY], app[DEPS], progress, owner=owner, llm=app[LLM_CLIENTS]
-        )
+        async with contextlib.aclosing(follow(app[JOBS], run.research_id)) as frames:
+            async for frame in frames:
+                if frame.get("type") == "logs":
+                    steps += 1
+                    await ctx.report_progress(steps, None, frame.get("output"))  # MCP's progress notifications
+        await asyncio.wait({live.task})
+        if run.failure is not None or run.outcome is None:
+            raise ToolError(run.failure.reason if run.failure is not None else "the task was cancelled")
+        outcome = run.outcome
         references = [{"number": r.number, "title": r.title, "href": r.link} for r in outcome.references]
         files = {kind: f"/reports/{name}" for kind, name in outcome.files.items()}
         return {"research_id": outcome.report_id, "report": outcome.markdown, "references": references, "files": files}
