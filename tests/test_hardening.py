@@ -222,3 +222,19 @@ async def test_a_cookie_an_upstream_sets_for_one_user_is_not_sent_for_the_next(t
             task = {"task": f"rank fusion for {user}", "headers": {"retrievers": "tavily", "user_id": user}}
             assert (await run_task(ws, task))[-1]["type"] == "path"
     assert [request["headers"].get("Cookie") for request in tavily.requests] == [None, None]
+
+
+async def test_a_result_whose_link_urllib_refuses_does_not_sink_the_task(tmp_path, fakes, start_server):
+    """A port that is no number, one out of range, an unclosed IPv6 bracket: urllib raises on each,
+    and one such link from an upstream ended the whole task with "internal error"."""
+    links = ["http://a.example:xyz/p", "http://b.example:99999/p", "http://[::1/p", "https://c.example/ok"]
+    fakes["tavily"].behaviour.items = [
+        {"url": link, "title": f"Result {n}", "content": f"Rank fusion passage {n} on fusion.", "score": 0.5}
+        for n, link in enumerate(links)
+    ]
+    server = await start_server(make_settings(tmp_path, fakes))
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, {"task": "rank fusion", "headers": {"retrievers": "tavily"}})
+    assert not [frame for frame in frames if frame["type"] == "error"], frames
+    report = report_of(frames)
+    assert all(f"]({link})" in report for link in links), report  # every one cited, as given
