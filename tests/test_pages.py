@@ -143,6 +143,7 @@ async def test_a_cookie_a_page_sets_is_never_sent_again(tmp_path, pages):
         ("http://v6.test/", "resolves to ::1"),
         ("http://internal.test/", "resolves to 10.1.2.3"),
         ("file:///etc/passwd", "not an http(s) URL"),
+        ("http://[::1/", "not a URL that can be read"),  # urllib raises on the unclosed bracket
     ],
 )
 async def test_ssrf_refuses_every_non_public_address(tmp_path, url, reason):

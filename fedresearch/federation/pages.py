@@ -165,7 +165,10 @@ class PageReader:
 
     def check(self, url: str) -> None:
         """The checks a URL must pass before any connection: scheme, host, and an IP literal's address."""
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # an unclosed IPv6 bracket
+            raise PageSkipped("not a URL that can be read") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise PageSkipped("not an http(s) URL")
         host = parts.hostname.lower().rstrip(".")
