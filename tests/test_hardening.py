@@ -19,6 +19,7 @@ from fedresearch.library.embedded import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.retrievers import ADAPTERS
 from fedresearch.web.keys import JOBS
+from fedresearch.web.research_socket import ResearchSocket
 from tests.conftest import EXAMPLES, error_of, logs, make_settings, report_of, run_task
 
 KEYS = "admin-key:*,alice-key:alice,bob-key:bob"
@@ -238,3 +239,30 @@ async def test_a_result_whose_link_urllib_refuses_does_not_sink_the_task(tmp_pat
     assert not [frame for frame in frames if frame["type"] == "error"], frames
     report = report_of(frames)
     assert all(f"]({link})" in report for link in links), report  # every one cited, as given
+
+
+async def test_a_base_url_urllib_refuses_is_a_clear_error(tmp_path, fakes, start_server):
+    server = await start_server(make_settings(tmp_path, fakes))
+    headers = {"retrievers": "internal_biblio", "user_id": "alice", "internal_api_base_url": "http://[::1/"}
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, {"task": "rank fusion", "headers": headers})
+        assert error_of(frames)["output"] == "headers.internal_api_base_url must be an http(s) URL"
+        assert frames[-1]["type"] == "path"
+        again = await run_task(ws, {"task": "rank fusion", "headers": {"retrievers": "tavily"}})
+        assert "tavily" in report_of(again)  # the socket serves on
+
+
+async def test_a_frame_meeting_a_bug_is_answered_and_the_socket_serves_on(tmp_path, fakes, start_server, monkeypatch):
+    async def broken(self, payload: str) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ResearchSocket, "resume", broken)
+    server = await start_server(make_settings(tmp_path, fakes))
+    async with websockets.connect(server.ws_url) as ws:
+        await ws.send('resume {"research_id": "x"}')
+        error = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert error == {"type": "error", "content": "error", "output": error["output"]}
+        assert "internal error" in error["output"] and "a bug" not in error["output"]
+        assert json.loads(await asyncio.wait_for(ws.recv(), 10))["content"] == "error"  # its logs twin
+        await ws.send("ping")
+        assert await asyncio.wait_for(ws.recv(), 10) == "pong"

@@ -108,7 +108,10 @@ def choose_user(
 
 
 def allowed_base_url(url: str, settings: Settings) -> str:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed IPv6 bracket: the socket closed on it, unanswered
+        raise RequestError("headers.internal_api_base_url must be an http(s) URL") from None
     host = (parts.hostname or "").lower().rstrip(".")  # "localhost." is localhost
     if parts.scheme not in ("http", "https") or not host:
         raise RequestError("headers.internal_api_base_url must be an http(s) URL")

@@ -229,7 +229,11 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     try:
         async for message in ws:
             if message.type == aiohttp.WSMsgType.TEXT:
-                await socket.on_text(message.data)
+                try:
+                    await socket.on_text(message.data)
+                except Exception:  # a bug met by one frame must not drop the socket and the job it follows
+                    log.exception("handling a frame on /ws failed")
+                    await socket.error("internal error while handling this frame; the server log has the details")
             elif message.type == aiohttp.WSMsgType.BINARY:
                 await socket.error("binary frames are not supported: send text frames")
     finally:
