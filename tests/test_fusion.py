@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedresearch.core.identifiers import canonical_key
 from fedresearch.core.models import SearchResult
@@ -49,3 +51,18 @@ def test_weights_change_the_order():
     results = [result("https://a.example", "tavily", 1), result("https://b.example", "google", 1)]
     assert fuse(results, {"google": 2.0})[0].href == "https://b.example"
     assert fuse(results)[0].href == "https://a.example"
+
+
+_LINKISH = st.text(alphabet=st.sampled_from(list("http:/[]@?#&=.%0123456789abcdefxyz-_ é\x00")), max_size=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(_LINKISH, _LINKISH.map(lambda s: "http://" + s), _LINKISH.map(lambda s: "https://[" + s)),
+    st.dictionaries(st.sampled_from(["doi", "arxiv_id", "pmid", "type"]), st.one_of(_LINKISH, st.integers())),
+)
+def test_any_link_an_upstream_sends_is_fused(href, metadata):
+    """Whatever an upstream calls a link (ports that are no number, unclosed brackets, control
+    characters), fusion gives it a key: one such result ended its task with "internal error"."""
+    result = SearchResult(retriever="x", href=href, title="", body="", rank=1, kind="web", metadata=metadata)
+    assert [source.href for source in fuse([result])] == [href]
