@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 _DOI_BODY = r"10\.\d{4,9}/\S+"
 _DOI_FORMS = re.compile(rf"^(?:doi:\s*|https?://(?:dx\.)?doi\.org/|(?:dx\.)?doi\.org/)?({_DOI_BODY})$", re.IGNORECASE)
@@ -65,12 +65,18 @@ def doi_url(doi: str) -> str:
     return f"https://doi.org/{bare}"
 
 
-def is_url(identifier: str) -> bool:
+def split_url(text: str) -> SplitResult | None:
+    """urllib's parts of `text`, or None where urllib refuses it: an unclosed IPv6 bracket
+    (`http://[::1/`) raises, and from a client or an upstream it ended a socket or a task."""
     try:
-        parts = urlsplit(identifier.strip())
-    except ValueError:  # an unclosed IPv6 bracket ("http://[::1/"): text, not a link
-        return False
-    return parts.scheme.lower() in {"http", "https"} and bool(parts.netloc)
+        return urlsplit(text)
+    except ValueError:
+        return None
+
+
+def is_url(identifier: str) -> bool:
+    parts = split_url(identifier.strip())
+    return parts is not None and parts.scheme.lower() in {"http", "https"} and bool(parts.netloc)
 
 
 def canonical_url(url: str) -> str:

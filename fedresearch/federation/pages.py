@@ -27,6 +27,7 @@ import aiohttp
 import trafilatura
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from fedresearch.core.identifiers import split_url
 from fedresearch.core.settings import Settings
 from fedresearch.federation.http import BodyTooLarge, read_capped
 from fedresearch.library.formats import Section, UnsupportedFile, pdf_sections
@@ -165,10 +166,9 @@ class PageReader:
 
     def check(self, url: str) -> None:
         """The checks a URL must pass before any connection: scheme, host, and an IP literal's address."""
-        try:
-            parts = urlsplit(url)
-        except ValueError:  # an unclosed IPv6 bracket
-            raise PageSkipped("not a URL that can be read") from None
+        parts = split_url(url)
+        if parts is None:
+            raise PageSkipped("not a URL that can be read")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise PageSkipped("not an http(s) URL")
         host = parts.hostname.lower().rstrip(".")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from fedresearch.core.errors import RequestError
+from fedresearch.core.identifiers import split_url
 from fedresearch.core.models import ReportSource, ResearchRequest, SourceKind, library_type
 from fedresearch.core.settings import Settings
 from fedresearch.core.text import unique_names
@@ -108,12 +108,9 @@ def choose_user(
 
 
 def allowed_base_url(url: str, settings: Settings) -> str:
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # an unclosed IPv6 bracket: the socket closed on it, unanswered
-        raise RequestError("headers.internal_api_base_url must be an http(s) URL") from None
-    host = (parts.hostname or "").lower().rstrip(".")  # "localhost." is localhost
-    if parts.scheme not in ("http", "https") or not host:
+    parts = split_url(url)
+    host = ((parts.hostname if parts else None) or "").lower().rstrip(".")  # "localhost." is localhost
+    if parts is None or parts.scheme not in ("http", "https") or not host:
         raise RequestError("headers.internal_api_base_url must be an http(s) URL")
     if host not in settings.internal_api_allowed_hosts:
         raise RequestError(
