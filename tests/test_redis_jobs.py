@@ -154,6 +154,39 @@ async def test_with_redis_gone_a_workers_own_jobs_are_still_deleted_and_others_s
         await shared.close()
 
 
+async def test_a_report_is_kept_in_redis_read_here_from_its_announcement_and_on_disk_only_if_redis_fails(
+    tmp_path, redis_target
+) -> None:
+    shared = redis_target.shared()
+    store, elsewhere = RedisJobStore(shared, reports_dir=tmp_path), RedisJobStore(shared)
+    record = json.dumps({"owner": "alice", "report": "# 文献\n"}).encode()
+    try:
+        await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+        store.keep_report(_id(1), record)  # announced (`path`), not yet finished
+        assert await store.records([_id(1), _id(2)]) == {_id(1): record}
+        assert await elsewhere.records([_id(1)]) == {}
+        await store.finish(_id(1), JobStatus.completed, record=record)
+        assert await elsewhere.records([_id(1)]) == {_id(1): record} == await store.records([_id(1)])
+        assert not list(tmp_path.iterdir())  # no file: Redis keeps it, a host writes it when asked
+    finally:
+        await shared.close()
+
+    server_of_redis = start_redis()
+    shared = SharedRedis(connect(server_of_redis.url), server_of_redis.url)
+    try:
+        store = RedisJobStore(shared, reports_dir=tmp_path)
+        await store.create(Job(_id(3), "alice", "q", status=JobStatus.running))
+        await store.append(_id(3), {"type": "logs"})
+        store.keep_report(_id(3), record)
+        server_of_redis.stop()  # the job's end, its report with it, cannot reach Redis
+        job = await store.finish(_id(3), JobStatus.completed, record=record)
+        assert job is not None and job.status is JobStatus.completed
+        assert (tmp_path / f"{_id(3)}.json").read_bytes() == record  # kept where this host reads
+    finally:
+        server_of_redis.stop()
+        await shared.close()
+
+
 async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes, start_server, redis_target):
     fakes["tavily"].behaviour.delay_s = 0.8
     # two workers of one host: one data folder (the reports), the jobs in Redis
@@ -231,9 +264,9 @@ async def test_a_report_written_on_one_host_is_read_deleted_and_gone_on_another(
     tmp_path, fakes, start_server, redis_target
 ):
     """Two hosts: their own data folders, the jobs in one Redis. The report a worker on the first
-    saved is read whole on the second (REST, files, exports, listing, chat), only by its owner; once
-    deleted there, the first host serves it no more and drops its files (when asked for it, or at
-    its sweep)."""
+    wrote (to Redis, not to its disk) is read there the moment `path` arrives, and whole on the
+    second (REST, files, exports, listing, chat), only by its owner; once deleted there, the first
+    host serves it no more and drops its files (when asked for it, or at its sweep)."""
     near = make_settings(tmp_path / "a", fakes, api_keys=SecretStr(KEYS), **redis_target.settings())
     first = await start_server(near)
     second = await start_server(near.model_copy(update={"data_dir": tmp_path / "b" / "data"}))
@@ -257,7 +290,9 @@ async def test_a_report_written_on_one_host_is_read_deleted_and_gone_on_another(
             assert response.status == 200
 
     research_id, report = await research()
-    assert "tavily" in report and (here / f"{research_id}.json").is_file() and not there.exists()
+    assert "tavily" in report and not (here / f"{research_id}.json").exists() and not there.exists()
+    status, body = await get(first, f"/reports/{research_id}.md", ALICE)  # as a page does on `path`
+    assert status == 200 and body.decode() == report and (here / f"{research_id}.json").is_file()
     # `path` goes out before the job's end reaches Redis (written behind, within 50 ms)
     for _ in range(100):
         status, body = await get(second, f"/api/jobs/{research_id}", ALICE)
@@ -291,6 +326,8 @@ async def test_a_report_written_on_one_host_is_read_deleted_and_gone_on_another(
 
     kept, _ = await research()
     gone, _ = await research()
+    for read in (kept, gone):
+        assert (await get(first, f"/reports/{read}.json", ALICE))[0] == 200
     await delete(second, gone)
     swept, latest = await saved_reports(first.app).sweep(time.time() - 60)
     assert swept == 1 and latest > 0 and [path.name for path in here.iterdir()] == [f"{kept}.json"]

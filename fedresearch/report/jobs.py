@@ -13,10 +13,14 @@ The state lives behind `JobStore`, a small async protocol, so it can be kept in 
   finished (at once if either is already true); False when there is no such job.
 - `finish(research_id, status, error=None, files=None, record=None) -> Job | None`: the job ends in
   `status` (completed, failed or cancelled); waiters wake, and no frame is appended after it.
-  `record` is its saved report's JSON, written to this host's reports directory: a store shared by
-  several hosts (`shares_reports`) keeps a copy with the job, which `records(ids)` reads back on
-  any host and deleting the job deletes; such a store remembers deletions for a day
-  (`was_deleted(id)`, `deleted_since(t)`), so that every host drops the files it kept of them.
+  `record` is its saved report's JSON. A store in this process has it in the reports directory
+  already (the writer saved it there). A store shared by several hosts (`shares_reports`) keeps it
+  with the job instead, which `records(ids)` reads back on any host and deleting the job deletes,
+  and a host writes it to its reports directory only when the report is asked for there (or when
+  the store cannot take it: Redis failing); `keep_report(id, record)`, called before the report is
+  announced, makes it readable through `records` at once, before `finish` has written it. Such a
+  store remembers deletions for a day (`was_deleted(id)`, `deleted_since(t)`), so that every host
+  drops the files it kept of them.
 - `get(research_id) -> Job | None`, `list(owner, everyone=False) -> list[Job]` (newest first; the
   jobs of `owner`, or every job when `everyone`), `delete(research_id) -> bool`.
 
@@ -146,6 +150,8 @@ class JobStore(Protocol):
         files: dict[str, str] | None = None,
         record: bytes | None = None,
     ) -> Job | None: ...
+
+    def keep_report(self, research_id: str, record: bytes) -> None: ...
 
     async def records(self, research_ids: Sequence[str]) -> dict[str, bytes]: ...
 
@@ -301,6 +307,9 @@ class LocalJobStore:
             await self._write_meta(entry.job)
         entry.wake()
         return entry.job
+
+    def keep_report(self, research_id: str, record: bytes) -> None:
+        pass  # the writer saved it to the reports directory, where every worker of this host reads
 
     async def records(self, research_ids: Sequence[str]) -> dict[str, bytes]:
         return {}  # the reports directory has them all

@@ -5,8 +5,12 @@ A job is a JSON value (its metadata) and a stream of its frames: frame i has the
 so reading from an index is one XRANGE and waiting for the next frame is one XREAD BLOCK. Finishing
 a job adds one last entry with no frame in it, which wakes every waiter; a Lua script refuses any
 frame after it. Owners' job lists are sorted sets scored by creation time. A finished job's saved
-report (its JSON record) is a value beside it, and deleted jobs are remembered for a day in a sorted
-set scored by the time of deletion, so that other hosts drop their files of them (web/reports.py).
+report (its JSON record) is a value beside it: Redis is where reports are kept, and a host writes one
+to its reports directory only when it is asked for there (a job's files are inodes allocated and,
+at retention, freed: on ext4 without a journal each allocation skips one by one the inodes freed in
+the last 30 s, and a `discard` mount trims at each deletion), or when Redis fails to take it. Deleted
+jobs are remembered for a day in a sorted set scored by the time of deletion, so that hosts drop
+their files of them (web/reports.py).
 
 The jobs a process runs are mirrored in its memory (a LocalJobStore), so its own sockets follow them
 without a Redis round trip per frame; other workers read them from Redis. While Redis fails (said
@@ -26,10 +30,12 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from fedresearch.core.shared import PREFIX, SharedDown, SharedRedis
 from fedresearch.report.jobs import Frame, Job, JobStatus, LocalJobStore, frame_text
+from fedresearch.report.store import save_report
 
 T = TypeVar("T")
 _WAIT_MS = 800  # under the client's 1 s socket timeout: a blocked read must not look like a dead Redis
@@ -128,12 +134,12 @@ _KEEP_DELETED = 100_000
 class RedisJobStore:
     """Jobs in Redis, and those this process runs mirrored here: its own sockets follow them without
     a round trip to Redis per frame (the usual case); any other worker reads them from Redis. A
-    finished job's saved report (its JSON record) is kept beside it, for hosts whose reports
-    directory does not have it."""
+    finished job's saved report (its JSON record) is kept beside it; `reports_dir` is where a job
+    run here keeps its record should Redis fail to take it."""
 
     shares_reports = True
 
-    def __init__(self, shared: SharedRedis, keep_finished_s: float = 60.0) -> None:
+    def __init__(self, shared: SharedRedis, keep_finished_s: float = 60.0, reports_dir: Path | None = None) -> None:
         self.shared = shared
         self.redis = shared.client
         self._keys = _JobKeys(tagged=shared.cluster)
@@ -147,6 +153,10 @@ class RedisJobStore:
         self._meta_due: dict[str, Job] = {}
         self._ending_due: set[str] = set()  # finished: the next batch ends the job's stream
         self._record_due: dict[str, bytes] = {}  # the saved report, written with the end
+        # the reports of jobs run here, from their announcement until their end is written: read here
+        # at once (a client fetches the files the moment `path` arrives)
+        self._reports_here: dict[str, bytes] = {}
+        self.reports_dir = reports_dir
         self._writing: dict[str, asyncio.Task[None]] = {}
         self._gathering: dict[str, asyncio.Future[None]] = {}  # a writer's wait, cut short by finish
         self._append: Any = self.redis.register_script(_APPEND)
@@ -293,20 +303,11 @@ class RedisJobStore:
         record: bytes | None = None,
     ) -> Job | None:
         if research_id in self.here:
-            job = await self.here.finish(research_id, status, error, files)
-            if job is not None and research_id not in self._only_here:
-                # the frames still gathering, the final state, the report and the stream's end: one
-                # round trip, now
-                self._meta_due[research_id] = job
-                self._ending_due.add(research_id)
-                if record:
-                    self._record_due[research_id] = record
-                self._write_behind(research_id)
-                _resolve(self._gathering[research_id])  # no more frames to wait for
-            await self._written(research_id)
-            if job is not None and research_id not in self._only_here:
-                asyncio.get_running_loop().call_later(self.keep_finished_s, self._forget, research_id)
-            return job
+            record = record or self._reports_here.get(research_id)
+            try:
+                return await self._finish_here(research_id, status, error, files, record)
+            finally:
+                self._reports_here.pop(research_id, None)
         found = await self.get(research_id)
         if found is None:
             return None
@@ -316,6 +317,31 @@ class RedisJobStore:
         await self.save(replace(found, status=status, error=error, files=files or found.files, progress=progress))
         return await self.get(research_id)
 
+    async def _finish_here(
+        self, research_id: str, status: JobStatus, error: str | None, files: dict[str, str] | None, record: bytes | None
+    ) -> Job | None:
+        job = await self.here.finish(research_id, status, error, files)
+        if job is not None and research_id not in self._only_here:
+            # the frames still gathering, the final state, the report and the stream's end: one
+            # round trip, now
+            self._meta_due[research_id] = job
+            self._ending_due.add(research_id)
+            if record:
+                self._record_due[research_id] = record
+            self._write_behind(research_id)
+            _resolve(self._gathering[research_id])  # no more frames to wait for
+        await self._written(research_id)
+        if research_id in self._only_here:  # Redis failed it: the record goes where this host reads
+            if record and self.reports_dir is not None:
+                await asyncio.to_thread(save_report, self.reports_dir, research_id, record)
+        elif job is not None:
+            asyncio.get_running_loop().call_later(self.keep_finished_s, self._forget, research_id)
+        return job
+
+    def keep_report(self, research_id: str, record: bytes) -> None:
+        if research_id in self.here:
+            self._reports_here[research_id] = record
+
     def _forget(self, research_id: str) -> None:
         """Drop a finished job's mirror (Redis has it all); readers still on it finish from Redis."""
         task = asyncio.get_running_loop().create_task(self.here.delete(research_id))
@@ -324,12 +350,14 @@ class RedisJobStore:
 
     async def records(self, research_ids: Sequence[str]) -> dict[str, bytes]:
         """The saved reports' records that Redis keeps, by research id (one MGET, or one per slot)."""
-        if not research_ids:
-            return {}
+        here = {i: self._reports_here[i] for i in research_ids if i in self._reports_here}
+        elsewhere = [i for i in research_ids if i not in here]
+        if not elsewhere:
+            return here
         stored = await self.shared.attempt(
-            "reading reports", lambda: self._mget([self._keys.record(research_id) for research_id in research_ids])
+            "reading reports", lambda: self._mget([self._keys.record(research_id) for research_id in elsewhere])
         )
-        return {research_id: value for research_id, value in zip(research_ids, stored, strict=True) if value}
+        return here | {research_id: value for research_id, value in zip(elsewhere, stored, strict=True) if value}
 
     async def was_deleted(self, research_id: str) -> bool:
         when = await self.shared.attempt("reading deletions", lambda: self.redis.zscore(_DELETED, research_id))

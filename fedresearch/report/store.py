@@ -46,6 +46,11 @@ def save_report(directory: Path, report_id: str, data: bytes) -> dict[str, str]:
     except FileNotFoundError:  # no folder yet: made on the first report, not checked at every one
         directory.mkdir(parents=True, exist_ok=True)
         write_atomic(f"{directory}/{report_id}.json", data)
+    return report_files(report_id)
+
+
+def report_files(report_id: str) -> dict[str, str]:
+    """Every format's name relative to the reports directory, as `path` frames list them."""
     return {kind: f"{report_id}.{kind}" for kind in FORMATS}
 
 

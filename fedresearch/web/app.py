@@ -132,7 +132,7 @@ async def _open_jobs(app: web.Application, redis: SharedRedis | None, work: Work
     FEDRESEARCH_REDIS_URL, the store every worker shares), with the retention limits applied at once."""
     settings = app[SETTINGS]
     if JOBS not in app and redis is not None:
-        app[JOBS] = RedisJobStore(redis)
+        app[JOBS] = RedisJobStore(redis, reports_dir=settings.reports_dir)
     elif JOBS not in app:
         store = LocalJobStore(settings.jobs_dir, work)
         await store.load()

@@ -24,7 +24,7 @@ from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.compose import report_chunks
 from fedresearch.report.jobs import EncodedFrame, Frame, Job, JobStatus, RetentionPace, enforce_retention
-from fedresearch.report.store import record_bytes, save_report
+from fedresearch.report.store import record_bytes, report_files, save_report
 from fedresearch.report.task import ResearchOutcome, run_research
 from fedresearch.web import webhooks
 from fedresearch.web.keys import (
@@ -144,6 +144,8 @@ class JobRun:
         for chunk in [] if streamed else report_chunks(markdown):
             await self.send_report(chunk)
         files = {kind: f"reports/{name}" for kind, name in saved.items()}
+        if self.record is not None:  # readable from the moment `path` names it, on this worker too
+            self.app[JOBS].keep_report(self.research_id, self.record)
         metadata = {"files": files, "research_id": self.research_id}
         await self.log_event(ProgressEvent("report_written", message, metadata))
         if self.slot is not None:
@@ -167,7 +169,10 @@ class JobRun:
         }
         directory = self.app[SETTINGS].reports_dir
         self.record = record_bytes(markdown, record)
-        saved = await run_on(self.app[DEPS].work, save_report, directory, self.research_id, self.record)
+        if self.app[JOBS].shares_reports:
+            saved = report_files(self.research_id)
+        else:
+            saved = await run_on(self.app[DEPS].work, save_report, directory, self.research_id, self.record)
         await self.deliver(markdown, saved, "📄 Report saved: the research could not run")
 
     async def execute(self, plan: Plan | None, refusal: Failure | None) -> None:
@@ -210,6 +215,7 @@ class JobRun:
                     owner,
                     self.research_id,
                     self.app[LLM_CLIENTS],
+                    write_file=not self.app[JOBS].shares_reports,
                 )
         except TimeoutError:
             late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"
