@@ -2,7 +2,7 @@
 
     python -m bench.scaling [--workers 1,2] [--balance reuseport,shared] [--seconds 8]
                             [--concurrency 64] [--sockets 1000] [--rate 0.5] [--client-procs 1]
-                            [--fake-procs cores/8] [--state redis,cluster]
+                            [--fake-procs cores/8] [--state redis,cluster] [--pin]
 
 For each worker count N (and each way of sharing the port), `fedresearch serve --workers N` runs
 as in production, with its shared state in a real redis-server started here (N = 1 also runs
@@ -22,6 +22,11 @@ process counts, the load generator or the fakes, not the server, set the row. Tw
 
 On a 16-core machine: `python -m bench.scaling --workers 1,2,4,8,16 --client-procs 4 --concurrency 512`
 (clients and fakes need cores too: leave them about a quarter).
+
+`--pin`: each row's server (the supervisor and its N workers) runs on N cores of its own and
+everything else (clients, fakes, Redis, this script) on the others, so the efficiency says how the
+server scales when the load does not compete with it for cores, as with the load on other
+machines; rows with as many workers as there are cores are skipped.
 """
 
 from __future__ import annotations
@@ -220,12 +225,26 @@ class Server:
             self.process.kill()
 
 
-def start_server(workers: int, balance: str, env: dict[str, str]) -> Server:
+def start_server(workers: int, balance: str, env: dict[str, str], cores: set[int] | None = None) -> Server:
     port = free_port()
     command = [sys.executable, "-m", "fedresearch", "serve", "--port", str(port), "--workers", str(workers)]
     command += ["--balance", balance]
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL, preexec_fn=raise_fd_limit)
+
+    def prepare() -> None:
+        raise_fd_limit()
+        if cores is not None:
+            os.sched_setaffinity(0, cores)  # the workers inherit it
+
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL, preexec_fn=prepare)
     return Server(process, port, wait_for_workers(port, workers, process))
+
+
+def pin(pids: list[int], cores: set[int]) -> None:
+    """Every thread of these processes on `cores` (a process's affinity is its main thread's alone)."""
+    for pid in pids:
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(thread), cores)
 
 
 def wait_for_workers(port: int, workers: int, process: subprocess.Popen[bytes]) -> set[int]:
@@ -343,10 +362,12 @@ def main(options: argparse.Namespace) -> None:
         redis: RedisServer = start_redis()
         cluster: RedisCluster | None = start_redis_cluster() if "cluster" in options.state else None
         env = start_server_env(fakes.tavily_url, fakes.google_url)
+        cores = sorted(os.sched_getaffinity(0))
+        pinned = "; each row's server on cores of its own (--pin)" if options.pin else ""
         print(
             f"{cpu_topology()}; closed loop: {options.concurrency} sockets for {options.seconds:g} s; steady: "
             f"{options.sockets} sockets at {options.rate:g} x the closed loop's tasks/s; overheads in ms; "
-            f"{options.fake_procs} fake upstream processes"
+            f"{options.fake_procs} fake upstream processes{pinned}"
         )
         print(
             f"{'workers':>7} {'balance':>9} {'state':>7} {'tasks/s':>8} {'eff':>6} {'p50 over':>8} {'p99 over':>8} "
@@ -362,7 +383,15 @@ def main(options: argparse.Namespace) -> None:
                     server_env["FEDRESEARCH_REDIS_URL"] = redis.url
                 elif state == "cluster" and cluster is not None:
                     server_env.update(FEDRESEARCH_REDIS_URL=cluster.url, FEDRESEARCH_REDIS_CLUSTER="true")
-                server = start_server(workers, balance, server_env)
+                server_cores = None
+                if options.pin:
+                    if workers >= len(cores):
+                        print(f"{workers:>7} workers: skipped, no core left for the load (--pin)", flush=True)
+                        continue
+                    server_cores, load_cores = set(cores[:workers]), set(cores[workers:])
+                    load = [os.getpid(), *fakes.pids, redis.process.pid]
+                    pin(load + ([process.pid for process in cluster.processes] if cluster else []), load_cores)
+                server = start_server(workers, balance, server_env, server_cores)
                 try:
                     row = measure(server, fakes, options, f"{workers}{balance}{state}")
                 finally:
@@ -395,4 +424,5 @@ if __name__ == "__main__":
     parser.add_argument(
         "--fake-procs", type=int, default=fake_processes_for_this_machine(), help="processes answering as the fakes"
     )
+    parser.add_argument("--pin", action="store_true", help="each row's server on cores of its own, the load on others")
     main(parser.parse_args())
