@@ -153,6 +153,31 @@ async def test_jobs_finishing_while_a_retention_pass_runs_start_no_second_pass(t
     assert pace.due("alice") is False and pace.counts["alice"] == 19
 
 
+async def test_a_finished_jobs_pass_reads_only_the_jobs_after_the_newest_kept(tmp_path: Path) -> None:
+    store, reports = LocalJobStore(tmp_path / "jobs"), tmp_path / "reports"
+    for n in range(1, 31):
+        await store.create(Job(_id(n), "alice", f"q{n}", created_at=time.time() + n, status=JobStatus.running))
+        if n != 29:  # one of the newest still runs
+            await store.finish(_id(n), JobStatus.completed)
+    await store.create(Job(_id(99), "bob", "bob's", created_at=time.time(), status=JobStatus.running))
+    await store.finish(_id(99), JobStatus.completed)
+    seen: list[tuple[str | None, int]] = []
+    listing = store.list
+
+    async def counted(owner: str | None, everyone: bool = False, skip: int = 0) -> list[Job]:
+        seen.append((owner, skip))
+        return await listing(owner, everyone, skip)
+
+    store.list = counted  # type: ignore[method-assign]
+    counts: dict[str | None, int] = {}
+    deleted = await enforce_retention(store, reports, 30, 20, owner="alice", keep=18, kept_out=counts)
+    assert seen == [("alice", 18)]  # not the whole list
+    assert sorted(deleted) == [_id(n) for n in range(1, 13)]  # the newest 18 kept, the running one among them
+    assert [job.research_id for job in await listing("alice")] == [_id(n) for n in range(30, 12, -1)]
+    assert counts == {"alice": 18} and len(await listing("bob")) == 1
+    assert await enforce_retention(store, reports, 30, 20, owner="alice", keep=18, kept_out=counts) == []
+
+
 async def test_a_job_is_one_file_appended_to_and_read_back_after_a_restart(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
     await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))

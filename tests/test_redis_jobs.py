@@ -113,6 +113,9 @@ async def test_jobs_are_listed_by_owner_newest_first_and_deleted(store, elsewher
         assert [job.research_id for job in await reader.list("alice")] == [_id(2), _id(0)]
         assert [job.research_id for job in await reader.list(None)] == [_id(3)]
         assert len(await reader.list(None, everyone=True)) == 4
+        assert [job.research_id for job in await reader.list("alice", skip=1)] == [_id(0)]  # after the newest
+        assert [job.research_id for job in await reader.list(None, everyone=True, skip=2)] == [_id(1), _id(0)]
+        assert await reader.list("alice", skip=2) == []
     waiting = asyncio.create_task(elsewhere.wait(_id(2), 0))
     await asyncio.sleep(0.1)
     assert await store.delete(_id(2)) and not await store.delete(_id(2))

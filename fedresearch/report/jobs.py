@@ -21,8 +21,9 @@ The state lives behind `JobStore`, a small async protocol, so it can be kept in 
   announced, makes it readable through `records` at once, before `finish` has written it. Such a
   store remembers deletions for a day (`was_deleted(id)`, `deleted_since(t)`), so that every host
   drops the files it kept of them.
-- `get(research_id) -> Job | None`, `list(owner, everyone=False) -> list[Job]` (newest first; the
-  jobs of `owner`, or every job when `everyone`), `delete(research_id) -> bool`.
+- `get(research_id) -> Job | None`, `list(owner, everyone=False, skip=0) -> list[Job]` (newest
+  first; the jobs of `owner`, or every job when `everyone`; after the newest `skip`),
+  `delete(research_id) -> bool`.
 
 A reader that wants every frame exactly once reads by index: `follow` below is that loop
 (replay from an index, then wait for more, until the job is finished and fully read).
@@ -163,7 +164,7 @@ class JobStore(Protocol):
 
     async def get(self, research_id: str) -> Job | None: ...
 
-    async def list(self, owner: str | None, everyone: bool = False) -> builtins.list[Job]: ...
+    async def list(self, owner: str | None, everyone: bool = False, skip: int = 0) -> builtins.list[Job]: ...
 
     async def delete(self, research_id: str) -> bool: ...
 
@@ -324,9 +325,9 @@ class LocalJobStore:
         entry = self._entries.get(research_id)
         return entry.job if entry is not None else None
 
-    async def list(self, owner: str | None, everyone: bool = False) -> list[Job]:
+    async def list(self, owner: str | None, everyone: bool = False, skip: int = 0) -> list[Job]:
         jobs = [e.job for e in self._entries.values() if everyone or e.job.owner == owner]
-        return sorted(jobs, key=lambda job: job.created_at, reverse=True)
+        return sorted(jobs, key=lambda job: job.created_at, reverse=True)[skip:]
 
     async def delete(self, research_id: str) -> bool:
         return bool(await self.delete_many([research_id]))
@@ -504,9 +505,21 @@ async def enforce_retention(
     """Delete finished jobs (and their report files) older than `retention_days` (0: no age limit),
     and beyond the newest `max_per_user` of each owner (0: no count limit; `keep`, when given, is
     kept instead); running jobs are kept. With `owner`, only that owner's jobs are looked at.
-    Returns the deleted research ids; `kept_out` receives each owner's finished jobs left."""
+    Returns the deleted research ids; `kept_out` receives each owner's finished jobs left.
+
+    With `keep` (a finished job's pass over its owner's jobs, `RetentionPace`; the owner None on a
+    server without keys), only the jobs after the owner's newest `keep` are read, running ones
+    counted among those kept, and those of them that are finished go; their age is the hourly
+    sweep's to check. Reading all of a busy user's jobs at each pass (221 in Redis: 12.8 against 7.9
+    ms of CPU a pass, the 41 deletions included) held the event loop while it parsed them, and the
+    list grows with every worker's jobs between one worker's passes."""
+    if keep is not None and max_per_user > 0:
+        beyond = await store.list(owner, skip=keep)
+        doomed = [job.research_id for job in beyond if job.status.finished]
+        if kept_out is not None:
+            kept_out[owner] = keep if beyond else min(keep, len(await store.list(owner)))
+        return await _delete(store, reports_dir, doomed)
     jobs = await store.list(owner, everyone=owner is None)
-    max_per_user = keep if keep is not None and max_per_user > 0 else max_per_user
     cutoff = time.time() - retention_days * 86400 if retention_days > 0 else None
     kept: dict[str | None, int] = {}
     doomed = []
@@ -519,6 +532,10 @@ async def enforce_retention(
             doomed.append(job.research_id)
     if kept_out is not None:  # before deleting: jobs that finish meanwhile are counted on top
         kept_out.update({who: min(count, max_per_user) if max_per_user > 0 else count for who, count in kept.items()})
+    return await _delete(store, reports_dir, doomed)
+
+
+async def _delete(store: JobStore, reports_dir: Path, doomed: list[str]) -> list[str]:
     if doomed:  # files first: a job that is no longer listed has none left behind
         await asyncio.to_thread(_delete_reports, reports_dir, doomed)
         await store.delete_many(doomed)

@@ -397,19 +397,23 @@ class RedisJobStore:
         stored = await self.redis.get(self._keys.meta(research_id))
         return None if stored is None else Job.from_json(json.loads(stored))
 
-    async def list(self, owner: str | None, everyone: bool = False) -> builtins.list[Job]:
+    async def list(self, owner: str | None, everyone: bool = False, skip: int = 0) -> builtins.list[Job]:
         here = await self.here.list(owner, everyone)
         try:
-            shared = await self.shared.attempt("listing jobs", lambda: self._list(owner, everyone))
+            shared = await self.shared.attempt("listing jobs", lambda: self._list(owner, everyone, skip))
         except SharedDown:
-            return here
+            return here[skip:]
         jobs = {job.research_id: job for job in shared}
-        jobs.update((job.research_id, job) for job in here if self._fresher_here(job))
+        # after the newest `skip`, this process's jobs only update those Redis listed: it cannot say
+        # where among the newest a job it alone holds would fall
+        jobs.update(
+            (job.research_id, job) for job in here if self._fresher_here(job) and (not skip or job.research_id in jobs)
+        )
         return sorted(jobs.values(), key=lambda job: job.created_at, reverse=True)
 
-    async def _list(self, owner: str | None, everyone: bool) -> builtins.list[Job]:
+    async def _list(self, owner: str | None, everyone: bool, skip: int = 0) -> builtins.list[Job]:
         ids = cast(
-            builtins.list[bytes], await self.redis.zrevrange(_EVERY_JOB if everyone else _owned_by(owner), 0, -1)
+            builtins.list[bytes], await self.redis.zrevrange(_EVERY_JOB if everyone else _owned_by(owner), skip, -1)
         )
         if not ids:
             return []
