@@ -190,6 +190,32 @@ async def test_a_report_is_kept_in_redis_read_here_from_its_announcement_and_on_
         await shared.close()
 
 
+async def test_a_report_stays_readable_here_when_the_task_finishing_its_job_is_cancelled(redis_url) -> None:
+    """A client closing its socket right after `path` cancels the task that finishes the job while
+    its last batch, the report with it, is on its way to Redis: the report must stay readable."""
+    shared = SharedRedis(connect(redis_url), redis_url)
+    store = RedisJobStore(shared)
+    record = json.dumps({"owner": "alice", "report": "# q\n"}).encode()
+    try:
+        await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+        store.keep_report(_id(1), record)
+        await shared.client.execute_command("CLIENT", "PAUSE", 5000, "WRITE")  # the last batch waits
+        finishing = asyncio.create_task(store.finish(_id(1), JobStatus.completed, record=record))
+        await asyncio.sleep(0.2)
+        finishing.cancel()
+        await asyncio.gather(finishing, return_exceptions=True)
+        assert await store.records([_id(1)]) == {_id(1): record}  # Redis has it not yet: memory does
+        await shared.client.execute_command("CLIENT", "UNPAUSE")
+        for _ in range(100):
+            if _id(1) not in store._reports_here:
+                break
+            await asyncio.sleep(0.02)
+        assert await RedisJobStore(shared).records([_id(1)]) == {_id(1): record}  # written, as any worker reads
+    finally:
+        await shared.client.execute_command("CLIENT", "UNPAUSE")
+        await shared.close()
+
+
 async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes, start_server, redis_target):
     fakes["tavily"].behaviour.delay_s = 0.8
     # two workers of one host: one data folder (the reports), the jobs in Redis

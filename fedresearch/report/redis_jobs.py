@@ -241,6 +241,8 @@ class RedisJobStore:
                 record = self._record_due.pop(research_id, b"") if ending else b""
                 write = functools.partial(self._write, research_id, frames, job, ending, record)
                 await self._mirror(research_id, "adding frames", write)
+                if ending:
+                    await self._report_settled(research_id, record)
         finally:
             timer.cancel()
             del self._writing[research_id], self._gathering[research_id]
@@ -303,11 +305,9 @@ class RedisJobStore:
         record: bytes | None = None,
     ) -> Job | None:
         if research_id in self.here:
-            record = record or self._reports_here.get(research_id)
-            try:
-                return await self._finish_here(research_id, status, error, files, record)
-            finally:
-                self._reports_here.pop(research_id, None)
+            return await self._finish_here(
+                research_id, status, error, files, record or self._reports_here.get(research_id)
+            )
         found = await self.get(research_id)
         if found is None:
             return None
@@ -330,13 +330,20 @@ class RedisJobStore:
                 self._record_due[research_id] = record
             self._write_behind(research_id)
             _resolve(self._gathering[research_id])  # no more frames to wait for
-        await self._written(research_id)
-        if research_id in self._only_here:  # Redis failed it: the record goes where this host reads
-            if record and self.reports_dir is not None:
-                await asyncio.to_thread(save_report, self.reports_dir, research_id, record)
         elif job is not None:
+            await self._report_settled(research_id, record or b"")
+        await self._written(research_id)
+        if job is not None and research_id not in self._only_here:
             asyncio.get_running_loop().call_later(self.keep_finished_s, self._forget, research_id)
         return job
+
+    async def _report_settled(self, research_id: str, record: bytes) -> None:
+        """The job's end was written, with its report, or Redis failed it: then the record goes where
+        this host reads reports. Run by the writer (shielded), since a client closing its socket
+        cancels the task that finishes the job while its last batch is on its way."""
+        if research_id in self._only_here and record and self.reports_dir is not None:
+            await asyncio.to_thread(save_report, self.reports_dir, research_id, record)
+        self._reports_here.pop(research_id, None)
 
     def keep_report(self, research_id: str, record: bytes) -> None:
         if research_id in self.here:
@@ -439,6 +446,8 @@ class RedisJobStore:
                 raise
         finally:
             self._only_here.difference_update(mine)
+            for research_id in mine:
+                self._reports_here.pop(research_id, None)
             deleted += await self.here.delete_many(mine)
         return list(dict.fromkeys(deleted))
 
