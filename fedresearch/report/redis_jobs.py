@@ -339,8 +339,9 @@ class RedisJobStore:
 
     async def _report_settled(self, research_id: str, record: bytes) -> None:
         """The job's end was written, with its report, or Redis failed it: then the record goes where
-        this host reads reports. Run by the writer (shielded), since a client closing its socket
-        cancels the task that finishes the job while its last batch is on its way."""
+        this host reads reports. Run by the writer (shielded) once the last batch is out, since a
+        client closing its socket cancels the task that finishes the job while the batch is on its
+        way; by `finish` itself for a job Redis had failed before its end (no batch to wait for)."""
         if research_id in self._only_here and record and self.reports_dir is not None:
             await asyncio.to_thread(save_report, self.reports_dir, research_id, record)
         self._reports_here.pop(research_id, None)
