@@ -1,7 +1,8 @@
 """A TCP port in front of a server's Unix socket that a test can take away and give back: what a
 client sees when the network to its database fails (connections reset, new ones refused) and
 when it returns, or a server far away (`answer_delay_s`: every answer waits that long on its
-way back). Threads, not asyncio, so synchronous code and an event loop can both use it."""
+way back; `request_delay_s`: every request on its way there). Threads, not asyncio, so
+synchronous code and an event loop can both use it."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import time
 
 
 class TcpProxy:
-    def __init__(self, unix_path: str, answer_delay_s: float = 0.0) -> None:
+    def __init__(self, unix_path: str, answer_delay_s: float = 0.0, request_delay_s: float = 0.0) -> None:
         self.unix_path = unix_path
         self.answer_delay_s = answer_delay_s
+        self.request_delay_s = request_delay_s
         self.port = 0
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
@@ -58,7 +60,8 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._open.update((client, server))
-            for source, target, delay_s in ((client, server, 0.0), (server, client, self.answer_delay_s)):
+            ways = ((client, server, self.request_delay_s), (server, client, self.answer_delay_s))
+            for source, target, delay_s in ways:
                 threading.Thread(target=_pump, args=(source, target, delay_s), daemon=True).start()
 
 

@@ -273,6 +273,40 @@ async def test_the_next_task_sent_the_moment_path_arrives_is_not_refused(tmp_pat
         far.down()
 
 
+async def test_a_report_asked_of_another_worker_the_moment_path_arrives_is_served(
+    tmp_path, fakes, start_server, redis_url
+):
+    """GPT-Researcher's page fetches a report's files the moment `path` arrives, and on a port that
+    several workers share the request lands on any of them; the job's end, with the report, reaches
+    Redis after `path` (written behind; here about 1 s later, every request of the first worker delayed
+    0.15 s). The other worker waits for it rather than answering 404."""
+    far = TcpProxy(redis_url.removeprefix("unix://"), request_delay_s=0.15)
+    far.up()
+    try:
+        near = make_settings(tmp_path, fakes, api_keys=SecretStr(KEYS), redis_url=SecretStr(redis_url))
+        first = await start_server(near.model_copy(update={"redis_url": SecretStr(f"redis://127.0.0.1:{far.port}")}))
+        second = await start_server(near)
+        async with websockets.connect(first.ws_url, additional_headers=ALICE) as ws:
+            await ws.send("start " + json.dumps({**TASK, "headers": {"retrievers": "tavily"}}))
+            frames = [json.loads(await asyncio.wait_for(ws.recv(), 30))]
+            while frames[-1]["type"] != "path":
+                frames.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+            research_id = frames[0]["metadata"]["research_id"]
+            async with aiohttp.ClientSession(headers=ALICE) as session:
+                status_url = f"{second.url}/api/jobs/{research_id}"
+                async with session.get(status_url) as response:
+                    assert (await response.json())["status"] == "running"  # the end is on its way
+                async with session.get(f"{second.url}/reports/{research_id}.md") as response:
+                    assert response.status == 200 and await response.text() == report_of(frames)
+                async with session.get(f"{second.url}/report/{research_id}") as response:
+                    assert response.status == 200 and (await response.read()).startswith(b"PK")
+                started = time.monotonic()
+                async with session.get(f"{second.url}/reports/{'0' * 32}.md") as response:
+                    assert response.status == 404 and time.monotonic() - started < 1  # no job: no wait
+    finally:
+        far.down()
+
+
 async def test_a_finished_jobs_mirror_is_dropped_and_redis_serves_it_after(redis_target) -> None:
     shared = redis_target.shared()
     store = RedisJobStore(shared, keep_finished_s=0.1)

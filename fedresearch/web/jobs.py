@@ -117,7 +117,9 @@ async def read_report(request: web.Request) -> web.StreamResponse:
     job = await request.app[JOBS].get(research_id)
     path = None
     if job is not None and may_see(principal, job):
-        path = await saved_reports(request.app).export(research_id, "docx")
+        reports = saved_reports(request.app)
+        await reports.fetch_of(job)
+        path = await reports.export(research_id, "docx")
     if path is None:
         raise web.HTTPNotFound(text=json.dumps({"message": "Report not found."}), content_type="application/json")
     disposition = f'attachment; filename="report-{research_id[:8]}.docx"'

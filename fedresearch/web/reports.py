@@ -2,11 +2,13 @@
 exports are rendered on first request.
 
 A report is saved as a JSON record in the reports directory of the host whose worker ran its job.
-With the jobs in Redis (several hosts), the job store keeps a copy of the record with the job:
-another host fetches it once into its own directory and renders exports from it there. A job
-deleted on one host (by its owner, or by retention) takes its report from every host: the store
-remembers deletions for a day, and each host drops the files it keeps of them within a minute
-(at once should one be asked for).
+With the jobs in Redis (several workers or hosts), the job store keeps the record with the job,
+and a host fetches it into its own directory when first asked for it and renders exports from it
+there. The worker running a job sends `path` before the job's end, the record with it, reaches
+Redis, and the client asks at once, often another worker: a report asked for while its job runs
+on is waited for a moment. A job deleted on one host (by its owner, or by retention) takes its
+report from every host: the store remembers deletions for a day, and each host drops the files it
+keeps of them within a minute (at once should one be asked for).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from aiohttp import web
 from fedresearch.core.auth import Principal
 from fedresearch.core.shared import SharedDown
 from fedresearch.report.exports import EXPORTS
-from fedresearch.report.jobs import JobStore
+from fedresearch.report.jobs import Job, JobStore
 from fedresearch.report.redis_jobs import KEEP_DELETED_S
 from fedresearch.report.store import REPORT_NAME, delete_report, export, report_markdown, write_atomic
 from fedresearch.web.auth import principal_of
@@ -37,6 +39,9 @@ _TYPES = {"md": "text/markdown; charset=utf-8", "json": "application/json; chars
 _SWEEP_EVERY_S = 60.0
 _SWEEP_PAGE = 10_000
 _CLOCK_SKEW_S = 60.0
+# how long a report asked for while its job runs on is waited for (about 3 s in all): long enough for
+# a job's end written behind under load, short for a client asking before the job is near its end
+_END_PAUSES_S = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 0.8, 0.8)
 
 log = logging.getLogger("fedresearch")
 
@@ -48,20 +53,39 @@ class SavedReports:
         self.directory = directory
         self.jobs = jobs
 
-    async def fetch(self, research_ids: Sequence[str]) -> None:
+    async def fetch(self, research_ids: Sequence[str]) -> list[str]:
         """Copy into this host's directory the records it lacks that the job store keeps (one trip
-        to Redis for them all); while Redis fails, what this host has is what there is."""
+        to Redis for them all); while Redis fails, what this host has is what there is. Returns
+        the ids it still lacks, when the job store shares reports."""
         if not self.jobs.shares_reports or not research_ids:
-            return
+            return []
         missing = await asyncio.to_thread(self._missing, research_ids)
         if not missing:
-            return
+            return []
         try:
             records = await self.jobs.records(missing)
         except SharedDown:
-            return
+            return missing
         if records:
             await asyncio.to_thread(self._keep, records)
+        return [research_id for research_id in missing if research_id not in records]
+
+    async def fetch_of(self, job: Job) -> None:
+        """`fetch` the report of a job the caller may see; one not there while the job runs on is
+        waited for, up to about 3 s, until the job ends (with its report, or without)."""
+        if not await self.fetch([job.research_id]) or job.status.finished:
+            return
+        for pause in _END_PAUSES_S:
+            await asyncio.sleep(pause)
+            try:
+                now = await self.jobs.get(job.research_id)
+            except SharedDown:
+                return
+            if now is None:
+                return
+            if now.status.finished:
+                await self.fetch([job.research_id])
+                return
 
     def _missing(self, research_ids: Sequence[str]) -> list[str]:
         return [i for i in research_ids if not os.path.exists(f"{self.directory}/{i}.json")]
@@ -104,7 +128,7 @@ class SavedReports:
                 if job is not None and not may_see(principal, job):
                     return False
                 if job is not None:
-                    await self.fetch([research_id])
+                    await self.fetch_of(job)
                 elif await self.jobs.was_deleted(research_id):
                     await asyncio.to_thread(delete_report, self.directory, research_id)
                     return False
