@@ -216,6 +216,61 @@ async def test_a_report_stays_readable_here_when_the_task_finishing_its_job_is_c
         await shared.close()
 
 
+async def test_a_running_job_whose_worker_died_is_ended_failed_by_the_next_reader(redis_target) -> None:
+    """A worker killed mid-job cannot end it, and whoever follows the job would wait for ever: the
+    worker's key lapses, and the first worker to read the job ends it, failed, saying why."""
+    shared = redis_target.shared()
+    dying, living = RedisJobStore(shared, runner_lease_s=0.5), RedisJobStore(shared)
+    try:
+        for number in (1, 2):
+            await dying.create(Job(_id(number), "alice", f"q{number}", status=JobStatus.running))
+        await dying.append(_id(1), {"type": "logs", "content": "starting_research"})
+        await dying._written(_id(1))
+        await asyncio.sleep(1.0)  # twice the lease: renewed meanwhile
+        job = await living.get(_id(1))
+        assert job is not None and job.status is JobStatus.running and job.runner == dying.runner
+
+        async def frames_followed() -> list[dict]:
+            return [frame async for frame in follow(living, _id(1))]
+
+        followed = asyncio.create_task(frames_followed())
+        await dying.finish(_id(2), JobStatus.completed)  # what it ended before dying stays so
+        assert dying._renewing is not None
+        dying._renewing.cancel()  # killed: no renewal, nothing cleaned up
+        frames = await asyncio.wait_for(followed, 10)
+        assert frames[0]["content"] == "starting_research"
+        assert [frame["type"] for frame in frames[1:]] == ["error", "logs"]
+        assert "stopped before it ended" in frames[-1]["output"]
+        job = await living.get(_id(1))
+        assert job is not None and job.status is JobStatus.failed and "stopped before it ended" in (job.error or "")
+        assert {job.research_id: job.status for job in await RedisJobStore(shared).list("alice")} == {
+            _id(1): JobStatus.failed,
+            _id(2): JobStatus.completed,
+        }
+        await dying.finish(_id(1), JobStatus.completed)  # a worker thought dead, late: the end stands
+        job = await living.get(_id(1))
+        assert job is not None and job.status is JobStatus.failed
+        assert len(await living.frames(_id(1))) == 3
+    finally:
+        await dying.close()
+        await shared.close()
+
+
+async def test_a_workers_key_goes_when_it_closes_and_its_unended_jobs_with_it(redis_target) -> None:
+    shared = redis_target.shared()
+    closing, living = RedisJobStore(shared), RedisJobStore(shared)
+    try:
+        await closing.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+        job = await living.get(_id(1))
+        assert job is not None and job.status is JobStatus.running
+        await closing.close()  # stopped with its job unended (its end could not be written)
+        await asyncio.sleep(1.1)  # what `living` knew of it is trusted a second
+        job = await living.get(_id(1))
+        assert job is not None and job.status is JobStatus.failed
+    finally:
+        await shared.close()
+
+
 async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes, start_server, redis_target):
     fakes["tavily"].behaviour.delay_s = 0.8
     # two workers of one host: one data folder (the reports), the jobs in Redis

@@ -123,6 +123,7 @@ async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_
         "TAVILY_API_BASE_URL": tavily.url,
         "RETRIEVER_TIMEOUT_S": "20",
         "FETCH_PAGES": "false",
+        "WORKER_LEASE_S": "1",
     }
     server = Supervised(tmp_path, env)
     try:
@@ -134,6 +135,7 @@ async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_
         task = {"task": "rank fusion", "headers": {"retrievers": "tavily"}}
         for ws in sockets.values():
             await ws.send("start " + json.dumps(task))
+        jobs = {pid: json.loads(await ws.recv())["metadata"]["research_id"] for pid, ws in sockets.items()}
         victim, survivor = sorted(pids)
         ends = {pid: asyncio.create_task(finish(ws)) for pid, ws in sockets.items()}
         await asyncio.sleep(0.5)
@@ -141,6 +143,15 @@ async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_
         assert await ends[survivor] == "path"  # the other worker's task completes
         await assert_collector_settled(url)
         assert await ends[victim] == "closed"
+        # the killed worker's job, resumed on any worker, ends failed once its lease lapses
+        async with websockets.connect(url.replace("http", "ws") + "/ws") as ws:
+            await ws.send("resume " + json.dumps({"research_id": jobs[victim]}))
+            frames = [json.loads(await asyncio.wait_for(ws.recv(), 10))]
+            while frames[-1]["type"] != "logs" or frames[-1]["content"] != "error":
+                frames.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+        assert "stopped before it ended" in frames[-1]["output"], frames[-1]
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/api/jobs/{jobs[victim]}") as response:
+            assert (await response.json())["status"] == "failed"
         await server.logged(rf"worker \d \(pid {victim}\) was killed by SIGKILL")
         replacement = int((await server.logged(r"worker \d started \(pid (\d+)\)", times=3))[2].group(1))
         assert await pids_answering(url, 2) == {survivor, replacement}

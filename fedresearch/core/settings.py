@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     redis_url: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_REDIS_URL")
     # that URL is one node of a Redis or Valkey Cluster (managed ones in cluster mode included)
     redis_cluster: bool = Field(False, validation_alias="FEDRESEARCH_REDIS_CLUSTER")
+    # with jobs in Redis: how long a worker unheard of (killed, its host lost) is taken to run its jobs
+    # still; then another worker ends them, failed, and their followers are told
+    worker_lease_s: float = Field(20.0, ge=1, le=3600, validation_alias="WORKER_LEASE_S")
     data_dir: Path = Field(Path("./data"), validation_alias="FEDRESEARCH_DATA_DIR")
     # unset: the embedded library under data_dir; postgresql://…: on PostgreSQL (secret: it may hold a password)
     library_url: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_LIBRARY_URL")

@@ -104,6 +104,7 @@ class Job:
     error: str | None = None
     files: dict[str, str] = field(default_factory=dict)  # format -> URL path, as in the `path` frame
     client: dict[str, Any] = field(default_factory=dict)  # GPT-Researcher's orderedData, chatMessages...
+    runner: str | None = None  # the worker running it, in a store several share (redis_jobs.py)
 
     def to_json(self) -> dict[str, Any]:
         # not asdict: it deep-copies every value (49 µs a job, against 1.6 µs); the two dicts are

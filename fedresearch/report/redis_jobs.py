@@ -17,6 +17,11 @@ without a Redis round trip per frame; other workers read them from Redis. While 
 once in the log), the jobs run here go on here alone (resumable on this worker only), jobs elsewhere
 cannot be read (SharedDown says why), and nothing waits without end: every command has a 1 s
 timeout, and a wait blocks under a second at a time.
+
+A worker that dies (SIGKILL, its host lost) cannot end its jobs, and whoever followed one would wait
+for ever. So a worker holds a key that lapses unless it renews it (`runner_lease_s`; renewed four
+times a lease, from before its first job), each job names its worker, and a worker reading a running
+job of a worker whose key has lapsed ends it, failed, with frames that say why.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +45,7 @@ from fedresearch.report.jobs import Frame, Job, JobStatus, LocalJobStore, frame_
 from fedresearch.report.store import save_report
 
 T = TypeVar("T")
+log = logging.getLogger("fedresearch")
 _WAIT_MS = 800  # under the client's 1 s socket timeout: a blocked read must not look like a dead Redis
 
 _APPEND = """
@@ -124,6 +132,14 @@ def _owned_by(owner: str | None) -> str:
 
 
 _EVERY_JOB = f"{PREFIX}jobs:all"
+_RUNNER_CHECKED_S = 1.0  # a worker found alive is trusted that long: followers poll its jobs
+
+
+def _runner_key(runner: str) -> str:
+    return f"{PREFIX}runner:{runner}"
+
+
+_STRANDED = "the worker running this task stopped before it ended (killed, or its host lost): start it again"
 # research id -> when it was deleted, for a day and at most the newest 100,000: a host away longer
 # (or behind by more) keeps the files of those it missed, served to their owners as before
 _DELETED = f"{PREFIX}jobs:deleted"
@@ -139,9 +155,20 @@ class RedisJobStore:
 
     shares_reports = True
 
-    def __init__(self, shared: SharedRedis, keep_finished_s: float = 60.0, reports_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        shared: SharedRedis,
+        keep_finished_s: float = 60.0,
+        reports_dir: Path | None = None,
+        runner_lease_s: float = 20.0,
+    ) -> None:
         self.shared = shared
         self.redis = shared.client
+        self.runner = uuid.uuid4().hex  # this worker, as its jobs name it
+        self._runner_lease_ms = max(1, int(runner_lease_s * 1000))
+        self._renewing: asyncio.Task[None] | None = None
+        self._starting = asyncio.Lock()
+        self._alive_until: dict[str, float] = {}  # other workers found alive, until when (monotonic)
         self._keys = _JobKeys(tagged=shared.cluster)
         self.keep_finished_s = keep_finished_s  # how long a finished job's mirror serves late readers
         self.here = LocalJobStore(None)  # the jobs run here, and those created while Redis failed
@@ -174,6 +201,7 @@ class RedisJobStore:
             self._only_here.add(research_id)
 
     async def create(self, job: Job) -> None:
+        job = job.evolve(runner=self.runner)
         try:
             await self.shared.attempt("creating a job", lambda: self._create(job))
         except SharedDown:
@@ -181,6 +209,8 @@ class RedisJobStore:
         await self.here.create(job)
 
     async def _create(self, job: Job) -> None:
+        if self._renewing is None or self._renewing.done():
+            await self._hold_runner_key()
         meta, listed = self._keys.meta(job.research_id), {job.research_id: job.created_at}
         if not self.shared.cluster:
             keys = [meta, _owned_by(job.owner), _EVERY_JOB]
@@ -195,6 +225,74 @@ class RedisJobStore:
             pipe.zadd(_owned_by(job.owner), listed)
             pipe.zadd(_EVERY_JOB, listed)
             await pipe.execute()
+
+    async def _hold_runner_key(self) -> None:
+        """This worker's key, in Redis before its first job is, then renewed while it lives."""
+        async with self._starting:
+            if self._renewing is None or self._renewing.done():
+                await self._renew_runner_key()
+                self._renewing = asyncio.create_task(self._renew_runner_key_while_alive())
+
+    async def _renew_runner_key(self) -> None:
+        await self.redis.set(_runner_key(self.runner), b"1", px=self._runner_lease_ms)
+
+    async def _renew_runner_key_while_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self._runner_lease_ms / 4000)
+            with contextlib.suppress(SharedDown):
+                await self.shared.attempt("renewing this worker's lease on its jobs", self._renew_runner_key)
+
+    async def close(self) -> None:
+        """Stop renewing this worker's key, and drop it: a job of its still running (its end could not
+        be written) is another worker's to end."""
+        if self._renewing is None:
+            return
+        self._renewing.cancel()
+        await asyncio.gather(self._renewing, return_exceptions=True)
+        self._renewing = None
+        drop = lambda: self.redis.delete(_runner_key(self.runner))  # noqa: E731
+        with contextlib.suppress(SharedDown):
+            await self.shared.attempt("dropping this worker's lease", drop)
+
+    async def _settled(self, jobs: builtins.list[Job]) -> builtins.list[Job]:
+        """`jobs` as they stand, those running on a worker whose key has lapsed ended now, failed (a
+        job deleted meanwhile is left out)."""
+        now = time.monotonic()
+        stranded = [
+            job
+            for job in jobs
+            if job.runner not in (None, self.runner)
+            and not job.status.finished
+            and self._alive_until.get(job.runner or "", 0.0) < now
+        ]
+        if not stranded:
+            return jobs
+        runners = list(dict.fromkeys(job.runner or "" for job in stranded))
+        keys = await self._mget([_runner_key(runner) for runner in runners])
+        if len(self._alive_until) > 4096:  # one entry a worker ever seen: restarts add more
+            self._alive_until.clear()
+        gone = set()
+        for runner, key in zip(runners, keys, strict=True):
+            if key is None:
+                gone.add(runner)
+            else:
+                self._alive_until[runner] = now + _RUNNER_CHECKED_S
+        ended = {job.research_id: await self._end_stranded(job) for job in stranded if job.runner in gone}
+        settled = [ended.get(job.research_id, job) for job in jobs]
+        return [job for job in settled if job is not None]
+
+    async def _end_stranded(self, job: Job) -> Job | None:
+        """End, failed, a job whose worker died, with frames saying why as a cancelled job's do
+        (web/tasks.py); unless it ended meanwhile. Returns it as it stands after."""
+        failed = job.evolve(status=JobStatus.failed, error=_STRANDED, updated_at=time.time())
+        frames: builtins.list[Frame] = [
+            {"type": "error", "content": "error", "output": _STRANDED},
+            {"type": "logs", "content": "error", "output": _STRANDED, "metadata": {"research_id": job.research_id}},
+        ]
+        args = [_dumps(failed.to_json()), JobStatus.failed.value, "", *map(frame_text, frames)]
+        if int(await self._write_behind_script(keys=self._keys.all(job.research_id), args=args)) >= 0:
+            log.warning("job %s: its worker stopped before it ended; it is ended here, failed", job.research_id)
+        return await self._get(job.research_id)
 
     async def save(self, job: Job) -> None:
         if job.research_id in self.here:
@@ -399,11 +497,18 @@ class RedisJobStore:
             with contextlib.suppress(SharedDown):
                 return await self.shared.attempt("reading a job", lambda: self._get(research_id))
             return job
-        return await self.shared.attempt("reading a job", lambda: self._get(research_id))
+        return await self.shared.attempt("reading a job", lambda: self._get_settled(research_id))
 
     async def _get(self, research_id: str) -> Job | None:
         stored = await self.redis.get(self._keys.meta(research_id))
         return None if stored is None else Job.from_json(json.loads(stored))
+
+    async def _get_settled(self, research_id: str) -> Job | None:
+        job = await self._get(research_id)
+        if job is None or job.status.finished:
+            return job
+        settled = await self._settled([job])
+        return settled[0] if settled else None
 
     async def list(self, owner: str | None, everyone: bool = False, skip: int = 0) -> builtins.list[Job]:
         here = await self.here.list(owner, everyone)
@@ -426,7 +531,7 @@ class RedisJobStore:
         if not ids:
             return []
         stored = await self._mget([self._keys.meta(i.decode()) for i in ids])
-        return [Job.from_json(json.loads(value)) for value in stored if value is not None]
+        return await self._settled([Job.from_json(json.loads(value)) for value in stored if value is not None])
 
     async def delete(self, research_id: str) -> bool:
         return bool(await self.delete_many([research_id]))

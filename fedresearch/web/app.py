@@ -104,22 +104,26 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         app[REGISTRY] = registry
         try:
             async with open_state(settings, app[RUNNING]) as state:
-                await _open_jobs(app, state.redis, work)
-                app[TASK_SLOTS] = state.task_slots
-                app[SHARED_REDIS] = state.redis
-                app[DEPS] = Deps(
-                    session=session,
-                    settings=settings,
-                    limiter=state.limiter,
-                    library=library,
-                    guard=state.guard,
-                    metrics=app[METRICS],
-                    pages=pages,
-                    work=work,
-                )
-                async with mcp_server.session_manager(app) as manager:
-                    app[mcp_server.MCP_MANAGER] = manager
-                    yield
+                made = await _open_jobs(app, state.redis, work)
+                try:
+                    app[TASK_SLOTS] = state.task_slots
+                    app[SHARED_REDIS] = state.redis
+                    app[DEPS] = Deps(
+                        session=session,
+                        settings=settings,
+                        limiter=state.limiter,
+                        library=library,
+                        guard=state.guard,
+                        metrics=app[METRICS],
+                        pages=pages,
+                        work=work,
+                    )
+                    async with mcp_server.session_manager(app) as manager:
+                        app[mcp_server.MCP_MANAGER] = manager
+                        yield
+                finally:
+                    if made is not None:  # before the shared client closes
+                        await made.close()
         finally:
             await pages.close()
             await llm.close()
@@ -127,12 +131,15 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             await asyncio.to_thread(library.close)  # on PostgreSQL, closing the pool waits for its threads
 
 
-async def _open_jobs(app: web.Application, redis: SharedRedis | None, work: WorkPool) -> None:
+async def _open_jobs(app: web.Application, redis: SharedRedis | None, work: WorkPool) -> RedisJobStore | None:
     """The jobs earlier runs saved (a store given to `create_app`, such as a shared one, is kept; with
-    FEDRESEARCH_REDIS_URL, the store every worker shares), with the retention limits applied at once."""
+    FEDRESEARCH_REDIS_URL, the store every worker shares), with the retention limits applied at once.
+    Returns the shared store it made, which the app closes."""
     settings = app[SETTINGS]
+    made = None
     if JOBS not in app and redis is not None:
-        app[JOBS] = RedisJobStore(redis, reports_dir=settings.reports_dir)
+        made = RedisJobStore(redis, reports_dir=settings.reports_dir, runner_lease_s=settings.worker_lease_s)
+        app[JOBS] = made
     elif JOBS not in app:
         store = LocalJobStore(settings.jobs_dir, work)
         await store.load()
@@ -140,6 +147,7 @@ async def _open_jobs(app: web.Application, redis: SharedRedis | None, work: Work
     days, most = settings.report_retention_days, settings.report_max_per_user
     if days > 0 or most > 0:
         await enforce_retention(app[JOBS], settings.reports_dir, days, most)
+    return made
 
 
 async def _close_sockets(app: web.Application) -> None:
