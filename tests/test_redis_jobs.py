@@ -30,7 +30,9 @@ def _id(n: int) -> str:
 @pytest.fixture
 async def store(redis_target):
     shared = redis_target.shared()
-    yield RedisJobStore(shared)
+    jobs = RedisJobStore(shared)
+    yield jobs
+    await jobs.close()
     await shared.close()
 
 
@@ -38,7 +40,9 @@ async def store(redis_target):
 async def elsewhere(redis_target):
     """The same store as another worker sees it: only through Redis."""
     shared = redis_target.shared()
-    yield RedisJobStore(shared)
+    jobs = RedisJobStore(shared)
+    yield jobs
+    await jobs.close()
     await shared.close()
 
 
@@ -254,6 +258,50 @@ async def test_a_running_job_whose_worker_died_is_ended_failed_by_the_next_reade
     finally:
         await dying.close()
         await shared.close()
+
+
+async def test_a_job_whose_writes_redis_failed_midway_is_written_whole_with_its_end_once_it_answers(
+    redis_url,
+) -> None:
+    """Redis failing for a moment (a failover, a blip) while jobs run: each goes on here alone, and
+    was left running in Redis for ever, its followers on other workers waiting without end. Its end
+    is now written once Redis answers, with every frame the stream lacks, in order."""
+    path = TcpProxy(redis_url.removeprefix("unix://"))
+    path.up()
+    through = SharedRedis(connect(f"redis://127.0.0.1:{path.port}"), "the proxy")
+    direct = SharedRedis(connect(redis_url), redis_url)
+    store, elsewhere = RedisJobStore(through, runner_lease_s=1.0), RedisJobStore(direct)
+    record = json.dumps({"owner": "alice", "report": "# q\n"}).encode()
+    try:
+        await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+        await store.append(_id(1), {"type": "logs", "content": "starting_research"})
+        await store._written(_id(1))
+        path.down()  # mid-job
+        for number in range(3):
+            await store.append(_id(1), {"type": "logs", "content": f"step {number}"})
+        await store._written(_id(1))
+        path.up()
+        store.keep_report(_id(1), record)
+        await store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"}, record=record)
+        frames = await asyncio.wait_for(_all_frames(elsewhere, _id(1)), 10)  # paid by the worker's upkeep
+        assert [frame["content"] for frame in frames] == ["starting_research", "step 0", "step 1", "step 2"]
+        job = await elsewhere.get(_id(1))
+        assert job is not None and job.status is JobStatus.completed and job.files == {"md": "reports/x.md"}
+        assert await elsewhere.records([_id(1)]) == {_id(1): record}
+        for _ in range(50):  # the worker reads Redis for it again
+            if _id(1) not in store._only_here:
+                break
+            await asyncio.sleep(0.1)
+        assert _id(1) not in store._only_here and not store._ends_owed
+    finally:
+        path.down()
+        await store.close()
+        await through.close()
+        await direct.close()
+
+
+async def _all_frames(store: RedisJobStore, research_id: str) -> list[dict]:
+    return [frame async for frame in follow(store, research_id)]
 
 
 async def test_a_workers_key_goes_when_it_closes_and_its_unended_jobs_with_it(redis_target) -> None:

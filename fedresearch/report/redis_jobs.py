@@ -40,7 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from fedresearch.core.shared import PREFIX, SharedDown, SharedRedis
+from fedresearch.core.shared import PREFIX, SharedDown, SharedRedis, failures
 from fedresearch.report.jobs import Frame, Job, JobStatus, LocalJobStore, frame_text
 from fedresearch.report.store import save_report
 
@@ -73,6 +73,25 @@ if ARGV[2] ~= '' then
     redis.call('SET', KEYS[2], ARGV[2])
     redis.call('XADD', KEYS[1], '0-' .. (n + 1), 'end', ARGV[2])
 end
+return n
+"""
+
+# the end of a job whose writes Redis failed midway (a failover, a blip), written once Redis answers:
+# of its frames (ARGV[4]...), those the stream lacks (it holds a prefix: batches are scripts, one at
+# a time), then its final metadata (ARGV[1]), its report's record (ARGV[3], or ''), its end (ARGV[2]);
+# -1: ended meanwhile (by another worker, its lease lapsed), -2: never in Redis, or deleted
+_CATCH_UP = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+if redis.call('EXISTS', KEYS[3]) == 0 then return -2 end
+local n = redis.call('XLEN', KEYS[1])
+for i = 4 + n, #ARGV do
+    n = n + 1
+    redis.call('XADD', KEYS[1], '0-' .. n, 'f', ARGV[i])
+end
+redis.call('SET', KEYS[3], ARGV[1], 'XX')
+if ARGV[3] ~= '' then redis.call('SET', KEYS[4], ARGV[3]) end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('XADD', KEYS[1], '0-' .. (n + 1), 'end', ARGV[2])
 return n
 """
 
@@ -173,6 +192,10 @@ class RedisJobStore:
         self.keep_finished_s = keep_finished_s  # how long a finished job's mirror serves late readers
         self.here = LocalJobStore(None)  # the jobs run here, and those created while Redis failed
         self._only_here: set[str] = set()  # of those, the ones Redis does not have (whole)
+        # of those, the ones that ended here, by their report's record: their end is written to Redis
+        # (with the frames it lacks) as soon as it answers, or they would look running there for ever
+        self._ends_owed: dict[str, bytes] = {}
+        self._never_in_redis: set[str] = set()  # created while Redis failed: no end to owe it
         self._forgetting: set[asyncio.Task[bool]] = set()
         # written behind: a running job's new frames and latest metadata go to Redis in one pipeline
         # per batch (one round trip, not one per frame); finishing or deleting a job waits for it
@@ -190,6 +213,7 @@ class RedisJobStore:
         self._save_script: Any = self.redis.register_script(_SAVE)
         self._create_script: Any = self.redis.register_script(_CREATE)
         self._write_behind_script: Any = self.redis.register_script(_WRITE_BEHIND)
+        self._catch_up_script: Any = self.redis.register_script(_CATCH_UP)
 
     async def _mirror(self, research_id: str, what: str, operation: Callable[[], Awaitable[object]]) -> None:
         """Write a job run here through to Redis; should Redis fail, the job goes on here alone."""
@@ -206,6 +230,7 @@ class RedisJobStore:
             await self.shared.attempt("creating a job", lambda: self._create(job))
         except SharedDown:
             self._only_here.add(job.research_id)
+            self._never_in_redis.add(job.research_id)
         await self.here.create(job)
 
     async def _create(self, job: Job) -> None:
@@ -237,19 +262,32 @@ class RedisJobStore:
         await self.redis.set(_runner_key(self.runner), b"1", px=self._runner_lease_ms)
 
     async def _renew_runner_key_while_alive(self) -> None:
+        """Renew this worker's key, and write the ends Redis missed, four times a lease: straight to
+        Redis, not held back by the rest that follows a failure (`SharedRedis.attempt`), which
+        would let the key lapse after a blip and other workers end this worker's running jobs."""
         while True:
             await asyncio.sleep(self._runner_lease_ms / 4000)
-            with contextlib.suppress(SharedDown):
-                await self.shared.attempt("renewing this worker's lease on its jobs", self._renew_runner_key)
+            try:
+                await self._renew_runner_key()
+                for research_id in list(self._ends_owed):
+                    await self._pay_end(research_id)
+            except failures():
+                pass  # said in the log by the commands that failed; tried again next time
+            except Exception:
+                # a lapsed key would have other workers end this worker's running jobs: keep renewing
+                log.exception("could not renew this worker's lease on its jobs")
 
     async def close(self) -> None:
-        """Stop renewing this worker's key, and drop it: a job of its still running (its end could not
-        be written) is another worker's to end."""
+        """Stop renewing this worker's key, write the ends Redis missed if it answers, and drop the
+        key: a job of this worker's still running there is another worker's to end."""
         if self._renewing is None:
             return
         self._renewing.cancel()
         await asyncio.gather(self._renewing, return_exceptions=True)
         self._renewing = None
+        for research_id in list(self._ends_owed):
+            with contextlib.suppress(*failures()):
+                await self._pay_end(research_id)
         drop = lambda: self.redis.delete(_runner_key(self.runner))  # noqa: E731
         with contextlib.suppress(SharedDown):
             await self.shared.attempt("dropping this worker's lease", drop)
@@ -340,6 +378,8 @@ class RedisJobStore:
                 write = functools.partial(self._write, research_id, frames, job, ending, record)
                 await self._mirror(research_id, "adding frames", write)
                 if ending:
+                    if research_id in self._only_here:
+                        self._ends_owed[research_id] = record
                     await self._report_settled(research_id, record)
         finally:
             timer.cancel()
@@ -428,12 +468,38 @@ class RedisJobStore:
                 self._record_due[research_id] = record
             self._write_behind(research_id)
             _resolve(self._gathering[research_id])  # no more frames to wait for
-        elif job is not None:
+        elif job is not None and research_id in self._never_in_redis:
             await self._report_settled(research_id, record or b"")
+        elif job is not None:  # Redis failed it midway
+            await self._written(research_id)
+            self._ends_owed[research_id] = record or b""
+            await self._report_settled(research_id, record or b"")
+            with contextlib.suppress(SharedDown):  # else the renewals of this worker's key try again
+                await self.shared.attempt("writing a job's end", lambda: self._pay_end(research_id))
         await self._written(research_id)
         if job is not None and research_id not in self._only_here:
             asyncio.get_running_loop().call_later(self.keep_finished_s, self._forget, research_id)
         return job
+
+    async def _pay_end(self, research_id: str) -> None:
+        """Write to Redis the end it missed of a job that ended here (its writes failed midway): the
+        frames it lacks, the final state, the report, the end."""
+        record = self._ends_owed.get(research_id)
+        job = await self.here.get(research_id)
+        if record is None or job is None:
+            self._ends_owed.pop(research_id, None)
+            return
+        frames = [frame_text(frame) for frame in await self.here.frames(research_id)]
+        args = [_dumps(job.evolve(updated_at=time.time()).to_json()), job.status.value, record, *frames]
+        keys = self._keys.all(research_id)
+        written = int(await self._catch_up_script(keys=keys, args=args))
+        if self._ends_owed.pop(research_id, None) is None:
+            return  # deleted here meanwhile
+        if written >= 0:
+            log.info("job %s: its end, missed while Redis failed, is written", research_id)
+        # Redis has the truth now: the job whole, or ended by another worker (-1), or deleted (-2)
+        self._only_here.discard(research_id)
+        asyncio.get_running_loop().call_later(self.keep_finished_s, self._forget, research_id)
 
     async def _report_settled(self, research_id: str, record: bytes) -> None:
         """The job's end was written, with its report, or Redis failed it: then the record goes where
@@ -552,6 +618,9 @@ class RedisJobStore:
                 raise
         finally:
             self._only_here.difference_update(mine)
+            self._never_in_redis.difference_update(mine)
+            for research_id in mine:
+                self._ends_owed.pop(research_id, None)
             for research_id in mine:
                 self._reports_here.pop(research_id, None)
             deleted += await self.here.delete_many(mine)
