@@ -20,7 +20,7 @@ from fedresearch.web.reports import saved_reports
 from tests.conftest import make_settings, report_of
 from tests.redis_server import start_redis
 from tests.tcp_proxy import TcpProxy
-from tests.test_jobs_api import ALICE, BOB, KEYS, TASK
+from tests.test_jobs_api import ALICE, BOB, KEYS, TASK, WebhookReceiver
 
 
 def _id(n: int) -> str:
@@ -258,6 +258,42 @@ async def test_a_running_job_whose_worker_died_is_ended_failed_by_the_next_reade
     finally:
         await dying.close()
         await shared.close()
+
+
+async def test_a_dead_workers_job_ended_by_a_server_is_announced_by_webhook_once(
+    tmp_path, fakes, start_server, redis_url
+) -> None:
+    receiver = await WebhookReceiver().start()
+    shared = SharedRedis(connect(redis_url), redis_url)
+    dying = RedisJobStore(shared, runner_lease_s=0.5)
+    try:
+        await dying.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+        settings = make_settings(
+            tmp_path, fakes, api_keys=SecretStr(KEYS), redis_url=SecretStr(redis_url), webhook_url=receiver.url
+        )
+        server = await start_server(settings)
+        assert dying._renewing is not None
+        dying._renewing.cancel()  # killed
+        async with aiohttp.ClientSession(headers=ALICE) as session:
+            for _ in range(100):  # the lease lapses; what the server found at start is trusted a second
+                async with session.get(f"{server.url}/api/jobs/{_id(1)}") as response:
+                    job = await response.json()
+                if job["status"] != "running":
+                    break
+                await asyncio.sleep(0.05)
+            assert job["status"] == "failed" and "stopped before it ended" in job["error"]
+            async with session.get(f"{server.url}/api/reports") as response:  # read again: ended once
+                assert [entry["id"] for entry in (await response.json())["reports"]] == [_id(1)]
+        hook = await receiver.next()
+        assert hook["research_id"] == _id(1) and hook["status"] == "failed" and hook["user_id"] == "alice"
+        assert "stopped before it ended" in hook["error"]
+        await asyncio.sleep(0.3)
+        assert len(receiver.calls) == 1
+    finally:
+        await dying.close()
+        await shared.close()
+        assert receiver.runner is not None
+        await receiver.runner.cleanup()
 
 
 async def test_a_job_whose_writes_redis_failed_midway_is_written_whole_with_its_end_once_it_answers(

@@ -180,6 +180,7 @@ class RedisJobStore:
         keep_finished_s: float = 60.0,
         reports_dir: Path | None = None,
         runner_lease_s: float = 20.0,
+        on_stranded: Callable[[Job], None] | None = None,
     ) -> None:
         self.shared = shared
         self.redis = shared.client
@@ -188,6 +189,8 @@ class RedisJobStore:
         self._renewing: asyncio.Task[None] | None = None
         self._starting = asyncio.Lock()
         self._alive_until: dict[str, float] = {}  # other workers found alive, until when (monotonic)
+        # told of each job of a dead worker this worker ends (one worker does), to announce it
+        self.on_stranded = on_stranded
         self._keys = _JobKeys(tagged=shared.cluster)
         self.keep_finished_s = keep_finished_s  # how long a finished job's mirror serves late readers
         self.here = LocalJobStore(None)  # the jobs run here, and those created while Redis failed
@@ -328,9 +331,13 @@ class RedisJobStore:
             {"type": "logs", "content": "error", "output": _STRANDED, "metadata": {"research_id": job.research_id}},
         ]
         args = [_dumps(failed.to_json()), JobStatus.failed.value, "", *map(frame_text, frames)]
-        if int(await self._write_behind_script(keys=self._keys.all(job.research_id), args=args)) >= 0:
+        ended_here = int(await self._write_behind_script(keys=self._keys.all(job.research_id), args=args)) >= 0
+        now = await self._get(job.research_id)
+        if ended_here:
             log.warning("job %s: its worker stopped before it ended; it is ended here, failed", job.research_id)
-        return await self._get(job.research_id)
+            if now is not None and self.on_stranded is not None:
+                self.on_stranded(now)
+        return now
 
     async def save(self, job: Job) -> None:
         if job.research_id in self.here:

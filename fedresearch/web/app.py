@@ -29,7 +29,7 @@ from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_bases
 from fedresearch.library.open import open_library
 from fedresearch.library.store import LibraryUnavailable
-from fedresearch.report.jobs import JobStore, LocalJobStore, RetentionPace, enforce_retention
+from fedresearch.report.jobs import Job, JobStore, LocalJobStore, RetentionPace, enforce_retention
 from fedresearch.report.llm import LlmClients
 from fedresearch.report.redis_jobs import RedisJobStore
 from fedresearch.retrievers import ADAPTERS
@@ -45,6 +45,7 @@ from fedresearch.web import (
     research_socket,
     status,
     tasks,
+    webhooks,
 )
 from fedresearch.web import workers as workers_pool
 from fedresearch.web.access_log import RedactingAccessLogger
@@ -104,20 +105,20 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         app[REGISTRY] = registry
         try:
             async with open_state(settings, app[RUNNING]) as state:
-                made = await _open_jobs(app, state.redis, work)
+                app[TASK_SLOTS] = state.task_slots
+                app[SHARED_REDIS] = state.redis
+                app[DEPS] = Deps(
+                    session=session,
+                    settings=settings,
+                    limiter=state.limiter,
+                    library=library,
+                    guard=state.guard,
+                    metrics=app[METRICS],
+                    pages=pages,
+                    work=work,
+                )
+                made = await _open_jobs(app, state.redis, work)  # its retention pass may announce jobs
                 try:
-                    app[TASK_SLOTS] = state.task_slots
-                    app[SHARED_REDIS] = state.redis
-                    app[DEPS] = Deps(
-                        session=session,
-                        settings=settings,
-                        limiter=state.limiter,
-                        library=library,
-                        guard=state.guard,
-                        metrics=app[METRICS],
-                        pages=pages,
-                        work=work,
-                    )
                     async with mcp_server.session_manager(app) as manager:
                         app[mcp_server.MCP_MANAGER] = manager
                         yield
@@ -138,7 +139,12 @@ async def _open_jobs(app: web.Application, redis: SharedRedis | None, work: Work
     settings = app[SETTINGS]
     made = None
     if JOBS not in app and redis is not None:
-        made = RedisJobStore(redis, reports_dir=settings.reports_dir, runner_lease_s=settings.worker_lease_s)
+        made = RedisJobStore(
+            redis,
+            reports_dir=settings.reports_dir,
+            runner_lease_s=settings.worker_lease_s,
+            on_stranded=lambda job: _announce_stranded(app, job),
+        )
         app[JOBS] = made
     elif JOBS not in app:
         store = LocalJobStore(settings.jobs_dir, work)
@@ -148,6 +154,13 @@ async def _open_jobs(app: web.Application, redis: SharedRedis | None, work: Work
     if days > 0 or most > 0:
         await enforce_retention(app[JOBS], settings.reports_dir, days, most)
     return made
+
+
+def _announce_stranded(app: web.Application, job: Job) -> None:
+    """A job whose worker died, ended here, failed: announced as a failed job is (WEBHOOK_URL)."""
+    settings = app[SETTINGS]
+    if settings.webhook_url:
+        tasks.background(app, webhooks.notify(app[DEPS].session, settings, webhooks.payload(job, None)))
 
 
 async def _close_sockets(app: web.Application) -> None:
