@@ -65,6 +65,14 @@ class EncodedFrame(dict[str, Any]):
         self.text = json.dumps(frame, ensure_ascii=False)
 
 
+def error_frames(message: str, metadata: dict[str, Any] | None = None) -> list[Frame]:
+    """An error as a job's frames say it: GPT-Researcher's page shows only logs frames, so both ways."""
+    return [
+        {"type": "error", "content": "error", "output": message},
+        {"type": "logs", "content": "error", "output": message, "metadata": metadata},
+    ]
+
+
 def frame_text(frame: Frame) -> str:
     return frame.text if isinstance(frame, EncodedFrame) else json.dumps(frame, ensure_ascii=False)
 

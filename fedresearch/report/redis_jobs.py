@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from fedresearch.core.shared import PREFIX, SharedDown, SharedRedis, failures
-from fedresearch.report.jobs import Frame, Job, JobStatus, LocalJobStore, frame_text
+from fedresearch.report.jobs import Frame, Job, JobStatus, LocalJobStore, error_frames, frame_text
 from fedresearch.report.store import save_report
 
 T = TypeVar("T")
@@ -323,13 +323,10 @@ class RedisJobStore:
         return [job for job in settled if job is not None]
 
     async def _end_stranded(self, job: Job) -> Job | None:
-        """End, failed, a job whose worker died, with frames saying why as a cancelled job's do
-        (web/tasks.py); unless it ended meanwhile. Returns it as it stands after."""
+        """End, failed, a job whose worker died, with frames saying why as a cancelled job's do;
+        unless it ended meanwhile. Returns it as it stands after."""
         failed = job.evolve(status=JobStatus.failed, error=_STRANDED, updated_at=time.time())
-        frames: builtins.list[Frame] = [
-            {"type": "error", "content": "error", "output": _STRANDED},
-            {"type": "logs", "content": "error", "output": _STRANDED, "metadata": {"research_id": job.research_id}},
-        ]
+        frames = error_frames(_STRANDED, {"research_id": job.research_id})
         args = [_dumps(failed.to_json()), JobStatus.failed.value, "", *map(frame_text, frames)]
         ended_here = int(await self._write_behind_script(keys=self._keys.all(job.research_id), args=args)) >= 0
         now = await self._get(job.research_id)
@@ -578,9 +575,7 @@ class RedisJobStore:
 
     async def _get_settled(self, research_id: str) -> Job | None:
         job = await self._get(research_id)
-        if job is None or job.status.finished:
-            return job
-        settled = await self._settled([job])
+        settled = await self._settled([job]) if job is not None else []
         return settled[0] if settled else None
 
     async def list(self, owner: str | None, everyone: bool = False, skip: int = 0) -> builtins.list[Job]:

@@ -23,7 +23,15 @@ from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.compose import report_chunks
-from fedresearch.report.jobs import EncodedFrame, Frame, Job, JobStatus, RetentionPace, enforce_retention
+from fedresearch.report.jobs import (
+    EncodedFrame,
+    Frame,
+    Job,
+    JobStatus,
+    RetentionPace,
+    enforce_retention,
+    error_frames,
+)
 from fedresearch.report.store import record_bytes, report_files, save_report
 from fedresearch.report.task import ResearchOutcome, run_research
 from fedresearch.web import webhooks
@@ -133,9 +141,8 @@ class JobRun:
         await self.emit({"type": "logs", "content": event.step, "output": event.output, "metadata": metadata})
 
     async def error(self, message: str, metadata: dict[str, Any] | None = None) -> None:
-        # GPT-Researcher's page shows only logs frames, so every error is said both ways.
-        await self.emit({"type": "error", "content": "error", "output": message})
-        await self.emit({"type": "logs", "content": "error", "output": message, "metadata": metadata})
+        for frame in error_frames(message, metadata):
+            await self.emit(frame)
 
     async def send_report(self, chunk: str) -> None:
         await self.emit({"type": "report", "output": chunk})
