@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 
 import aiohttp
@@ -14,7 +15,7 @@ from pydantic import SecretStr
 
 from fedresearch.core.shared import SharedDown, SharedRedis, connect
 from fedresearch.report.jobs import Job, JobStatus, follow
-from fedresearch.report.redis_jobs import RedisJobStore
+from fedresearch.report.redis_jobs import RedisJobStore, _died_here, _process_space, _runner_id
 from fedresearch.web.keys import JOBS
 from fedresearch.web.reports import saved_reports
 from tests.conftest import make_settings, report_of
@@ -338,6 +339,17 @@ async def test_a_job_whose_writes_redis_failed_midway_is_written_whole_with_its_
 
 async def _all_frames(store: RedisJobStore, research_id: str) -> list[dict]:
     return [frame async for frame in follow(store, research_id)]
+
+
+def test_a_worker_on_this_machine_is_known_dead_by_its_pid() -> None:
+    space = _process_space()
+    assert space, "Linux gives a boot id and a PID namespace"
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process that was, and is reaped
+    assert _died_here(f"{'a' * 32}@{space}:{gone.pid}", space)
+    assert not _died_here(_runner_id(space), space)  # this process
+    assert not _died_here(f"{'a' * 32}@another-machine/pid:[1]:{gone.pid}", space)  # elsewhere: its key decides
+    assert not _died_here("a" * 32, space) and not _died_here(f"{'a' * 32}@{space}:{gone.pid}", "")
 
 
 async def test_a_workers_key_goes_when_it_closes_and_its_unended_jobs_with_it(redis_target) -> None:

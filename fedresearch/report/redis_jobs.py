@@ -20,8 +20,9 @@ timeout, and a wait blocks under a second at a time.
 
 A worker that dies (SIGKILL, its host lost) cannot end its jobs, and whoever followed one would wait
 for ever. So a worker holds a key that lapses unless it renews it (`runner_lease_s`; renewed four
-times a lease, from before its first job), each job names its worker, and a worker reading a running
-job of a worker whose key has lapsed ends it, failed, with frames that say why.
+times a lease, from before its first job), each job names its worker (and, on Linux, its machine's
+boot, PID namespace and pid), and a worker reading a running job of a worker whose process is gone
+(same machine and namespace) or whose key has lapsed ends it, failed, with frames that say why.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -158,6 +160,38 @@ def _runner_key(runner: str) -> str:
     return f"{PREFIX}runner:{runner}"
 
 
+def _process_space() -> str:
+    """This machine's boot and this process's PID namespace (Linux), '' elsewhere: a worker's id ends
+    with its space and pid, so that a worker in the same space tells a dead one by its pid at once
+    (the supervisor replaces a killed worker within a second) rather than when its key lapses."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        space = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+    return f"{boot}/{space}"
+
+
+def _runner_id(space: str) -> str:
+    token = uuid.uuid4().hex
+    return f"{token}@{space}:{os.getpid()}" if space else token
+
+
+def _died_here(runner: str, space: str) -> bool:
+    """Whether the worker `runner` names ran in `space` and its process is gone (a pid reused since
+    reads as alive: its key decides)."""
+    where, _, pid = runner.partition("@")[2].rpartition(":")
+    if not space or where != space or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # there, another user's
+    return False
+
+
 _STRANDED = "the worker running this task stopped before it ended (killed, or its host lost): start it again"
 # research id -> when it was deleted, for a day and at most the newest 100,000: a host away longer
 # (or behind by more) keeps the files of those it missed, served to their owners as before
@@ -184,7 +218,8 @@ class RedisJobStore:
     ) -> None:
         self.shared = shared
         self.redis = shared.client
-        self.runner = uuid.uuid4().hex  # this worker, as its jobs name it
+        self._space = _process_space()
+        self.runner = _runner_id(self._space)  # this worker, as its jobs name it
         self._runner_lease_ms = max(1, int(runner_lease_s * 1000))
         self._renewing: asyncio.Task[None] | None = None
         self._starting = asyncio.Lock()
@@ -296,29 +331,32 @@ class RedisJobStore:
             await self.shared.attempt("dropping this worker's lease", drop)
 
     async def _settled(self, jobs: builtins.list[Job]) -> builtins.list[Job]:
-        """`jobs` as they stand, those running on a worker whose key has lapsed ended now, failed (a
-        job deleted meanwhile is left out)."""
-        now = time.monotonic()
-        stranded = [
-            job
-            for job in jobs
-            if job.runner not in (None, self.runner)
-            and not job.status.finished
-            and self._alive_until.get(job.runner or "", 0.0) < now
-        ]
-        if not stranded:
+        """`jobs` as they stand, those running on a worker that died (its process gone, on this
+        machine; its key lapsed, anywhere) ended now, failed (a job deleted meanwhile is left out)."""
+        running = {job.runner for job in jobs if job.runner not in (None, self.runner) and not job.status.finished}
+        if not running:
             return jobs
-        runners = list(dict.fromkeys(job.runner or "" for job in stranded))
-        keys = await self._mget([_runner_key(runner) for runner in runners])
-        if len(self._alive_until) > 4096:  # one entry a worker ever seen: restarts add more
-            self._alive_until.clear()
-        gone = set()
-        for runner, key in zip(runners, keys, strict=True):
-            if key is None:
-                gone.add(runner)
-            else:
-                self._alive_until[runner] = now + _RUNNER_CHECKED_S
-        ended = {job.research_id: await self._end_stranded(job) for job in stranded if job.runner in gone}
+        now = time.monotonic()
+        gone = {runner for runner in running if runner and _died_here(runner, self._space)}
+        unsure = [
+            runner for runner in running if runner and runner not in gone and self._alive_until.get(runner, 0.0) < now
+        ]
+        if unsure:
+            keys = await self._mget([_runner_key(runner) for runner in unsure])
+            if len(self._alive_until) > 4096:  # one entry a worker ever seen: restarts add more
+                self._alive_until.clear()
+            for runner, key in zip(unsure, keys, strict=True):
+                if key is None:
+                    gone.add(runner)
+                else:
+                    self._alive_until[runner] = now + _RUNNER_CHECKED_S
+        if not gone:
+            return jobs
+        ended = {
+            job.research_id: await self._end_stranded(job)
+            for job in jobs
+            if job.runner in gone and not job.status.finished
+        }
         settled = [ended.get(job.research_id, job) for job in jobs]
         return [job for job in settled if job is not None]
 
