@@ -57,15 +57,19 @@ redis.call('XADD', KEYS[1], '0-' .. next, 'f', ARGV[1])
 return next - 1
 """
 
-# a batch written behind: frames at the end of the stream (ARGV[4]...), then the latest metadata
+# a batch written behind: frames at the end of the stream (ARGV[5]...), then the latest metadata
 # (ARGV[1], or ''), the saved report's record (ARGV[3], or ''), then, when ARGV[2] names the job's
 # final status, the end of its stream; -1: the job is finished already, -2: it was deleted meanwhile
-# (nothing is written: no stream without its job)
+# (nothing is written: no stream without its job). ARGV[4] '1': the frames are all the job's, of
+# which the stream holds the first (the end of a job whose writes Redis failed midway: it holds a
+# prefix, batches being scripts, one at a time), so only those it lacks are added
 _WRITE_BEHIND = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 if redis.call('EXISTS', KEYS[3]) == 0 then return -2 end
 local n = redis.call('XLEN', KEYS[1])
-for i = 4, #ARGV do
+local first = 5
+if ARGV[4] == '1' then first = 5 + n end
+for i = first, #ARGV do
     n = n + 1
     redis.call('XADD', KEYS[1], '0-' .. n, 'f', ARGV[i])
 end
@@ -75,25 +79,6 @@ if ARGV[2] ~= '' then
     redis.call('SET', KEYS[2], ARGV[2])
     redis.call('XADD', KEYS[1], '0-' .. (n + 1), 'end', ARGV[2])
 end
-return n
-"""
-
-# the end of a job whose writes Redis failed midway (a failover, a blip), written once Redis answers:
-# of its frames (ARGV[4]...), those the stream lacks (it holds a prefix: batches are scripts, one at
-# a time), then its final metadata (ARGV[1]), its report's record (ARGV[3], or ''), its end (ARGV[2]);
-# -1: ended meanwhile (by another worker, its lease lapsed), -2: never in Redis, or deleted
-_CATCH_UP = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
-if redis.call('EXISTS', KEYS[3]) == 0 then return -2 end
-local n = redis.call('XLEN', KEYS[1])
-for i = 4 + n, #ARGV do
-    n = n + 1
-    redis.call('XADD', KEYS[1], '0-' .. n, 'f', ARGV[i])
-end
-redis.call('SET', KEYS[3], ARGV[1], 'XX')
-if ARGV[3] ~= '' then redis.call('SET', KEYS[4], ARGV[3]) end
-redis.call('SET', KEYS[2], ARGV[2])
-redis.call('XADD', KEYS[1], '0-' .. (n + 1), 'end', ARGV[2])
 return n
 """
 
@@ -251,7 +236,6 @@ class RedisJobStore:
         self._save_script: Any = self.redis.register_script(_SAVE)
         self._create_script: Any = self.redis.register_script(_CREATE)
         self._write_behind_script: Any = self.redis.register_script(_WRITE_BEHIND)
-        self._catch_up_script: Any = self.redis.register_script(_CATCH_UP)
 
     async def _mirror(self, research_id: str, what: str, operation: Callable[[], Awaitable[object]]) -> None:
         """Write a job run here through to Redis; should Redis fail, the job goes on here alone."""
@@ -365,7 +349,7 @@ class RedisJobStore:
         unless it ended meanwhile. Returns it as it stands after."""
         failed = job.evolve(status=JobStatus.failed, error=_STRANDED, updated_at=time.time())
         frames = error_frames(_STRANDED, {"research_id": job.research_id})
-        args = [_dumps(failed.to_json()), JobStatus.failed.value, "", *map(frame_text, frames)]
+        args = [_dumps(failed.to_json()), JobStatus.failed.value, "", "", *map(frame_text, frames)]
         ended_here = int(await self._write_behind_script(keys=self._keys.all(job.research_id), args=args)) >= 0
         now = await self._get(job.research_id)
         if ended_here:
@@ -437,7 +421,7 @@ class RedisJobStore:
         meta = "" if job is None else _dumps(job.to_json())
         status = job.status.value if ending and job is not None else ""
         keys = self._keys.all(research_id)
-        await self._write_behind_script(keys=keys, args=[meta, status, record, *frames])
+        await self._write_behind_script(keys=keys, args=[meta, status, record, "", *frames])
 
     async def _written(self, research_id: str) -> None:
         """Wait until every frame and save of a job run here has reached Redis (or Redis failed)."""
@@ -532,9 +516,9 @@ class RedisJobStore:
             self._ends_owed.pop(research_id, None)
             return
         frames = [frame_text(frame) for frame in await self.here.frames(research_id)]
-        args = [_dumps(job.evolve(updated_at=time.time()).to_json()), job.status.value, record, *frames]
+        args = [_dumps(job.evolve(updated_at=time.time()).to_json()), job.status.value, record, "1", *frames]
         keys = self._keys.all(research_id)
-        written = int(await self._catch_up_script(keys=keys, args=args))
+        written = int(await self._write_behind_script(keys=keys, args=args))
         if self._ends_owed.pop(research_id, None) is None:
             return  # deleted here meanwhile
         if written >= 0:
