@@ -387,7 +387,13 @@ async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes
         # the chat session lives in the first worker's memory: this one makes it from the saved report
         await ws.send("chat " + json.dumps({"message": "rank fusion"}))
         answer = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        # a question the report does not cover is searched again with the task's retrievers, here
+        # too (the defaults, the library alone, would not ask Tavily)
+        await ws.send("chat " + json.dumps({"message": "zebra migration patterns in the serengeti"}))
+        searched = json.loads(await asyncio.wait_for(ws.recv(), 30))
     assert answer["type"] == "chat" and "[1]" in answer["content"], answer
+    assert searched["metadata"]["searched"] is True, searched
+    assert fakes["tavily"].requests[-1]["body"]["query"] == "zebra migration patterns in the serengeti"
     assert resumed[:3] == before
     assert "tavily" in report_of(resumed) and not any(frame["type"] == "error" for frame in resumed)
     status_url = f"{second.url}/api/jobs/{research_id}"
@@ -529,6 +535,10 @@ async def test_a_report_written_on_one_host_is_read_deleted_and_gone_on_another(
     chat_url = f"{second.url}/api/chat"
     async with aiohttp.ClientSession() as session, session.post(chat_url, json=chat, headers=ALICE) as response:
         assert response.status == 200 and "[1]" in (await response.json())["response"]["content"]
+    chat = {"research_id": research_id, "messages": [{"role": "user", "content": "zebra migration in kenya"}]}
+    async with aiohttp.ClientSession() as session, session.post(chat_url, json=chat, headers=ALICE) as response:
+        assert (await response.json())["response"]["metadata"]["searched"] is True
+    assert fakes["tavily"].requests[-1]["body"]["query"] == "zebra migration in kenya"  # the task's retriever
 
     await delete(second, research_id)
     assert not list(there.iterdir())  # what the second host kept went with the job

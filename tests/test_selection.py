@@ -7,7 +7,7 @@ import pytest
 from fedresearch.core.errors import RequestError
 from fedresearch.core.models import ResearchRequest
 from fedresearch.core.settings import Settings
-from fedresearch.federation.planning import plan_request
+from fedresearch.federation.planning import follow_up_request, plan_request, scope_of
 from fedresearch.federation.registry import build_registry
 from fedresearch.retrievers import ADAPTERS
 from tests.conftest import make_settings
@@ -88,3 +88,30 @@ def test_an_adapter_sees_only_the_keys_it_declares(tmp_path):
     tavily, google = REGISTRY["tavily"].about, REGISTRY["google"].about
     assert dict(chosen.options.for_adapter(tavily).credentials) == {"tavily_api_key": "t"}
     assert dict(chosen.options.for_adapter(google).credentials) == {"google_api_key": "g"}
+
+
+def test_a_jobs_scope_replans_its_follow_up_searches_without_its_keys(tmp_path):
+    """What a job keeps for chat about its report (in a file or Redis, read by any worker) plans the
+    same retrievers, library and options again, and holds none of the keys the task was sent."""
+    settings = make_settings(tmp_path, internal_api_allowed_hosts=["lit.example"])
+    headers = {
+        "retrievers": "library,tavily",
+        "user_id": "u",
+        "internal_api_type": "highlight",
+        "internal_api_base_url": "https://lit.example/api",
+        "tavily_api_key": "tvly-secret",
+    }
+    body = {"task": "q", "headers": headers, "query_domains": ["arxiv.org"], "max_search_results": 7}
+    task = plan_request(ResearchRequest.model_validate(body), settings, REGISTRY)
+    scope = scope_of(task, REGISTRY)
+    assert "tvly-secret" not in repr(scope) and task.options.credentials == {"tavily_api_key": "tvly-secret"}
+    again = plan_request(follow_up_request("a follow-up", scope, "u"), settings, REGISTRY)
+    assert again.names == task.names == [*LIBRARY, "tavily"]
+    assert again.options.query == "a follow-up" and again.options.credentials == {}
+    for name in ("user_id", "internal_api_type", "internal_api_base_url", "query_domains", "max_results"):
+        assert getattr(again.options, name) == getattr(task.options, name), name
+    # a base URL carrying a password is not kept, nor the library retrievers it served
+    headers["internal_api_base_url"] = "https://me:pw@lit.example/api"
+    task = plan_request(ResearchRequest.model_validate(body), settings, REGISTRY)
+    scope = scope_of(task, REGISTRY)
+    assert scope["retrievers"] == ["tavily"] and "pw" not in repr(scope)

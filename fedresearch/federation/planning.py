@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fedresearch.core.errors import RequestError
 from fedresearch.core.identifiers import split_url
@@ -152,3 +153,37 @@ def plan_request(
     )
     urls = tuple(dict.fromkeys([*request.source_urls, *request.document_urls]))
     return Plan(names=names, options=options, urls=urls, notes=_notes(request))
+
+
+def scope_of(plan: Plan, registry: Mapping[str, Adapter]) -> dict[str, Any]:
+    """What a follow-up search about this plan's report asks again, to keep with its job (in a file
+    or in Redis) so a chat about it on another worker, or later, searches as the task did: its
+    retrievers and how it read the library, never a key. A base URL that carries credentials is not
+    kept, and neither are the library retrievers it served, which would search another library."""
+    options = plan.options
+    names, base_url = list(plan.names), options.internal_api_base_url
+    parts = split_url(base_url) if base_url else None
+    if base_url and (parts is None or parts.username or parts.password or parts.query):
+        names, base_url = [name for name in names if registry[name].about.kind != "library"], None
+    scope: dict[str, Any] = {"retrievers": names, "internal_api_type": options.internal_api_type}
+    if base_url:
+        scope["internal_api_base_url"] = base_url
+    if options.query_domains:
+        scope["query_domains"] = list(options.query_domains)
+    scope["max_search_results"] = options.max_results
+    return scope
+
+
+def follow_up_request(question: str, scope: Mapping[str, Any], user: str | None) -> ResearchRequest:
+    """A follow-up search for `question` within a job's kept scope (`scope_of`), as `user`."""
+    headers: dict[str, Any] = {"user_id": user} if user else {}
+    headers["retrievers"] = ",".join(scope.get("retrievers", ()))
+    for name in ("internal_api_type", "internal_api_base_url"):
+        if scope.get(name):
+            headers[name] = scope[name]
+    return ResearchRequest(
+        task=question[:2000] or "?",
+        headers=headers,
+        query_domains=list(scope.get("query_domains", ())),
+        max_search_results=scope.get("max_search_results"),
+    )

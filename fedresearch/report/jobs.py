@@ -113,12 +113,14 @@ class Job:
     files: dict[str, str] = field(default_factory=dict)  # format -> URL path, as in the `path` frame
     client: dict[str, Any] = field(default_factory=dict)  # GPT-Researcher's orderedData, chatMessages...
     runner: str | None = None  # the worker running it, in a store several share (redis_jobs.py)
+    # what a chat about its report searches again, wherever it is asked (planning.scope_of: no keys)
+    scope: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        # not asdict: it deep-copies every value (49 µs a job, against 1.6 µs); the two dicts are
+        # not asdict: it deep-copies every value (49 µs a job, against 1.6 µs); the dicts are
         # replaced, never changed in place, so a copy of each is enough
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        data["files"], data["client"] = dict(self.files), dict(self.client)
+        data["files"], data["client"], data["scope"] = dict(self.files), dict(self.client), dict(self.scope)
         return data
 
     def evolve(self, **changes: Any) -> Job:

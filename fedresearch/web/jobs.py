@@ -293,8 +293,9 @@ async def add_report_chat_message(request: web.Request) -> web.Response:
 
 
 async def chat(request: web.Request) -> web.Response:
-    """Chat about a report: the answer is drawn from the report's cited evidence (and a new search
-    with the default retrievers when that does not cover the question), cited with its numbers."""
+    """Chat about a report: the answer is drawn from the report's cited evidence (and, when that does
+    not cover the question, a new search: with the retrievers its task ran for a `research_id`, the
+    default ones for a report sent along), cited with its numbers."""
     principal = principal_of(request)
     try:
         asked = ChatRequest.model_validate(await _body(request))
@@ -303,11 +304,11 @@ async def chat(request: web.Request) -> web.Response:
     question = next((str(m.get("content", "")) for m in reversed(asked.messages) if m.get("role") == "user"), "")
     if not question.strip():
         raise _detail(web.HTTPBadRequest, "messages holds no user message to answer")
-    report, owner = asked.report, principal.user_id
+    report, owner, scope = asked.report, principal.user_id, None
     if asked.research_id:
         job = await _owned(request, principal, asked.research_id, "Report not found")
-        report, owner = await _report_text(request, job.research_id) or "", job.owner
-    plan = chat_plan(request.app, principal, owner or request.app[SETTINGS].default_user, question)
+        report, owner, scope = await _report_text(request, job.research_id) or "", job.owner, job.scope
+    plan = chat_plan(request.app, principal, owner or request.app[SETTINGS].default_user, question, scope)
     deps = request.app[DEPS]
     session = session_from_report(report, ResearchRequest(task=question[:2000]), plan, deps)
     answer = await session.answer(question.strip(), request.app[REGISTRY], deps)

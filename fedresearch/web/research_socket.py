@@ -180,7 +180,7 @@ class ResearchSocket:
         if markdown is None:
             return None
         owner = job.owner or self.app[SETTINGS].default_user
-        plan = chat_plan(self.app, self.principal, owner, job.task)
+        plan = chat_plan(self.app, self.principal, owner, job.task, job.scope)
         return session_from_report(markdown, ResearchRequest(task=job.task[:2000]), plan, self.app[DEPS])
 
     async def chat(self, payload: str) -> None:

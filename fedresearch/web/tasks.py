@@ -20,7 +20,7 @@ from fedresearch.core.events import ProgressEvent
 from fedresearch.core.models import ResearchRequest
 from fedresearch.core.work import run_on
 from fedresearch.federation.contract import SearchOptions
-from fedresearch.federation.planning import Plan, plan_request
+from fedresearch.federation.planning import Plan, follow_up_request, plan_request, scope_of
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.compose import report_chunks
 from fedresearch.report.jobs import (
@@ -86,17 +86,26 @@ def may_see(principal: Principal, job: Job | None) -> bool:
     return job is not None and (principal.admin or (job.owner is not None and job.owner == principal.user_id))
 
 
-def chat_plan(app: web.Application, principal: Principal, owner: str | None, question: str) -> Plan:
-    """The default retrievers for a follow-up search about a saved report, as the caller; none
-    when they cannot run (the report's own evidence must do)."""
-    headers = {"user_id": owner} if owner else {}
-    follow_up = ResearchRequest(task=question[:2000] or "?", headers=headers)
+def chat_plan(
+    app: web.Application, principal: Principal, owner: str | None, question: str, scope: dict[str, Any] | None
+) -> Plan:
+    """A follow-up search about a saved report, as the caller: within its job's scope (the
+    retrievers it ran, its library) when the job kept one, else with the default retrievers; none
+    when they cannot run (a retriever gone since, no user for the library: the report's evidence
+    must do), nor when the task read only the pages it was given."""
+    if scope:
+        follow_up = follow_up_request(question, scope, owner)
+    else:
+        follow_up = ResearchRequest(task=question[:2000] or "?", headers={"user_id": owner} if owner else {})
+    nothing = Plan([], SearchOptions(query=follow_up.task, max_results=app[SETTINGS].max_search_results))
+    if scope and not scope.get("retrievers"):
+        return nothing
     bound = None if principal.admin else principal.user_id
     registry = app[REGISTRY]
     try:
         return plan_request(follow_up, app[SETTINGS], registry, bound_user=bound)
-    except RequestError:  # e.g. no user for the library
-        return Plan([], SearchOptions(query=follow_up.task, max_results=app[SETTINGS].max_search_results))
+    except RequestError:
+        return nothing
 
 
 class JobRun:
@@ -333,6 +342,7 @@ async def start_job(
 ) -> tuple[JobRun, LiveJob]:
     """Admit, register and start a job; a refused one runs too, to its short report and `path`."""
     run = JobRun(app, principal, request, origin)
+    registry = app[REGISTRY]
     plan: Plan | None = None
     refusal: Failure | None = None
     slot = None
@@ -352,6 +362,7 @@ async def start_job(
         detached=detached,
         status=JobStatus.running,
         created_at=time.time(),
+        scope=scope_of(plan, registry) if plan is not None else {},
     )
     try:
         await app[JOBS].create(job)
