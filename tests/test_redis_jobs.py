@@ -367,6 +367,23 @@ async def test_a_workers_key_goes_when_it_closes_and_its_unended_jobs_with_it(re
         await shared.close()
 
 
+async def test_a_dead_workers_many_jobs_are_ended_by_one_listing_and_said_in_one_line(redis_url, caplog) -> None:
+    shared = SharedRedis(connect(redis_url, False), redis_url)
+    dying, living = RedisJobStore(shared), RedisJobStore(shared)
+    try:
+        for number in range(12):
+            await dying.create(Job(_id(number), "alice", "q", status=JobStatus.running))
+        await dying.close()
+        with caplog.at_level("WARNING", logger="fedresearch"):
+            jobs = await living.list("alice")
+        assert [job.status for job in jobs] == [JobStatus.failed] * 12
+        (said,) = [record.getMessage() for record in caplog.records if "stopped before" in record.getMessage()]
+        assert said.startswith("12 job(s)") and said.endswith("and 2 more") and _id(11) in said
+    finally:
+        await living.close()
+        await shared.close()
+
+
 async def test_a_job_started_on_one_worker_is_resumed_on_another(tmp_path, fakes, start_server, redis_target):
     fakes["tavily"].behaviour.delay_s = 0.8
     # two workers of one host: one data folder (the reports), the jobs in Redis

@@ -336,27 +336,37 @@ class RedisJobStore:
                     self._alive_until[runner] = now + _RUNNER_CHECKED_S
         if not gone:
             return jobs
-        ended = {
-            job.research_id: await self._end_stranded(job)
-            for job in jobs
-            if job.runner in gone and not job.status.finished
-        }
+        ended: dict[str, Job | None] = {}
+        ended_here: builtins.list[str] = []
+        try:
+            for job in jobs:
+                if job.runner in gone and not job.status.finished:
+                    ended[job.research_id], here = await self._end_stranded(job)
+                    if here:
+                        ended_here.append(job.research_id)
+        finally:
+            if ended_here:  # one line however many: a worker that dies may have run hundreds
+                more = f" and {len(ended_here) - 10} more" if len(ended_here) > 10 else ""
+                log.warning(
+                    "%d job(s) whose worker stopped before they ended were ended here, failed: %s%s",
+                    len(ended_here),
+                    ", ".join(ended_here[:10]),
+                    more,
+                )
         settled = [ended.get(job.research_id, job) for job in jobs]
         return [job for job in settled if job is not None]
 
-    async def _end_stranded(self, job: Job) -> Job | None:
+    async def _end_stranded(self, job: Job) -> tuple[Job | None, bool]:
         """End, failed, a job whose worker died, with frames saying why as a cancelled job's do;
-        unless it ended meanwhile. Returns it as it stands after."""
+        unless it ended meanwhile. Returns it as it stands after, and whether it was ended here."""
         failed = job.evolve(status=JobStatus.failed, error=_STRANDED, updated_at=time.time())
         frames = error_frames(_STRANDED, {"research_id": job.research_id})
         args = [_dumps(failed.to_json()), JobStatus.failed.value, "", "", *map(frame_text, frames)]
         ended_here = int(await self._write_behind_script(keys=self._keys.all(job.research_id), args=args)) >= 0
         now = await self._get(job.research_id)
-        if ended_here:
-            log.warning("job %s: its worker stopped before it ended; it is ended here, failed", job.research_id)
-            if now is not None and self.on_stranded is not None:
-                self.on_stranded(now)
-        return now
+        if ended_here and now is not None and self.on_stranded is not None:
+            self.on_stranded(now)
+        return now, ended_here
 
     async def save(self, job: Job) -> None:
         if job.research_id in self.here:
