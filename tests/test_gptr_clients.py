@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import aiohttp
 import pytest
 import websockets
 
@@ -43,6 +44,11 @@ async def test_static_with_source_urls_reads_only_those_pages(server):
     async with websockets.connect(server.ws_url) as ws:
         frames = await run_task(ws, {"task": "q", "report_source": "static", "source_urls": ["http://127.0.0.1:9/x"]})
     assert not logs(frames, "retriever_started") and frames[-1]["type"] == "path"
+    # nor does a chat about its report search anything, asked later by its id (the defaults, the
+    # library, would be searched)
+    chat = {"research_id": frames[0]["metadata"]["research_id"], "messages": [{"role": "user", "content": "zebra"}]}
+    async with aiohttp.ClientSession() as session, session.post(f"{server.url}/api/chat", json=chat) as response:
+        assert (await response.json())["response"]["metadata"]["searched"] is False
 
 
 async def test_azure_and_langchain_sources_search_the_library_and_say_so(server):

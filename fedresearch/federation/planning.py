@@ -175,9 +175,11 @@ def scope_of(plan: Plan, registry: Mapping[str, Adapter]) -> dict[str, Any]:
 
 
 def follow_up_request(question: str, scope: Mapping[str, Any], user: str | None) -> ResearchRequest:
-    """A follow-up search for `question` within a job's kept scope (`scope_of`), as `user`."""
+    """A follow-up search for `question` within a job's kept scope (`scope_of`), as `user`; an
+    empty scope (a job from before scopes were kept, a client's own report) asks the defaults."""
     headers: dict[str, Any] = {"user_id": user} if user else {}
-    headers["retrievers"] = ",".join(scope.get("retrievers", ()))
+    if scope.get("retrievers"):
+        headers["retrievers"] = ",".join(scope["retrievers"])
     for name in ("internal_api_type", "internal_api_base_url"):
         if scope.get(name):
             headers[name] = scope[name]

@@ -93,10 +93,7 @@ def chat_plan(
     retrievers it ran, its library) when the job kept one, else with the default retrievers; none
     when they cannot run (a retriever gone since, no user for the library: the report's evidence
     must do), nor when the task read only the pages it was given."""
-    if scope:
-        follow_up = follow_up_request(question, scope, owner)
-    else:
-        follow_up = ResearchRequest(task=question[:2000] or "?", headers={"user_id": owner} if owner else {})
+    follow_up = follow_up_request(question, scope or {}, owner)
     nothing = Plan([], SearchOptions(query=follow_up.task, max_results=app[SETTINGS].max_search_results))
     if scope and not scope.get("retrievers"):
         return nothing
