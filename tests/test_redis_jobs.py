@@ -352,6 +352,28 @@ def test_a_worker_on_this_machine_is_known_dead_by_its_pid() -> None:
     assert not _died_here("a" * 32, space) and not _died_here(f"{'a' * 32}@{space}:{gone.pid}", "")
 
 
+async def test_a_job_naming_no_worker_is_ended_once_no_task_could_still_run(redis_target) -> None:
+    """Jobs started by a version before workers were named carry no worker: one still running longer
+    than TASK_TIMEOUT_S (plus a lease) after its start is ended, failed; a younger one is left."""
+    shared = redis_target.shared()
+    earlier, unbounded, living = RedisJobStore(shared), RedisJobStore(shared), RedisJobStore(shared, longest_job_s=60)
+    try:
+        for number, age in ((1, 3600), (2, 10)):
+            await earlier.create(Job(_id(number), "alice", "q", status=JobStatus.running, created_at=time.time() - age))
+            key = earlier._keys.meta(_id(number))
+            meta = json.loads(await shared.client.get(key))
+            del meta["runner"]  # as the earlier version wrote it
+            await shared.client.set(key, json.dumps(meta))
+        assert [job.status for job in await unbounded.list("alice")] == [JobStatus.running] * 2
+        listed = {job.research_id: job for job in await living.list("alice")}
+        assert listed[_id(1)].status is JobStatus.failed and listed[_id(2)].status is JobStatus.running
+        assert [frame["type"] for frame in await _all_frames(living, _id(1))][-2:] == ["error", "logs"]
+    finally:
+        for store in (earlier, unbounded, living):
+            await store.close()
+        await shared.close()
+
+
 async def test_a_workers_key_goes_when_it_closes_and_its_unended_jobs_with_it(redis_target) -> None:
     shared = redis_target.shared()
     closing, living = RedisJobStore(shared), RedisJobStore(shared)

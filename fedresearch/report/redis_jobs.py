@@ -200,6 +200,7 @@ class RedisJobStore:
         reports_dir: Path | None = None,
         runner_lease_s: float = 20.0,
         on_stranded: Callable[[Job], None] | None = None,
+        longest_job_s: float | None = None,
     ) -> None:
         self.shared = shared
         self.redis = shared.client
@@ -209,6 +210,9 @@ class RedisJobStore:
         self._renewing: asyncio.Task[None] | None = None
         self._starting = asyncio.Lock()
         self._alive_until: dict[str, float] = {}  # other workers found alive, until when (monotonic)
+        # a job naming no worker (started by a version before workers were named) still running
+        # this long after its start cannot be (TASK_TIMEOUT_S bounds every task): its worker died
+        self._unnamed_dead_after_s = None if longest_job_s is None else longest_job_s + runner_lease_s
         # told of each job of a dead worker this worker ends (one worker does), to announce it
         self.on_stranded = on_stranded
         self._keys = _JobKeys(tagged=shared.cluster)
@@ -316,15 +320,17 @@ class RedisJobStore:
 
     async def _settled(self, jobs: builtins.list[Job]) -> builtins.list[Job]:
         """`jobs` as they stand, those running on a worker that died (its process gone, on this
-        machine; its key lapsed, anywhere) ended now, failed (a job deleted meanwhile is left out)."""
-        running = {job.runner for job in jobs if job.runner not in (None, self.runner) and not job.status.finished}
-        if not running:
+        machine; its key lapsed, anywhere; a job naming no worker, longer than any task runs) ended
+        now, failed (a job deleted meanwhile is left out)."""
+        unfinished = [job for job in jobs if not job.status.finished and job.runner != self.runner]
+        if not unfinished:
             return jobs
+        cutoff = -1.0 if self._unnamed_dead_after_s is None else time.time() - self._unnamed_dead_after_s
+        unnamed_dead = {job.research_id for job in unfinished if job.runner is None and job.created_at < cutoff}
+        running = {job.runner for job in unfinished if job.runner is not None}
         now = time.monotonic()
-        gone = {runner for runner in running if runner and _died_here(runner, self._space)}
-        unsure = [
-            runner for runner in running if runner and runner not in gone and self._alive_until.get(runner, 0.0) < now
-        ]
+        gone = {runner for runner in running if _died_here(runner, self._space)}
+        unsure = [runner for runner in running if runner not in gone and self._alive_until.get(runner, 0.0) < now]
         if unsure:
             keys = await self._mget([_runner_key(runner) for runner in unsure])
             if len(self._alive_until) > 4096:  # one entry a worker ever seen: restarts add more
@@ -334,13 +340,13 @@ class RedisJobStore:
                     gone.add(runner)
                 else:
                     self._alive_until[runner] = now + _RUNNER_CHECKED_S
-        if not gone:
+        if not gone and not unnamed_dead:
             return jobs
         ended: dict[str, Job | None] = {}
         ended_here: builtins.list[str] = []
         try:
-            for job in jobs:
-                if job.runner in gone and not job.status.finished:
+            for job in unfinished:
+                if job.runner in gone or job.research_id in unnamed_dead:
                     ended[job.research_id], here = await self._end_stranded(job)
                     if here:
                         ended_here.append(job.research_id)

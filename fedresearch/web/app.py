@@ -144,6 +144,7 @@ async def _open_jobs(app: web.Application, redis: SharedRedis | None, work: Work
             reports_dir=settings.reports_dir,
             runner_lease_s=settings.worker_lease_s,
             on_stranded=lambda job: _announce_stranded(app, job),
+            longest_job_s=settings.task_timeout_s,
         )
         app[JOBS] = made
     elif JOBS not in app:
