@@ -337,6 +337,58 @@ async def test_a_job_whose_writes_redis_failed_midway_is_written_whole_with_its_
         await direct.close()
 
 
+async def test_a_job_run_while_redis_failed_is_written_whole_once_it_answers(redis_url, tmp_path) -> None:
+    """A job created while Redis failed ran on in its worker alone, and stayed there: no other
+    worker listed, resumed or deleted it, and its worker kept its frames for good. Once Redis
+    answers it is written there whole (created, every frame, its end, its report), and forgotten
+    here; by a worker whose every job so far Redis had failed (no renewals running to pay it), and
+    though the task finishing it was cancelled (its client closed the socket on `path`)."""
+    path = TcpProxy(redis_url.removeprefix("unix://"))
+    path.up()
+    path.down()  # its port kept, refusing
+    through = SharedRedis(connect(f"redis://127.0.0.1:{path.port}"), "the proxy")
+    direct = SharedRedis(connect(redis_url), redis_url)
+    store = RedisJobStore(through, runner_lease_s=1.0, keep_finished_s=0.1, reports_dir=tmp_path)
+    elsewhere = RedisJobStore(direct)
+    record = json.dumps({"owner": "alice", "report": "# q\n"}).encode()
+    try:
+        await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))  # Redis away
+        for number in range(3):
+            await store.append(_id(1), {"type": "logs", "content": f"step {number}"})
+        store.keep_report(_id(1), record)
+        finishing = asyncio.create_task(
+            store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"}, record=record)
+        )
+        while _id(1) not in store._ends_owed:
+            await asyncio.sleep(0)
+        finishing.cancel()
+        await asyncio.gather(finishing, return_exceptions=True)
+        assert await elsewhere.get(_id(1)) is None
+        for _ in range(50):  # saved where this host reads reports, should Redis not come back
+            if (tmp_path / f"{_id(1)}.json").is_file():
+                break
+            await asyncio.sleep(0.1)
+        assert (tmp_path / f"{_id(1)}.json").read_bytes() == record
+        path.up()
+        for _ in range(100):
+            if not store._ends_owed and _id(1) not in store.here:
+                break
+            await asyncio.sleep(0.1)
+        assert not store._ends_owed and not store._never_in_redis and _id(1) not in store.here  # forgotten
+        frames = await asyncio.wait_for(_all_frames(elsewhere, _id(1)), 10)
+        assert [frame["content"] for frame in frames] == ["step 0", "step 1", "step 2"]
+        assert [job.research_id for job in await elsewhere.list("alice")] == [_id(1)]
+        job = await elsewhere.get(_id(1))
+        assert job is not None and job.status is JobStatus.completed and job.files == {"md": "reports/x.md"}
+        assert await elsewhere.records([_id(1)]) == {_id(1): record}
+    finally:
+        path.down()
+        await store.close()
+        await elsewhere.close()
+        await through.close()
+        await direct.close()
+
+
 async def _all_frames(store: RedisJobStore, research_id: str) -> list[dict]:
     return [frame async for frame in follow(store, research_id)]
 

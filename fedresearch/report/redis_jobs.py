@@ -185,6 +185,13 @@ KEEP_DELETED_S = 86400.0
 _KEEP_DELETED = 100_000
 
 
+async def _cancelled(*tasks: asyncio.Task[None] | None) -> None:
+    running = [task for task in tasks if task is not None]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+
+
 class RedisJobStore:
     """Jobs in Redis, and those this process runs mirrored here: its own sockets follow them without
     a round trip to Redis per frame (the usual case); any other worker reads them from Redis. A
@@ -222,7 +229,9 @@ class RedisJobStore:
         # of those, the ones that ended here, by their report's record: their end is written to Redis
         # (with the frames it lacks) as soon as it answers, or they would look running there for ever
         self._ends_owed: dict[str, bytes] = {}
-        self._never_in_redis: set[str] = set()  # created while Redis failed: no end to owe it
+        # of those, the ones created while Redis failed: all of them is owed, once they end
+        self._never_in_redis: set[str] = set()
+        self._retrying: asyncio.Task[None] | None = None  # owed, with no renewals yet to pay it
         self._forgetting: set[asyncio.Task[bool]] = set()
         # written behind: a running job's new frames and latest metadata go to Redis in one pipeline
         # per batch (one round trip, not one per frame); finishing or deleting a job waits for it
@@ -306,14 +315,16 @@ class RedisJobStore:
     async def close(self) -> None:
         """Stop renewing this worker's key, write the ends Redis missed if it answers, and drop the
         key: a job of this worker's still running there is another worker's to end."""
-        if self._renewing is None:
+        held = self._renewing is not None
+        await _cancelled(self._retrying, self._renewing)
+        self._retrying = self._renewing = None
+        if not held and not self._ends_owed:
             return
-        self._renewing.cancel()
-        await asyncio.gather(self._renewing, return_exceptions=True)
-        self._renewing = None
         for research_id in list(self._ends_owed):
             with contextlib.suppress(*failures()):
                 await self._pay_end(research_id)
+        await _cancelled(self._renewing)  # started again by writing a job Redis never had
+        self._renewing = None
         drop = lambda: self.redis.delete(_runner_key(self.runner))  # noqa: E731
         with contextlib.suppress(SharedDown):
             await self.shared.attempt("dropping this worker's lease", drop)
@@ -510,12 +521,13 @@ class RedisJobStore:
                 self._record_due[research_id] = record
             self._write_behind(research_id)
             _resolve(self._gathering[research_id])  # no more frames to wait for
-        elif job is not None and research_id in self._never_in_redis:
-            await self._report_settled(research_id, record or b"")
-        elif job is not None:  # Redis failed it midway
+        elif job is not None:  # Redis failed it, from its start or midway
             await self._written(research_id)
+            # owed before anything a cancellation could cut short: a client closing its socket on
+            # `path`, as GPT-Researcher's do, cancels the task finishing its job
             self._ends_owed[research_id] = record or b""
-            await self._report_settled(research_id, record or b"")
+            self._retry_until_answered()
+            await asyncio.shield(self._report_settled(research_id, record or b""))
             with contextlib.suppress(SharedDown):  # else the renewals of this worker's key try again
                 await self.shared.attempt("writing a job's end", lambda: self._pay_end(research_id))
         await self._written(research_id)
@@ -525,12 +537,18 @@ class RedisJobStore:
 
     async def _pay_end(self, research_id: str) -> None:
         """Write to Redis the end it missed of a job that ended here (its writes failed midway): the
-        frames it lacks, the final state, the report, the end."""
+        frames it lacks, the final state, the report, the end; for a job created while Redis failed,
+        the job itself first (as running: should this worker die before its end follows, another
+        ends it, as any job of a dead worker), so every worker lists it, resumes it, deletes it."""
         record = self._ends_owed.get(research_id)
         job = await self.here.get(research_id)
         if record is None or job is None:
             self._ends_owed.pop(research_id, None)
             return
+        if research_id in self._never_in_redis:
+            with contextlib.suppress(ValueError):  # there already: a research id is a fresh UUID
+                await self._create(job.evolve(status=JobStatus.running))
+            self._never_in_redis.discard(research_id)
         frames = [frame_text(frame) for frame in await self.here.frames(research_id)]
         args = [_dumps(job.evolve(updated_at=time.time()).to_json()), job.status.value, record, "1", *frames]
         keys = self._keys.all(research_id)
@@ -555,6 +573,25 @@ class RedisJobStore:
     def keep_report(self, research_id: str, record: bytes) -> None:
         if research_id in self.here:
             self._reports_here[research_id] = record
+
+    def _retry_until_answered(self) -> None:
+        """Owed ends are paid with the renewals of this worker's key, which start with its first job
+        in Redis: a worker that Redis failed from its first job on tries, a quarter lease apart,
+        until Redis answers, then pays them and leaves the rest to those renewals."""
+        if not self._ends_owed or (self._renewing is not None and not self._renewing.done()):
+            return
+        if self._retrying is not None and not self._retrying.done():
+            return
+
+        async def retry() -> None:
+            while self._ends_owed and (self._renewing is None or self._renewing.done()):
+                await asyncio.sleep(self._runner_lease_ms / 4000)
+                with contextlib.suppress(*failures()):
+                    await self._hold_runner_key()
+                    for research_id in list(self._ends_owed):
+                        await self._pay_end(research_id)
+
+        self._retrying = asyncio.get_running_loop().create_task(retry())
 
     def _forget(self, research_id: str) -> None:
         """Drop a finished job's mirror (Redis has it all); readers still on it finish from Redis."""
