@@ -31,6 +31,7 @@ from tests.redis_cluster import RedisTarget, start_redis_cluster
 from tests.redis_sentinel import start_redis_sentinel
 from tests.redis_server import start_redis
 from tests.scholarly_fakes import scholarly_settings, start_scholarly
+from tests.tcp_proxy import TcpProxy
 from tests.test_faults import outcome
 
 LIMITS = {"retriever_timeout_s": 1.5, "retry_attempts": 0}
@@ -186,6 +187,30 @@ async def test_tasks_go_on_when_redis_dies_mid_run(tmp_path, fakes, start_server
         assert down == "Redis does not answer: each process uses its own state"  # /healthz is public: no address
     finally:
         server_of_redis.stop()
+
+
+async def test_a_process_with_nothing_to_ask_learns_that_redis_answers_again(redis_url, caplog) -> None:
+    """Once Redis failed, `/healthz` and the log said so for as long as the process sent no command
+    of its own (an idle worker: a minute and more); it now asks a PING once a rest meanwhile."""
+    path = TcpProxy(redis_url.removeprefix("unix://"))
+    path.up()
+    path.down()  # its port kept, refusing
+    shared = SharedRedis(connect(f"redis://127.0.0.1:{path.port}"), "the proxy")
+    try:
+        with pytest.raises(SharedDown):
+            await shared.attempt("reading", lambda: shared.client.get("k"))
+        assert shared.trouble is not None
+        path.up()
+        with caplog.at_level(logging.WARNING, logger="fedresearch"):
+            for _ in range(100):  # nothing asked of it meanwhile
+                if shared.trouble is None:
+                    break
+                await asyncio.sleep(0.1)
+        assert shared.trouble is None
+        assert any("answers again" in record.getMessage() for record in caplog.records)
+    finally:
+        path.down()
+        await shared.close()
 
 
 async def test_a_cluster_taken_for_a_single_redis_says_which_setting_is_missing(

@@ -19,6 +19,7 @@ leases lapse within `lease_s`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -206,6 +207,7 @@ class SharedRedis:
         self.clock = clock
         self._down_until = 0.0
         self._down = False
+        self._probing: asyncio.Task[None] | None = None
 
     async def attempt(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
         """`operation` on Redis; SharedDown (logged once per outage) when Redis fails or failed recently."""
@@ -254,6 +256,21 @@ class SharedRedis:
             )
         self._down = True
         self._down_until = self.clock() + _REST_S
+        self._probe_until_answered()
+
+    def _probe_until_answered(self) -> None:
+        """While Redis fails, a PING once a rest: a process with no command of its own to send (an
+        idle worker) learns that Redis answers again, says so in the log and in `/healthz`, which
+        said it failed for as long as nothing else asked (a minute and more, measured)."""
+        if self._probing is not None and not self._probing.done():
+            return
+        self._probing = asyncio.get_running_loop().create_task(self._probe())
+
+    async def _probe(self) -> None:
+        while self._down:
+            await asyncio.sleep(_REST_S)
+            with contextlib.suppress(SharedDown):
+                await self.attempt("checking that it answers", self.client.ping)
 
     def _hint(self, error: BaseException) -> str:
         """What to do when a single server's client is answered by a cluster (MOVED: the key's slot
@@ -265,6 +282,9 @@ class SharedRedis:
         return ""
 
     async def close(self) -> None:
+        if self._probing is not None:
+            self._probing.cancel()
+            await asyncio.gather(self._probing, return_exceptions=True)
         await self.client.aclose()
         pool = getattr(self.client, "connection_pool", None)  # a cluster client has one per node
         sentinels = getattr(pool, "sentinel_manager", None)
