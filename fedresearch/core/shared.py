@@ -186,6 +186,14 @@ def where(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path or ''}"
 
 
+async def cancelled(*tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel the background tasks given (None: none running) and wait until they have stopped."""
+    running = [task for task in tasks if task is not None]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+
+
 class SharedDown(Exception):
     """Redis failed just now, or recently; the caller uses this process's own state instead."""
 
@@ -282,9 +290,7 @@ class SharedRedis:
         return ""
 
     async def close(self) -> None:
-        if self._probing is not None:
-            self._probing.cancel()
-            await asyncio.gather(self._probing, return_exceptions=True)
+        await cancelled(self._probing)
         await self.client.aclose()
         pool = getattr(self.client, "connection_pool", None)  # a cluster client has one per node
         sentinels = getattr(pool, "sentinel_manager", None)

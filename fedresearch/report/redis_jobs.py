@@ -42,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from fedresearch.core.shared import PREFIX, SharedDown, SharedRedis, failures
+from fedresearch.core.shared import PREFIX, SharedDown, SharedRedis, cancelled, failures
 from fedresearch.report.jobs import Frame, Job, JobStatus, LocalJobStore, error_frames, frame_text
 from fedresearch.report.store import save_report
 
@@ -185,13 +185,6 @@ KEEP_DELETED_S = 86400.0
 _KEEP_DELETED = 100_000
 
 
-async def _cancelled(*tasks: asyncio.Task[None] | None) -> None:
-    running = [task for task in tasks if task is not None]
-    for task in running:
-        task.cancel()
-    await asyncio.gather(*running, return_exceptions=True)
-
-
 class RedisJobStore:
     """Jobs in Redis, and those this process runs mirrored here: its own sockets follow them without
     a round trip to Redis per frame (the usual case); any other worker reads them from Redis. A
@@ -316,14 +309,14 @@ class RedisJobStore:
         """Stop renewing this worker's key, write the ends Redis missed if it answers, and drop the
         key: a job of this worker's still running there is another worker's to end."""
         held = self._renewing is not None
-        await _cancelled(self._retrying, self._renewing)
+        await cancelled(self._retrying, self._renewing)
         self._retrying = self._renewing = None
         if not held and not self._ends_owed:
             return
         for research_id in list(self._ends_owed):
             with contextlib.suppress(*failures()):
                 await self._pay_end(research_id)
-        await _cancelled(self._renewing)  # started again by writing a job Redis never had
+        await cancelled(self._renewing)  # started again by writing a job Redis never had
         self._renewing = None
         drop = lambda: self.redis.delete(_runner_key(self.runner))  # noqa: E731
         with contextlib.suppress(SharedDown):
@@ -536,7 +529,7 @@ class RedisJobStore:
         return job
 
     async def _pay_end(self, research_id: str) -> None:
-        """Write to Redis the end it missed of a job that ended here (its writes failed midway): the
+        """Write to Redis what it missed of a job that ended here (its writes failed midway): the
         frames it lacks, the final state, the report, the end; for a job created while Redis failed,
         the job itself first (as running: should this worker die before its end follows, another
         ends it, as any job of a dead worker), so every worker lists it, resumes it, deletes it."""

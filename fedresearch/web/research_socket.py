@@ -21,7 +21,7 @@ from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
 from fedresearch.core.models import ResearchRequest
 from fedresearch.report.chat import ChatSession, session_from_report
-from fedresearch.report.jobs import JobStatus, follow, frame_text
+from fedresearch.report.jobs import JobStatus, error_frames, follow, frame_text
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, METRICS, REGISTRY, SETTINGS, SOCKETS, LiveJob
 from fedresearch.web.reports import saved_reports
@@ -75,9 +75,8 @@ class ResearchSocket:
             await self.ws.send_str(frame_text(frame))
 
     async def error(self, message: str, metadata: dict[str, Any] | None = None) -> None:
-        # GPT-Researcher's page shows only logs frames, so every error is said both ways.
-        await self.send({"type": "error", "content": "error", "output": message})
-        await self.send({"type": "logs", "content": "error", "output": message, "metadata": metadata})
+        for frame in error_frames(message, metadata):
+            await self.send(frame)
 
     async def on_text(self, data: str) -> None:
         limit = self.app[SETTINGS].max_frame_bytes
