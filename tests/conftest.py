@@ -58,6 +58,7 @@ def make_settings(tmp_path: Path, fakes: dict[str, FakeUpstream] | None = None, 
         "default_user": None,
         "api_keys": None,
         "fetch_pages": False,  # the tests that read pages turn it on, with their own resolver
+        "shutdown_grace_s": 0.0,  # a test's server, stopped with a task still running, stops it at once
     }
     if fakes:
         values.update(

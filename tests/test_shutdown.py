@@ -1,4 +1,6 @@
-"""SIGTERM on a real server process: clients are told, sockets close with 1001, the process exits."""
+"""SIGTERM on a real server process: running tasks finish, for SHUTDOWN_GRACE_S at most, while no new
+one is taken; clients are told of a task stopped after that; sockets close with 1001; the process
+exits."""
 
 from __future__ import annotations
 
@@ -12,9 +14,14 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import aiohttp
+import pytest
 import websockets
 
+from fedresearch.web.keys import STOPPING
+from tests.conftest import error_of, make_settings, run_task
 from tests.fakes import FakeTavily
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,10 +33,8 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-async def test_sigterm_tells_clients_and_exits(tmp_path, fakes):
-    fakes["tavily"].behaviour.delay_s = 30
-    port = free_port()
-    env = {
+def server_env(tmp_path: Path, fakes: dict[str, Any], port: int, grace_s: float) -> dict[str, str]:
+    return {
         **os.environ,
         "FEDRESEARCH_DATA_DIR": str(tmp_path),
         "FEDRESEARCH_PORT": str(port),
@@ -39,29 +44,45 @@ async def test_sigterm_tells_clients_and_exits(tmp_path, fakes):
         "FEDRESEARCH_API_KEYS": "",
         "RETRIEVER_TIMEOUT_S": "60",
         "TASK_TIMEOUT_S": "60",
+        "SHUTDOWN_GRACE_S": str(grace_s),
     }
+
+
+async def started(server: subprocess.Popen[bytes], port: int) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return
+        except OSError:
+            assert time.monotonic() < deadline and server.poll() is None, "server did not start"
+            await asyncio.sleep(0.1)
+
+
+async def until_closed(ws: websockets.ClientConnection) -> tuple[list[dict[str, Any]], int | None]:
+    """Every frame `ws` gets until it closes, and the close code."""
+    frames = []
+    try:
+        while True:
+            frames.append(json.loads(await ws.recv()))
+    except websockets.ConnectionClosed as closed:
+        return frames, closed.rcvd.code if closed.rcvd else None
+
+
+async def test_sigterm_tells_clients_and_exits(tmp_path, fakes):
+    fakes["tavily"].behaviour.delay_s = 30
+    port = free_port()
+    env = server_env(tmp_path, fakes, port, grace_s=1)
     server = subprocess.Popen([sys.executable, "server.py"], cwd=ROOT, env=env, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, "server did not start"
-                await asyncio.sleep(0.1)
+        await started(server, port)
         async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
             await ws.send("start " + json.dumps({"task": "slow", "headers": {"retrievers": "tavily"}}))
             while not fakes["tavily"].requests:
                 await asyncio.sleep(0.05)
             server.send_signal(signal.SIGTERM)
             stopped = time.monotonic()
-            frames = []
-            try:
-                while True:
-                    frames.append(json.loads(await ws.recv()))
-            except websockets.ConnectionClosed as closed:
-                code = closed.rcvd.code if closed.rcvd else None
+            frames, code = await until_closed(ws)
         assert code == 1001
         assert any(f.get("type") == "error" and "shutting down" in f["output"] for f in frames)
         assert await asyncio.to_thread(server.wait, 15) == 0
@@ -71,7 +92,72 @@ async def test_sigterm_tells_clients_and_exits(tmp_path, fakes):
                 break
             await asyncio.sleep(0.05)
         assert fakes["tavily"].cancelled == 1
+        assert server.stderr is not None
+        log = server.stderr.read().decode()
+        assert "1 of 1 tasks still running after 1 s (SHUTDOWN_GRACE_S)" in log, log
     finally:
         if server.poll() is None:
             server.kill()
         server.wait()
+
+
+async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path, fakes):
+    """A deploy stops a server with tasks running: each goes on to its report and `path`, on its own
+    socket, while an idle socket is closed at once (its client reconnects to a server that stays)
+    and the port takes no new connection."""
+    fakes["tavily"].behaviour.delay_s = 3
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "server.py"],
+        cwd=ROOT,
+        env=server_env(tmp_path, fakes, port, grace_s=30),
+        stderr=subprocess.PIPE,
+    )
+    try:
+        await started(server, port)
+        url = f"ws://127.0.0.1:{port}/ws"
+        async with websockets.connect(url) as busy, websockets.connect(url) as idle:
+            for ws in (busy, idle):
+                await ws.send("ping")
+                assert await ws.recv() == "pong"
+            await busy.send("start " + json.dumps({"task": "rank fusion", "headers": {"retrievers": "tavily"}}))
+            while not fakes["tavily"].requests:
+                await asyncio.sleep(0.05)
+            server.send_signal(signal.SIGTERM)
+            stopped = time.monotonic()
+            frames, code = await until_closed(idle)
+            assert (frames, code) == ([], 1001)
+            assert time.monotonic() - stopped < 2, "the idle socket waited for the running task"
+            with pytest.raises(OSError):  # the port is closed: a balancer sends the next task elsewhere
+                await websockets.connect(url, open_timeout=2)
+            frames, code = await until_closed(busy)
+        kinds = [frame["type"] for frame in frames]
+        assert "error" not in kinds and kinds[-1] == "path", kinds
+        report = "".join(frame["output"] for frame in frames if frame["type"] == "report")
+        assert "[1]" in report and fakes["tavily"].cancelled == 0
+        assert code == 1001
+        assert await asyncio.to_thread(server.wait, 15) == 0
+        assert time.monotonic() - stopped < 15
+        assert server.stderr is not None
+        log = server.stderr.read().decode()
+        assert "no new tasks; 1 running may finish, for 30 s at most" in log
+        assert "the 1 running tasks finished" in log
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+
+
+async def test_a_stopping_server_refuses_new_tasks_with_503(tmp_path, fakes, start_server):
+    """Between SIGTERM and its exit a server may still read a task (a request under way): it refuses
+    it, saying why, with 503 over REST, so that a client or balancer sends it to another server."""
+    server = await start_server(make_settings(tmp_path, fakes))
+    server.app[STOPPING].set()
+    task = {"task": "rank fusion", "headers": {"retrievers": "tavily"}}
+    async with aiohttp.ClientSession() as session, session.post(f"{server.url}/report/", json=task) as response:
+        assert response.status == 503
+        assert "stopping" in (await response.json())["error"]
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, task)
+    assert "takes no new tasks" in error_of(frames)["output"] and frames[-1]["type"] == "path"
+    assert not fakes["tavily"].requests

@@ -1,5 +1,5 @@
 """`fedresearch serve --workers 2`: one port, two processes; a worker killed with SIGKILL is replaced
-while the other's task completes; SIGTERM stops them all gracefully."""
+while the other's task completes; SIGTERM stops them all gracefully, a running task finishing first."""
 
 from __future__ import annotations
 
@@ -155,8 +155,16 @@ async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_
         await server.logged(rf"worker \d \(pid {victim}\) was killed by SIGKILL")
         replacement = int((await server.logged(r"worker \d started \(pid (\d+)\)", times=3))[2].group(1))
         assert await pids_answering(url, 2) == {survivor, replacement}
-        server.process.send_signal(signal.SIGTERM)
-        assert server.process.wait(60) == 0
+        # a deploy: SIGTERM with a task running; its worker takes no new one, but lets it finish
+        async with websockets.connect(url.replace("http", "ws") + "/ws") as ws:
+            asked = len(tavily.requests)
+            await ws.send("start " + json.dumps({**task, "task": "rank fusion at scale"}))  # not cached
+            while len(tavily.requests) == asked:
+                await asyncio.sleep(0.05)
+            server.process.send_signal(signal.SIGTERM)
+            assert await finish(ws) == "path"
+        assert await asyncio.to_thread(server.process.wait, 60) == 0
+        await server.logged(r"the 1 running tasks finished")
         await server.logged(r"supervisor: stopped")
         assert not pids_alive({survivor, replacement}), "a worker outlived its supervisor"
     finally:

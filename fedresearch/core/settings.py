@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     # with jobs in Redis: how long a worker unheard of (killed, its host lost) is taken to run its jobs
     # still; then another worker ends them, failed, and their followers are told
     worker_lease_s: float = Field(20.0, ge=1, le=3600, validation_alias="WORKER_LEASE_S")
+    # SIGTERM (a deploy, a restart): how long the tasks running in a process may go on to their
+    # reports while it takes no new ones; those still running then are stopped
+    shutdown_grace_s: float = Field(25.0, ge=0, le=3600, validation_alias="SHUTDOWN_GRACE_S")
     data_dir: Path = Field(Path("./data"), validation_alias="FEDRESEARCH_DATA_DIR")
     # unset: the embedded library under data_dir; postgresql://…: on PostgreSQL (secret: it may hold a password)
     library_url: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_LIBRARY_URL")

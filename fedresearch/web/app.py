@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -68,6 +69,7 @@ from fedresearch.web.keys import (
     SETTINGS,
     SHARED_REDIS,
     SOCKETS,
+    STOPPING,
     TASK_SLOTS,
     OpenSocket,
 )
@@ -164,6 +166,29 @@ def _announce_stranded(app: web.Application, job: Job) -> None:
         tasks.background(app, webhooks.notify(app[DEPS].session, settings, webhooks.payload(job, None)))
 
 
+async def _let_tasks_finish(app: web.Application) -> None:
+    """SIGTERM (a deploy, a restart): take no new tasks, and let those running here (a socket's, a
+    REST or MCP caller's) go on to their reports, each socket getting every frame of the job it
+    follows, for SHUTDOWN_GRACE_S at most; a socket following nothing closes at once (1001), so
+    its client reconnects to a server that stays, and one whose job has ended closes then. Whatever
+    still runs after the grace, `_close_sockets` and `stop_jobs` stop."""
+    app[STOPPING].set()
+    grace = app[SETTINGS].shutdown_grace_s
+    running = [live.task for live in app[LIVE_JOBS].values()]
+    if running:
+        log.info("stopping: no new tasks; %d running may finish, for %g s at most", len(running), grace)
+    started = time.monotonic()
+    open_sockets = app[SOCKETS]
+    draining = [socket.drain(grace) for socket in list(open_sockets)]
+    waiting = asyncio.wait(running, timeout=grace) if running else asyncio.sleep(0)
+    await asyncio.gather(waiting, *draining, return_exceptions=True)
+    cut = sum(not task.done() for task in running)
+    if cut:
+        log.warning("stopping: %d of %d tasks still running after %g s (SHUTDOWN_GRACE_S)", cut, len(running), grace)
+    elif running:
+        log.info("stopping: the %d running tasks finished, in %.1f s", len(running), time.monotonic() - started)
+
+
 async def _close_sockets(app: web.Application) -> None:
     open_sockets = app[SOCKETS]
     sockets = list(open_sockets)
@@ -196,9 +221,11 @@ def create_app(
     app[LIVE_JOBS] = {}
     app[RETENTION_PACE] = RetentionPace(settings.report_max_per_user)
     app[BACKGROUND] = set()
+    app[STOPPING] = asyncio.Event()
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(tasks.retention_sweeps)  # after _resources: it reads the job store
     app.cleanup_ctx.append(reports.leftover_sweeps)
+    app.on_shutdown.append(_let_tasks_finish)
     app.on_shutdown.append(_close_sockets)
     app.on_shutdown.append(tasks.stop_jobs)
     _add_routes(app)
@@ -247,8 +274,10 @@ def serve(
     count = workers or settings.worker_count
     _prepare(settings, host, with_pid=count > 1)
     if count > 1:
-        raise SystemExit(workers_pool.supervise(host, settings.port if port is None else port, count, balance))
-    # SIGTERM/SIGINT: stop accepting, tell clients (on_shutdown), then give handlers 10 s at most
+        port = settings.port if port is None else port
+        raise SystemExit(workers_pool.supervise(host, port, count, balance, settings.shutdown_grace_s))
+    # SIGTERM/SIGINT: stop accepting, let running tasks finish (on_shutdown: SHUTDOWN_GRACE_S at
+    # most), tell clients, then give handlers 10 s at most
     app = create_app(settings)
     app.on_startup.append(_settle)
     web.run_app(app, host=host, port=port or settings.port, **_run_options())

@@ -25,6 +25,11 @@ from fedresearch.web.task_slots import TaskSlots
 
 
 class OpenSocket(Protocol):
+    async def drain(self, grace_s: float) -> None:
+        """The server is stopping: send the rest of the job followed, for `grace_s` at most; then,
+        unless still following it, close."""
+        ...
+
     async def shut_down(self) -> None:
         """The server is stopping: tell the client, stop its work, close."""
         ...
@@ -57,4 +62,5 @@ SHARED_REDIS = web.AppKey[SharedRedis | None]("shared_redis")
 JOBS = web.AppKey[JobStore]("jobs")
 RETENTION_PACE = web.AppKey("retention_pace", RetentionPace)
 LIVE_JOBS = web.AppKey[dict[str, LiveJob]]("live_jobs")
+STOPPING = web.AppKey("stopping", asyncio.Event)  # set on SIGTERM: no new tasks, running ones finish
 BACKGROUND = web.AppKey[set[asyncio.Task[object]]]("background")  # webhooks, retention: awaited at shutdown

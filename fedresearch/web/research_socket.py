@@ -196,6 +196,13 @@ class ResearchSocket:
         answer = await self.chat_session.answer(message.strip(), self.app[REGISTRY], self.app[DEPS])
         await self.send({"type": "chat", "content": answer.content, "role": "assistant", "metadata": answer.metadata})
 
+    async def drain(self, grace_s: float) -> None:
+        following = self.following
+        if following is not None and not following.done():
+            await asyncio.wait({following}, timeout=grace_s)
+        if not self.busy:
+            await self.shut_down()
+
     async def shut_down(self) -> None:
         """The server is stopping: say so, stop the task, close with 1001 (going away)."""
         if self.busy:

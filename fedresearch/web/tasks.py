@@ -45,6 +45,7 @@ from fedresearch.web.keys import (
     REGISTRY,
     RETENTION_PACE,
     SETTINGS,
+    STOPPING,
     TASK_SLOTS,
     LiveJob,
 )
@@ -334,6 +335,18 @@ def _admit(app: web.Application, principal: Principal, request: ResearchRequest)
     return plan_request(request, settings, registry, bound_user=bound)
 
 
+_STOPPING = (
+    "this server is stopping (a restart or a deploy) and takes no new tasks: send it again, and another "
+    "worker or host runs it"
+)
+
+
+def _refusal_status(reason: str) -> int:
+    if reason == _STOPPING:
+        return 503  # a client retrying reaches a server that runs it
+    return 429 if "MAX_TASKS_PER_KEY" in reason else 400
+
+
 async def start_job(
     app: web.Application, principal: Principal, request: ResearchRequest, origin: str, detached: bool
 ) -> tuple[JobRun, LiveJob]:
@@ -344,11 +357,13 @@ async def start_job(
     refusal: Failure | None = None
     slot = None
     try:
+        if app[STOPPING].is_set():
+            raise RequestError(_STOPPING)
         admitted = _admit(app, principal, request)
         slot = await _take_slot(app, principal.key_id)
         plan, owner = admitted, principal.user_id or admitted.options.user_id
     except RequestError as error:
-        refusal = Failure(str(error), 429 if "MAX_TASKS_PER_KEY" in str(error) else 400)
+        refusal = Failure(str(error), _refusal_status(str(error)))
         owner = principal.user_id or request.header("user_id") or app[SETTINGS].default_user
     job = Job(
         run.research_id,

@@ -8,8 +8,9 @@ listening socket on the port (SO_REUSEPORT) and the kernel spreads connections a
 
 A worker that dies (a crash, or SIGKILL) is replaced at once, or after a backoff that doubles
 while replacements keep dying young. SIGTERM or SIGINT to the supervisor stops the workers
-gracefully (each tells its clients, as one server does) and SIGKILLs any still running after the
-grace period; a second signal stops them at once. Workers watch the supervisor and stop if it dies.
+gracefully (each lets its running tasks finish, for SHUTDOWN_GRACE_S at most, and tells its clients,
+as one server does) and SIGKILLs any still running after that and the time to close; a second
+signal stops them at once. Workers watch the supervisor and stop if it dies.
 Each of these events is logged. Workers share state only through Redis (FEDRESEARCH_REDIS_URL).
 """
 
@@ -32,7 +33,7 @@ Balance = Literal["reuseport", "shared"]
 BALANCES: tuple[Balance, ...] = ("reuseport", "shared")
 _YOUNG_S = 10.0  # a worker that dies younger than this counts toward the backoff
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before replacing a worker that died young
-_GRACE_S = 15.0  # aiohttp's shutdown_timeout (10 s) and the time to close the library
+_CLOSING_S = 15.0  # after a worker's tasks: aiohttp's shutdown_timeout (10 s), closing the library
 _TICK_S = 0.1
 
 
@@ -64,6 +65,7 @@ class Supervisor:
     command: list[str]
     count: int
     pass_fds: tuple[int, ...] = ()
+    grace_s: float = 25.0  # SHUTDOWN_GRACE_S: how long a stopping worker's tasks may run on
     workers: list[_Worker] = field(default_factory=list)
     stopping: int = 0  # signals received
 
@@ -115,7 +117,8 @@ class Supervisor:
 
     def _stop_all(self) -> int:
         self._signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + _GRACE_S
+        allowed = self.grace_s + _CLOSING_S
+        deadline = time.monotonic() + allowed
         for worker in self.workers:
             process = worker.process
             if process is None:
@@ -123,7 +126,7 @@ class Supervisor:
             try:
                 process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("supervisor: worker %d (pid %d) still running after %g s: killed", *_who(worker), _GRACE_S)
+                log.warning("supervisor: worker %d (pid %d) still running after %g s: killed", *_who(worker), allowed)
                 process.kill()
                 process.wait()
             log.info("supervisor: worker %d (pid %d) %s", *_who(worker), _how_it_ended(process.returncode))
@@ -152,13 +155,13 @@ def worker_command(host: str, port: int, balance: Balance, listen_fd: int | None
     return command
 
 
-def supervise(host: str, port: int, count: int, balance: Balance) -> int:
+def supervise(host: str, port: int, count: int, balance: Balance, grace_s: float) -> int:
     """Bind the port, run `count` workers on it until told to stop; the exit status."""
     listener = bind(host, port, balance)
     port = listener.getsockname()[1]
     log.info("supervisor (pid %d): %d workers on http://%s:%d, balanced by %s", os.getpid(), count, host, port, balance)
     fds = (listener.fileno(),) if balance == "shared" else ()
     try:
-        return Supervisor(worker_command(host, port, balance, listener.fileno()), count, fds).run()
+        return Supervisor(worker_command(host, port, balance, listener.fileno()), count, fds, grace_s).run()
     finally:
         listener.close()
