@@ -17,7 +17,7 @@ def _serve(args: argparse.Namespace) -> int:
     from fedresearch.web.app import serve, serve_worker
 
     if args.as_worker is not None:
-        serve_worker(Settings(), args.host, args.port, args.as_worker, args.listen_fd)
+        serve_worker(Settings(), args.host, args.port, args.as_worker, args.listen_fd, args.ready_fd)
         return 0
     serve(Settings(), host=args.host, port=args.port, workers=args.workers, balance=args.balance)
     return 0
@@ -221,6 +221,7 @@ def parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--as-worker", type=int, help=argparse.SUPPRESS)  # the supervisor's pid
     serve.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)  # written to once listening
     serve.set_defaults(run=_serve)
     ingest = commands.add_parser("ingest", help="add files or folders to a user's library")
     ingest.add_argument("--user", required=True)

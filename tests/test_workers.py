@@ -204,3 +204,59 @@ def test_the_worker_count_is_a_number_or_auto():
     assert parser().parse_args(["serve", "--workers", "auto"]).workers == (os.cpu_count() or 1)
     with pytest.raises(SystemExit):
         parser().parse_args(["serve", "--workers", "0"])
+
+
+async def test_sighup_replaces_the_workers_one_at_a_time_and_a_broken_successor_stops_it(tmp_path, redis_url):
+    """`kill -HUP` (a deploy of new code, a changed `.env`): each worker gives way to a fresh process
+    only once that one listens, and finishes its running task; the port answers all along. A
+    successor that cannot start (here, a `.env` it refuses) stops the reload: the running workers stay."""
+    tavily = await FakeTavily().start()
+    tavily.behaviour.delay_s = 2.0
+    env = {
+        **os.environ,
+        "FEDRESEARCH_DATA_DIR": str(tmp_path / "data"),
+        "FEDRESEARCH_REDIS_URL": redis_url,
+        "FEDRESEARCH_API_KEYS": "",
+        "FEDRESEARCH_EMBEDDINGS": "false",
+        "TAVILY_API_KEY": FakeTavily.api_key,
+        "TAVILY_API_BASE_URL": tavily.url,
+        "RETRIEVER_TIMEOUT_S": "20",
+        "FETCH_PAGES": "false",
+    }
+    server = Supervised(tmp_path, env)
+    try:
+        port = int((await server.logged(r"2 workers on http://127\.0\.0\.1:(\d+)"))[0].group(1))
+        url = f"http://127.0.0.1:{port}"
+        before = await pids_answering(url, 2)
+        async with websockets.connect(url.replace("http", "ws") + "/ws") as ws:
+            await ws.send("start " + json.dumps({"task": "rank fusion on reload", "headers": {"retrievers": "tavily"}}))
+            while not tavily.requests:
+                await asyncio.sleep(0.05)
+            server.process.send_signal(signal.SIGHUP)
+            answered, refused = 0, 0
+            ending = asyncio.create_task(finish(ws))
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+                while len([line for line in server.lines if "replaced: pid" in line]) < 2:
+                    try:
+                        async with session.get(url + "/healthz") as response:
+                            answered += response.status == 200
+                    except aiohttp.ClientError:
+                        refused += 1
+                    await asyncio.sleep(0.05)
+                    assert server.process.poll() is None
+            assert await ending == "path"  # the task under way finished on its old worker
+        assert answered > 0 and refused == 0
+        await server.logged(r"replaced worker \d \(pid \d+\) exited with status 0", times=2)
+        after = await pids_answering(url, 2)
+        assert after.isdisjoint(before) and not pids_alive(before)
+
+        (tmp_path / ".env").write_text("TASK_TIMEOUT_S=-1\n")  # read by every new worker: refused
+        server.process.send_signal(signal.SIGHUP)
+        await server.logged(r"reload stopped: worker 1's successor \(pid \d+\) exited with status 2 before it listened")
+        assert await pids_answering(url, 2) == after
+        server.process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(server.process.wait, 60) == 0
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+        await tavily.stop()

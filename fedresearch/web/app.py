@@ -283,17 +283,21 @@ def serve(
     web.run_app(app, host=host, port=port or settings.port, **_run_options())
 
 
-def serve_worker(settings: Settings, host: str, port: int, supervisor: int, listen_fd: int | None) -> None:
+def serve_worker(
+    settings: Settings, host: str, port: int, supervisor: int, listen_fd: int | None, ready_fd: int | None = None
+) -> None:
     """One of `serve --workers N`'s processes: the socket its supervisor bound, or its own on the port
-    (SO_REUSEPORT); it stops, as on SIGTERM, when the supervisor is gone."""
+    (SO_REUSEPORT); it stops, as on SIGTERM, when the supervisor is gone. `ready_fd` (a worker taking
+    another's place) is told once it listens."""
     _prepare(settings, host, with_pid=True, warn=False)
     app = create_app(settings)
     app.cleanup_ctx.append(_watching(supervisor))
     app.on_startup.append(_settle)
+    options = _run_options(ready_fd)
     if listen_fd is not None:
-        web.run_app(app, sock=socket.socket(fileno=listen_fd), **_run_options())
+        web.run_app(app, sock=socket.socket(fileno=listen_fd), **options)
     else:
-        web.run_app(app, host=host, port=port, reuse_port=True, **_run_options())
+        web.run_app(app, host=host, port=port, reuse_port=True, **options)
 
 
 async def _settle(app: web.Application) -> None:
@@ -312,11 +316,17 @@ def _prepare(settings: Settings, host: str, with_pid: bool, warn: bool = True) -
         log.warning("no API keys configured (FEDRESEARCH_API_KEYS): listening on %s only", host)
 
 
-def _run_options() -> dict[str, Any]:
+def _run_options(ready_fd: int | None = None) -> dict[str, Any]:
+    def listening(text: str) -> None:  # aiohttp says "Running on …" once every site listens
+        log.info(text.strip())
+        if ready_fd is not None:
+            os.write(ready_fd, b"1")
+            os.close(ready_fd)
+
     return {
         "shutdown_timeout": 10,
         "access_log_class": RedactingAccessLogger,  # keys sent as ?token= must not reach the log
-        "print": lambda text: log.info(text.strip()),
+        "print": listening,
     }
 
 

@@ -10,7 +10,9 @@ A worker that dies (a crash, or SIGKILL) is replaced at once, or after a backoff
 while replacements keep dying young. SIGTERM or SIGINT to the supervisor stops the workers
 gracefully (each lets its running tasks finish, for SHUTDOWN_GRACE_S at most, and tells its clients,
 as one server does) and SIGKILLs any still running after that and the time to close; a second
-signal stops them at once. Workers watch the supervisor and stop if it dies.
+signal stops them at once. SIGHUP replaces the workers one at a time with fresh processes (new code,
+`.env` read again), each old one stopped gracefully once its successor listens, which it tells the
+supervisor through a pipe. Workers watch the supervisor and stop if it dies.
 Each of these events is logged. Workers share state only through Redis (FEDRESEARCH_REDIS_URL).
 """
 
@@ -35,6 +37,7 @@ _YOUNG_S = 10.0  # a worker that dies younger than this counts toward the backof
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before replacing a worker that died young
 _CLOSING_S = 15.0  # after a worker's tasks: aiohttp's shutdown_timeout (10 s), closing the library
 _TICK_S = 0.1
+_READY_S = 120.0  # how long a worker's successor (SIGHUP) may take to listen: its library opens first
 
 
 def bind(host: str, port: int, balance: Balance) -> socket.socket:
@@ -61,6 +64,26 @@ class _Worker:
 
 
 @dataclass
+class _Successor:
+    """A fresh process started to take a worker's place (SIGHUP); the worker's own stops once it
+    listens."""
+
+    worker: _Worker
+    process: subprocess.Popen[bytes]
+    ready: int  # the read end of the pipe it writes a byte to once it listens
+    started: float
+
+
+@dataclass
+class _Retiring:
+    """A replaced worker's process, finishing its tasks."""
+
+    number: int
+    process: subprocess.Popen[bytes]
+    since: float
+
+
+@dataclass
 class Supervisor:
     command: list[str]
     count: int
@@ -68,16 +91,24 @@ class Supervisor:
     grace_s: float = 25.0  # SHUTDOWN_GRACE_S: how long a stopping worker's tasks may run on
     workers: list[_Worker] = field(default_factory=list)
     stopping: int = 0  # signals received
+    reload_asked: bool = False
+    to_replace: list[_Worker] = field(default_factory=list)
+    successor: _Successor | None = None
+    retiring: list[_Retiring] = field(default_factory=list)
 
     def run(self) -> int:
         """Keep `count` workers running until a signal says stop; then stop them. The exit status."""
         self.workers = [_Worker(number) for number in range(1, self.count + 1)]
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_reload)
         while not self.stopping:
             now = time.monotonic()
             for worker in self.workers:
-                self._tend(worker, now)
+                if self.successor is None or worker is not self.successor.worker:
+                    self._tend(worker, now)
+            self._replace_next(now)
+            self._reap_retiring(now)
             time.sleep(_TICK_S)
         return self._stop_all()
 
@@ -89,6 +120,9 @@ class Supervisor:
         else:
             log.warning("supervisor: %s received again, killing the workers now", name)
             self._signal_all(signal.SIGKILL)
+
+    def _on_reload(self, number: int, _: FrameType | None) -> None:
+        self.reload_asked = True
 
     def _tend(self, worker: _Worker, now: float) -> None:
         process = worker.process
@@ -110,33 +144,123 @@ class Supervisor:
             worker.started, worker.restart_at = now, None
             log.info("supervisor: worker %d started (pid %d)", worker.number, worker.process.pid)
 
+    def _replace_next(self, now: float) -> None:
+        """SIGHUP: one worker at a time, a fresh process (the code and `.env` as they are now) takes
+        its place, and the old one stops gracefully only once the new one listens, so the port
+        always has its workers and no running task is cut; a successor that dies or does not listen
+        in time stops the reload, the running workers staying."""
+        if self.reload_asked:
+            self.reload_asked = False
+            self.to_replace = list(self.workers)  # a second SIGHUP starts over: the code changed again
+            log.info("supervisor: SIGHUP received, replacing the %d workers one at a time", self.count)
+        successor = self.successor
+        if successor is None:
+            if self.to_replace:
+                self._start_successor(self.to_replace.pop(0), now)
+            return
+        worker, process = successor.worker, successor.process
+        try:
+            ready = os.read(successor.ready, 1)
+        except BlockingIOError:
+            ready = None
+        old = worker.process
+        if ready:
+            if old is not None and old.poll() is None:
+                old.send_signal(signal.SIGTERM)
+                self.retiring.append(_Retiring(worker.number, old, now))
+                done = f"pid {old.pid} stops gracefully"
+            else:  # it died meanwhile: its successor is its replacement
+                done = f"pid {old.pid} {_how_it_ended(old.returncode)}" if old is not None else "it had none running"
+            log.info("supervisor: worker %d replaced: pid %d listens, %s", worker.number, process.pid, done)
+            worker.process, worker.started, worker.young_deaths, worker.restart_at = process, now, 0, None
+        elif ready == b"" or process.poll() is not None or now - successor.started > _READY_S:
+            alive = process.poll() is None
+            if alive:
+                process.kill()
+            process.wait()
+            waited = now - successor.started
+            why = (
+                f"did not listen in {waited:.0f} s"
+                if alive
+                else f"{_how_it_ended(process.returncode)} before it listened"
+            )
+            log.error(
+                "supervisor: reload stopped: worker %d's successor (pid %d) %s; the running workers stay",
+                worker.number,
+                process.pid,
+                why,
+            )
+            self.to_replace.clear()
+        else:
+            return
+        os.close(successor.ready)
+        self.successor = None
+
+    def _start_successor(self, worker: _Worker, now: float) -> None:
+        ready, told = os.pipe()
+        os.set_blocking(ready, False)
+        try:
+            command = [*self.command, "--ready-fd", str(told)]
+            process = subprocess.Popen(command, pass_fds=(*self.pass_fds, told), process_group=0)
+        except BaseException:
+            os.close(ready)
+            raise
+        finally:
+            os.close(told)
+        self.successor = _Successor(worker, process, ready, now)
+        log.info("supervisor: worker %d's successor started (pid %d)", worker.number, process.pid)
+
+    def _reap_retiring(self, now: float) -> None:
+        allowed = self.grace_s + _CLOSING_S
+        for old in list(self.retiring):
+            if old.process.poll() is None and now - old.since > allowed:
+                log.warning(
+                    "supervisor: replaced worker %d (pid %d) still running after %g s: killed",
+                    old.number,
+                    old.process.pid,
+                    allowed,
+                )
+                old.process.kill()
+                old.process.wait()
+            if old.process.poll() is not None:
+                log.info(
+                    "supervisor: replaced worker %d (pid %d) %s",
+                    old.number,
+                    old.process.pid,
+                    _how_it_ended(old.process.returncode),
+                )
+                self.retiring.remove(old)
+
+    def _processes(self) -> list[tuple[int, subprocess.Popen[bytes]]]:
+        """Every process started and not yet reaped: the workers, a successor, replaced ones."""
+        running = [(worker.number, worker.process) for worker in self.workers if worker.process is not None]
+        if self.successor is not None:
+            running.append((self.successor.worker.number, self.successor.process))
+        return running + [(old.number, old.process) for old in self.retiring]
+
     def _signal_all(self, sig: signal.Signals) -> None:
-        for worker in self.workers:
-            if worker.process is not None and worker.process.poll() is None:
-                worker.process.send_signal(sig)
+        for _, process in self._processes():
+            if process.poll() is None:
+                process.send_signal(sig)
 
     def _stop_all(self) -> int:
         self._signal_all(signal.SIGTERM)
         allowed = self.grace_s + _CLOSING_S
         deadline = time.monotonic() + allowed
-        for worker in self.workers:
-            process = worker.process
-            if process is None:
-                continue
+        for number, process in self._processes():
             try:
                 process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("supervisor: worker %d (pid %d) still running after %g s: killed", *_who(worker), allowed)
+                log.warning(
+                    "supervisor: worker %d (pid %d) still running after %g s: killed", number, process.pid, allowed
+                )
                 process.kill()
                 process.wait()
-            log.info("supervisor: worker %d (pid %d) %s", *_who(worker), _how_it_ended(process.returncode))
+            log.info("supervisor: worker %d (pid %d) %s", number, process.pid, _how_it_ended(process.returncode))
+        if self.successor is not None:
+            os.close(self.successor.ready)
         log.info("supervisor: stopped")
         return 0
-
-
-def _who(worker: _Worker) -> tuple[int, int]:
-    assert worker.process is not None
-    return worker.number, worker.process.pid
 
 
 def _how_it_ended(status: int | None) -> str:
