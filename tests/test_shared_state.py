@@ -160,7 +160,9 @@ async def test_a_killed_holders_lease_lapses(redis_url):
         while (await leases.take("tasks:held", 1))[0] is None:
             assert time.monotonic() - started < 10, "a dead holder's lease never lapsed"
             await asyncio.sleep(0.1)
+        renewing = leases._renewing
         await leases.close()
+        assert renewing is not None and renewing.done()  # stopped before the client closes, not after
         await leases.redis.aclose()
     finally:
         holder.kill()

@@ -348,7 +348,8 @@ class Leases:
                     log.warning("could not renew leases on %s in Redis: %s", name, error)
 
     async def close(self) -> None:
-        if self._renewing is not None:
-            self._renewing.cancel()
+        # waited for, not only cancelled: a renewal under way would reach a client closed after this
+        await cancelled(self._renewing)
+        self._renewing = None
         if self._releasing:
             await asyncio.wait(self._releasing, timeout=_TIMEOUT_S)
