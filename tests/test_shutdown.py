@@ -5,6 +5,7 @@ exits."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +50,29 @@ def server_env(tmp_path: Path, fakes: dict[str, Any], port: int, grace_s: float)
     }
 
 
-async def started(server: subprocess.Popen[bytes], port: int) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            return
-        except OSError:
-            assert time.monotonic() < deadline and server.poll() is None, "server did not start"
-            await asyncio.sleep(0.1)
+@contextlib.asynccontextmanager
+async def serving(
+    tmp_path: Path, fakes: dict[str, Any], grace_s: float
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], int]]:
+    """`python server.py` with SHUTDOWN_GRACE_S = `grace_s`, and its port, once it answers; killed
+    after the block should it still run."""
+    port = free_port()
+    env = server_env(tmp_path, fakes, port, grace_s)
+    server = subprocess.Popen([sys.executable, "server.py"], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "server did not start"
+                await asyncio.sleep(0.1)
+        yield server, port
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
 
 
 async def until_closed(ws: websockets.ClientConnection) -> tuple[list[dict[str, Any]], int | None]:
@@ -71,11 +87,7 @@ async def until_closed(ws: websockets.ClientConnection) -> tuple[list[dict[str, 
 
 async def test_sigterm_tells_clients_and_exits(tmp_path, fakes):
     fakes["tavily"].behaviour.delay_s = 30
-    port = free_port()
-    env = server_env(tmp_path, fakes, port, grace_s=1)
-    server = subprocess.Popen([sys.executable, "server.py"], cwd=ROOT, env=env, stderr=subprocess.PIPE)
-    try:
-        await started(server, port)
+    async with serving(tmp_path, fakes, grace_s=1) as (server, port):
         async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
             await ws.send("start " + json.dumps({"task": "slow", "headers": {"retrievers": "tavily"}}))
             while not fakes["tavily"].requests:
@@ -95,10 +107,6 @@ async def test_sigterm_tells_clients_and_exits(tmp_path, fakes):
         assert server.stderr is not None
         log = server.stderr.read().decode()
         assert "1 of 1 tasks still running after 1 s (SHUTDOWN_GRACE_S)" in log, log
-    finally:
-        if server.poll() is None:
-            server.kill()
-        server.wait()
 
 
 async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path, fakes):
@@ -106,15 +114,7 @@ async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path,
     socket, while an idle socket is closed at once (its client reconnects to a server that stays)
     and the port takes no new connection."""
     fakes["tavily"].behaviour.delay_s = 3
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "server.py"],
-        cwd=ROOT,
-        env=server_env(tmp_path, fakes, port, grace_s=30),
-        stderr=subprocess.PIPE,
-    )
-    try:
-        await started(server, port)
+    async with serving(tmp_path, fakes, grace_s=30) as (server, port):
         url = f"ws://127.0.0.1:{port}/ws"
         async with websockets.connect(url) as busy, websockets.connect(url) as idle:
             for ws in (busy, idle):
@@ -142,10 +142,6 @@ async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path,
         log = server.stderr.read().decode()
         assert "no new tasks; 1 running may finish, for 30 s at most" in log
         assert "the 1 running tasks finished" in log
-    finally:
-        if server.poll() is None:
-            server.kill()
-        server.wait()
 
 
 async def test_a_stopping_server_refuses_new_tasks_with_503(tmp_path, fakes, start_server):

@@ -99,6 +99,20 @@ async def socket_on_each(ws_url: str, pids: set[int]) -> dict[int, websockets.Cl
     raise AssertionError(f"60 connections never reached every worker: {set(held)} of {pids}")
 
 
+def supervised_env(tmp_path: Path, redis_url: str, tavily: FakeTavily) -> dict[str, str]:
+    return {
+        **os.environ,
+        "FEDRESEARCH_DATA_DIR": str(tmp_path / "data"),
+        "FEDRESEARCH_REDIS_URL": redis_url,
+        "FEDRESEARCH_API_KEYS": "",
+        "FEDRESEARCH_EMBEDDINGS": "false",
+        "TAVILY_API_KEY": FakeTavily.api_key,
+        "TAVILY_API_BASE_URL": tavily.url,
+        "RETRIEVER_TIMEOUT_S": "20",
+        "FETCH_PAGES": "false",
+    }
+
+
 async def finish(ws: websockets.ClientConnection) -> str:
     """How the task on `ws` ends: `path` (its report came) or `closed`."""
     try:
@@ -113,18 +127,7 @@ async def finish(ws: websockets.ClientConnection) -> str:
 async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_url):
     tavily = await FakeTavily().start()
     tavily.behaviour.delay_s = 2.0
-    env = {
-        **os.environ,
-        "FEDRESEARCH_DATA_DIR": str(tmp_path / "data"),
-        "FEDRESEARCH_REDIS_URL": redis_url,
-        "FEDRESEARCH_API_KEYS": "",
-        "FEDRESEARCH_EMBEDDINGS": "false",
-        "TAVILY_API_KEY": FakeTavily.api_key,
-        "TAVILY_API_BASE_URL": tavily.url,
-        "RETRIEVER_TIMEOUT_S": "20",
-        "FETCH_PAGES": "false",
-    }
-    server = Supervised(tmp_path, env)
+    server = Supervised(tmp_path, supervised_env(tmp_path, redis_url, tavily))
     try:
         port = int((await server.logged(r"2 workers on http://127\.0\.0\.1:(\d+)"))[0].group(1))
         url = f"http://127.0.0.1:{port}"
@@ -212,18 +215,7 @@ async def test_sighup_replaces_the_workers_one_at_a_time_and_a_broken_successor_
     successor that cannot start (here, a `.env` it refuses) stops the reload: the running workers stay."""
     tavily = await FakeTavily().start()
     tavily.behaviour.delay_s = 2.0
-    env = {
-        **os.environ,
-        "FEDRESEARCH_DATA_DIR": str(tmp_path / "data"),
-        "FEDRESEARCH_REDIS_URL": redis_url,
-        "FEDRESEARCH_API_KEYS": "",
-        "FEDRESEARCH_EMBEDDINGS": "false",
-        "TAVILY_API_KEY": FakeTavily.api_key,
-        "TAVILY_API_BASE_URL": tavily.url,
-        "RETRIEVER_TIMEOUT_S": "20",
-        "FETCH_PAGES": "false",
-    }
-    server = Supervised(tmp_path, env)
+    server = Supervised(tmp_path, supervised_env(tmp_path, redis_url, tavily))
     try:
         port = int((await server.logged(r"2 workers on http://127\.0\.0\.1:(\d+)"))[0].group(1))
         url = f"http://127.0.0.1:{port}"
