@@ -109,10 +109,12 @@ async def test_sigterm_tells_clients_and_exits(tmp_path, fakes):
         assert "1 of 1 tasks still running after 1 s (SHUTDOWN_GRACE_S)" in log, log
 
 
-async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path, fakes):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path, fakes, stop):
     """A deploy stops a server with tasks running: each goes on to its report and `path`, on its own
     socket, while an idle socket is closed at once (its client reconnects to a server that stays)
-    and the port takes no new connection."""
+    and the port takes no new connection. SIGHUP (`systemctl reload`, a closed terminal), which
+    ended one process at once, stops it so too: only a supervisor can replace its workers."""
     fakes["tavily"].behaviour.delay_s = 3
     async with serving(tmp_path, fakes, grace_s=30) as (server, port):
         url = f"ws://127.0.0.1:{port}/ws"
@@ -123,7 +125,7 @@ async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path,
             await busy.send("start " + json.dumps({"task": "rank fusion", "headers": {"retrievers": "tavily"}}))
             while not fakes["tavily"].requests:
                 await asyncio.sleep(0.05)
-            server.send_signal(signal.SIGTERM)
+            server.send_signal(stop)
             stopped = time.monotonic()
             frames, code = await until_closed(idle)
             assert (frames, code) == ([], 1001)
@@ -142,6 +144,7 @@ async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path,
         log = server.stderr.read().decode()
         assert "no new tasks; 1 running may finish, for 30 s at most" in log
         assert "the 1 running tasks finished" in log
+        assert ("SIGHUP received: one process cannot replace itself" in log) == (stop == signal.SIGHUP)
 
 
 async def test_a_stopping_server_refuses_new_tasks_with_503(tmp_path, fakes, start_server):

@@ -280,6 +280,7 @@ def serve(
     # most), tell clients, then give handlers 10 s at most
     app = create_app(settings)
     app.on_startup.append(_settle)
+    app.on_startup.append(_stop_on_hangup)
     web.run_app(app, host=host, port=port or settings.port, **_run_options())
 
 
@@ -298,6 +299,16 @@ def serve_worker(
         web.run_app(app, sock=socket.socket(fileno=listen_fd), **options)
     else:
         web.run_app(app, host=host, port=port, reuse_port=True, **options)
+
+
+async def _stop_on_hangup(app: web.Application) -> None:
+    # SIGHUP (`systemctl reload`, a closed terminal) ended the process at once, every task cut
+    # without a word: stop as on SIGTERM instead
+    def hangup() -> None:
+        log.warning("SIGHUP received: one process cannot replace itself (serve --workers 2 can): stopping")
+        raise web.GracefulExit()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hangup)
 
 
 async def _settle(app: web.Application) -> None:
