@@ -160,3 +160,21 @@ async def test_a_stopping_server_refuses_new_tasks_with_503(tmp_path, fakes, sta
         frames = await run_task(ws, task)
     assert "takes no new tasks" in error_of(frames)["output"] and frames[-1]["type"] == "path"
     assert not fakes["tavily"].requests
+
+
+async def test_sigterm_lets_a_chat_answer_on_its_way_arrive(tmp_path, fakes):
+    """A chat about a report that searches again (the report does not cover the question) is under
+    way when the server is told to stop: its answer arrives, then 1001."""
+    async with serving(tmp_path, fakes, grace_s=30) as (server, port):
+        async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
+            frames = await run_task(ws, {"task": "rank fusion", "headers": {"retrievers": "tavily"}})
+            assert frames[-1]["type"] == "path"
+            fakes["tavily"].behaviour.delay_s = 3
+            await ws.send("chat " + json.dumps({"message": "zebra migration patterns in the serengeti"}))
+            while len(fakes["tavily"].requests) < 2:
+                await asyncio.sleep(0.05)
+            server.send_signal(signal.SIGTERM)
+            frames, code = await until_closed(ws)
+        assert [frame["type"] for frame in frames] == ["chat"] and code == 1001
+        assert frames[0]["metadata"]["searched"] is True
+        assert await asyncio.to_thread(server.wait, 15) == 0

@@ -26,8 +26,8 @@ from fedresearch.web.task_slots import TaskSlots
 
 class OpenSocket(Protocol):
     async def drain(self, grace_s: float) -> None:
-        """The server is stopping: send the rest of the job followed, for `grace_s` at most; then,
-        unless still following it, close."""
+        """The server is stopping: send the rest of the job followed, and a chat's answer on its way,
+        for `grace_s` at most; then, unless still following the job, close."""
         ...
 
     async def shut_down(self) -> None:

@@ -67,6 +67,7 @@ class ResearchSocket:
         # a job followed to its end whose chat session lives in no memory here (it ran on another
         # worker or host, or ended before `resume`): the session is made from its saved report
         self.chat_about: str | None = None
+        self.answering: asyncio.Future[None] | None = None  # done once the last chat's answer is sent
 
     async def send(self, frame: dict[str, Any]) -> None:
         if self.ws.closed:
@@ -187,19 +188,26 @@ class ResearchSocket:
         message = await self._text_field("chat", payload, "message")
         if message is None:
             return
+        answering = self.answering = asyncio.get_running_loop().create_future()  # a stop waits for it
+        try:
+            await self._answer(message.strip())
+        finally:
+            answering.set_result(None)
+
+    async def _answer(self, message: str) -> None:
         if self.chat_session is None and self.chat_about is not None:
             self.chat_session = await self._saved_chat(self.chat_about)
         if self.chat_session is None:
             content = "Ask a research question first; then chat about its report here."
             await self.send({"type": "chat", "content": content, "role": "assistant", "metadata": None})
             return
-        answer = await self.chat_session.answer(message.strip(), self.app[REGISTRY], self.app[DEPS])
+        answer = await self.chat_session.answer(message, self.app[REGISTRY], self.app[DEPS])
         await self.send({"type": "chat", "content": answer.content, "role": "assistant", "metadata": answer.metadata})
 
     async def drain(self, grace_s: float) -> None:
-        following = self.following
-        if following is not None and not following.done():
-            await asyncio.wait({following}, timeout=grace_s)
+        under_way = {work for work in (self.following, self.answering) if work is not None and not work.done()}
+        if under_way:
+            await asyncio.wait(under_way, timeout=grace_s)
         if not self.busy:
             await self.shut_down()
 
