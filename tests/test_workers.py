@@ -40,6 +40,11 @@ class Supervised:
         for line in self.process.stderr:
             self.lines.append(line)
 
+    async def url(self) -> str:
+        """Where the workers listen, once the supervisor has said its port."""
+        port = int((await self.logged(r"2 workers on http://127\.0\.0\.1:(\d+)"))[0].group(1))
+        return f"http://127.0.0.1:{port}"
+
     async def logged(self, pattern: str, times: int = 1) -> list[re.Match[str]]:
         """The first `times` log lines matching `pattern`, once that many have come."""
         started = time.monotonic()
@@ -129,8 +134,7 @@ async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_
     tavily.behaviour.delay_s = 2.0
     server = Supervised(tmp_path, supervised_env(tmp_path, redis_url, tavily))
     try:
-        port = int((await server.logged(r"2 workers on http://127\.0\.0\.1:(\d+)"))[0].group(1))
-        url = f"http://127.0.0.1:{port}"
+        url = await server.url()
         pids = await pids_answering(url, 2)
         assert server.process.pid not in pids
         sockets = await socket_on_each(url.replace("http", "ws") + "/ws", pids)
@@ -217,8 +221,7 @@ async def test_sighup_replaces_the_workers_one_at_a_time_and_a_broken_successor_
     tavily.behaviour.delay_s = 2.0
     server = Supervised(tmp_path, supervised_env(tmp_path, redis_url, tavily))
     try:
-        port = int((await server.logged(r"2 workers on http://127\.0\.0\.1:(\d+)"))[0].group(1))
-        url = f"http://127.0.0.1:{port}"
+        url = await server.url()
         before = await pids_answering(url, 2)
         async with websockets.connect(url.replace("http", "ws") + "/ws") as ws:
             await ws.send("start " + json.dumps({"task": "rank fusion on reload", "headers": {"retrievers": "tavily"}}))

@@ -180,8 +180,8 @@ async def _let_tasks_finish(app: web.Application) -> None:
     started = time.monotonic()
     open_sockets = app[SOCKETS]
     draining = [socket.drain(grace) for socket in list(open_sockets)]
-    waiting = asyncio.wait(running, timeout=grace) if running else asyncio.sleep(0)
-    await asyncio.gather(waiting, *draining, return_exceptions=True)
+    waiting = [asyncio.wait(running, timeout=grace)] if running else []
+    await asyncio.gather(*waiting, *draining, return_exceptions=True)
     cut = sum(not task.done() for task in running)
     if cut:
         log.warning("stopping: %d of %d tasks still running after %g s (SHUTDOWN_GRACE_S)", cut, len(running), grace)

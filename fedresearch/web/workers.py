@@ -112,6 +112,11 @@ class Supervisor:
             time.sleep(_TICK_S)
         return self._stop_all()
 
+    @property
+    def stop_allowed_s(self) -> float:
+        """How long a stopping worker may take before it is killed: its tasks' grace, then closing."""
+        return self.grace_s + _CLOSING_S
+
     def _on_signal(self, number: int, _: FrameType | None) -> None:
         self.stopping += 1
         name = signal.Signals(number).name
@@ -211,7 +216,7 @@ class Supervisor:
         log.info("supervisor: worker %d's successor started (pid %d)", worker.number, process.pid)
 
     def _reap_retiring(self, now: float) -> None:
-        allowed = self.grace_s + _CLOSING_S
+        allowed = self.stop_allowed_s
         for old in list(self.retiring):
             if old.process.poll() is None and now - old.since > allowed:
                 log.warning(
@@ -245,7 +250,7 @@ class Supervisor:
 
     def _stop_all(self) -> int:
         self._signal_all(signal.SIGTERM)
-        allowed = self.grace_s + _CLOSING_S
+        allowed = self.stop_allowed_s
         deadline = time.monotonic() + allowed
         for number, process in self._processes():
             try:
