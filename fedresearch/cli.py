@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Literal
 
 from pydantic import ValidationError
 
@@ -23,10 +24,10 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _worker_count(text: str) -> int:
+def _worker_count(text: str) -> int | Literal["auto"]:
     """`--workers`: read as FEDRESEARCH_WORKERS is (a number, or auto)."""
     try:
-        return Settings(FEDRESEARCH_WORKERS=text).worker_count
+        return Settings(FEDRESEARCH_WORKERS=text).workers
     except ValidationError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes (1 or more) or 'auto'") from None
 
@@ -212,7 +213,11 @@ def parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the server")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    serve.add_argument("--workers", type=_worker_count, help="processes sharing the port: a number, or auto (cores)")
+    serve.add_argument(
+        "--workers",
+        type=_worker_count,
+        help="processes sharing the port: a number, or auto (the cores this process may use)",
+    )
     serve.add_argument(
         "--balance",
         choices=("reuseport", "shared"),

@@ -202,13 +202,13 @@ def pids_alive(pids: set[int]) -> set[int]:
 
 
 def test_the_worker_count_is_a_number_or_auto():
-    assert Settings(_env_file=None).worker_count == 1
-    assert Settings(_env_file=None, FEDRESEARCH_WORKERS="auto").worker_count == (os.cpu_count() or 1)
-    assert Settings(_env_file=None, FEDRESEARCH_WORKERS="3").worker_count == 3
+    assert Settings(_env_file=None).workers == 1
+    assert Settings(_env_file=None, FEDRESEARCH_WORKERS="auto").workers == "auto"
+    assert Settings(_env_file=None, FEDRESEARCH_WORKERS="3").workers == 3
     for wrong in ("0", "-2", "many"):
         with pytest.raises(ValidationError):
             Settings(_env_file=None, FEDRESEARCH_WORKERS=wrong)
-    assert parser().parse_args(["serve", "--workers", "auto"]).workers == (os.cpu_count() or 1)
+    assert parser().parse_args(["serve", "--workers", "auto"]).workers == "auto"
     with pytest.raises(SystemExit):
         parser().parse_args(["serve", "--workers", "0"])
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -211,11 +210,6 @@ class Settings(BaseSettings):
         if isinstance(value, str | int) and not isinstance(value, bool) and int(value) < 1:
             raise ValueError("FEDRESEARCH_WORKERS is a number of processes (1 or more) or 'auto'")
         return value
-
-    @property
-    def worker_count(self) -> int:
-        """FEDRESEARCH_WORKERS as a number: `auto` is one per core."""
-        return (os.cpu_count() or 1) if self.workers == "auto" else self.workers
 
     @property
     def reports_dir(self) -> Path:

