@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -211,6 +212,33 @@ def test_the_worker_count_is_a_number_or_auto():
     assert parser().parse_args(["serve", "--workers", "auto"]).workers == "auto"
     with pytest.raises(SystemExit):
         parser().parse_args(["serve", "--workers", "0"])
+
+
+def test_one_process_on_port_0_listens_where_its_log_says(tmp_path):
+    """`serve --port 0` picks a free port, as a supervisor does; one process listened on 8000 instead."""
+    env = {
+        **os.environ,
+        "FEDRESEARCH_DATA_DIR": str(tmp_path / "data"),
+        "FEDRESEARCH_API_KEYS": "",
+        "FEDRESEARCH_EMBEDDINGS": "false",
+    }
+    command = [sys.executable, "-m", "fedresearch", "serve", "--port", "0"]
+    server = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr is not None
+        for line in server.stderr:
+            if found := re.search(r"Running on http://127\.0\.0\.1:(\d+) ", line):
+                break
+        else:
+            raise AssertionError("the server never said where it listens")
+        port = int(found.group(1))
+        assert port not in (0, 8000)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
+            assert json.load(answer)["pid"] == server.pid
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
+    assert server.returncode == 0
 
 
 async def test_sighup_replaces_the_workers_one_at_a_time_and_a_broken_successor_stops_it(tmp_path, redis_url):

@@ -278,15 +278,19 @@ def serve(
     _prepare(settings, host, with_pid=count > 1)
     if cores is not None:
         log.info("workers auto: %s, for %s", f"{count} workers" if count > 1 else "one process", cores.describe())
+    port = settings.port if port is None else port
     if count > 1:
-        port = settings.port if port is None else port
         raise SystemExit(workers_pool.supervise(host, port, count, balance, settings.shutdown_grace_s))
     # SIGTERM/SIGINT: stop accepting, let running tasks finish (on_shutdown: SHUTDOWN_GRACE_S at
     # most), tell clients, then give handlers 10 s at most
     app = create_app(settings)
     app.on_startup.append(_settle)
     app.on_startup.append(_stop_on_hangup)
-    web.run_app(app, host=host, port=port or settings.port, **_run_options())
+    if port == 0:  # bound here, so that "Running on" names the port the kernel picked, not 0
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        web.run_app(app, sock=socket.create_server((host, 0), family=family), **_run_options())
+    else:
+        web.run_app(app, host=host, port=port, **_run_options())
 
 
 def serve_worker(
