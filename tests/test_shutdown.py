@@ -106,15 +106,21 @@ async def test_sigterm_tells_clients_and_exits(tmp_path, fakes):
         assert fakes["tavily"].cancelled == 1
         assert server.stderr is not None
         log = server.stderr.read().decode()
-        assert "1 of 1 tasks still running after 1 s (SHUTDOWN_GRACE_S)" in log, log
+        assert "1 of 1 tasks still running after 1 s: stopped" in log, log
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path, fakes, stop):
+@pytest.mark.parametrize(
+    "stops",
+    [[signal.SIGTERM], [signal.SIGHUP], [signal.SIGTERM, signal.SIGTERM]],
+    ids=["SIGTERM", "SIGHUP", "SIGTERM-twice"],
+)
+async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path, fakes, stops):
     """A deploy stops a server with tasks running: each goes on to its report and `path`, on its own
     socket, while an idle socket is closed at once (its client reconnects to a server that stays)
     and the port takes no new connection. SIGHUP (`systemctl reload`, a closed terminal), which
-    ended one process at once, stops it so too: only a supervisor can replace its workers."""
+    ended one process at once, stops it so too: only a supervisor can replace its workers. SIGTERM
+    twice (systemd and `pkill` signal every process of a service, and a supervisor its workers too)
+    changes nothing: the second ended the process mid-drain, its task cut without a word."""
     fakes["tavily"].behaviour.delay_s = 6  # the idle socket closes long before the task ends
     async with serving(tmp_path, fakes, grace_s=30) as (server, port):
         url = f"ws://127.0.0.1:{port}/ws"
@@ -125,9 +131,11 @@ async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path,
             await busy.send("start " + json.dumps({"task": "rank fusion", "headers": {"retrievers": "tavily"}}))
             while not fakes["tavily"].requests:
                 await asyncio.sleep(0.05)
-            server.send_signal(stop)
+            server.send_signal(stops[0])
             stopped = time.monotonic()
             frames, code = await until_closed(idle)
+            for again in stops[1:]:
+                server.send_signal(again)
             assert (frames, code) == ([], 1001)
             assert time.monotonic() - stopped < 4, "the idle socket waited for the running task"
             with pytest.raises(OSError):  # the port is closed: a balancer sends the next task elsewhere
@@ -142,16 +150,41 @@ async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path,
         assert time.monotonic() - stopped < 20
         assert server.stderr is not None
         log = server.stderr.read().decode()
-        assert "no new tasks; 1 running may finish, for 30 s at most" in log
+        assert "no new tasks; 1 running may finish, for 30 s at most (SHUTDOWN_GRACE_S)" in log
         assert "the 1 running tasks finished" in log
-        assert ("SIGHUP received: one process cannot replace itself" in log) == (stop == signal.SIGHUP)
+        assert ("SIGHUP received: one process cannot replace itself" in log) == (stops[0] == signal.SIGHUP)
+        assert ("SIGTERM again: already stopping" in log) == (len(stops) > 1)
+
+
+async def test_a_second_sigint_stops_the_running_tasks_at_once(tmp_path, fakes):
+    """Ctrl-C lets the running tasks finish; Ctrl-C again stops them now, each client told, the
+    socket closed with 1001 and the process exiting cleanly (aiohttp ended it mid-drain instead)."""
+    fakes["tavily"].behaviour.delay_s = 30
+    async with serving(tmp_path, fakes, grace_s=30) as (server, port):
+        async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
+            await ws.send("start " + json.dumps({"task": "slow", "headers": {"retrievers": "tavily"}}))
+            while not fakes["tavily"].requests:
+                await asyncio.sleep(0.05)
+            server.send_signal(signal.SIGINT)
+            await asyncio.sleep(1.0)
+            assert server.poll() is None  # the task may still finish
+            server.send_signal(signal.SIGINT)
+            stopped = time.monotonic()
+            frames, code = await until_closed(ws)
+        assert code == 1001
+        assert any(f.get("type") == "error" and "shutting down" in f["output"] for f in frames)
+        assert await asyncio.to_thread(server.wait, 15) == 0
+        assert time.monotonic() - stopped < 12
+        assert server.stderr is not None
+        log = server.stderr.read().decode()
+        assert "SIGINT again: stopping the running tasks now" in log, log
 
 
 async def test_a_stopping_server_refuses_new_tasks_with_503(tmp_path, fakes, start_server):
     """Between SIGTERM and its exit a server may still read a task (a request under way): it refuses
     it, saying why, with 503 over REST, so that a client or balancer sends it to another server."""
     server = await start_server(make_settings(tmp_path, fakes))
-    server.app[STOPPING].set()
+    server.app[STOPPING].begin("a test")
     task = {"task": "rank fusion", "headers": {"retrievers": "tavily"}}
     async with aiohttp.ClientSession() as session, session.post(f"{server.url}/report/", json=task) as response:
         assert response.status == 503

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from fedresearch.cli import parser
 from fedresearch.core.settings import Settings
 from tests.fakes import FakeTavily
+from tests.test_shutdown import until_closed
 
 STARTUP_S = 90  # two fresh interpreters on a loaded 2-core machine
 
@@ -130,6 +131,39 @@ async def finish(ws: websockets.ClientConnection) -> str:
     return "closed"
 
 
+async def test_a_stop_during_a_reload_gives_retiring_workers_the_shutdown_grace(tmp_path, redis_url):
+    """A worker retired by a reload lets its task run on to its end; the whole service stopped
+    meanwhile (SIGTERM), the task gets SHUTDOWN_GRACE_S from then, as on every worker, so that an
+    orchestrator's grace still holds: its client is told, and the supervisor exits."""
+    tavily = await FakeTavily().start()
+    tavily.behaviour.delay_s = 50.0
+    env = {**supervised_env(tmp_path, redis_url, tavily), "SHUTDOWN_GRACE_S": "1", "RETRIEVER_TIMEOUT_S": "55"}
+    server = Supervised(tmp_path, env)
+    try:
+        url = await server.url()
+        await pids_answering(url, 2)
+        async with websockets.connect(url.replace("http", "ws") + "/ws") as ws:
+            await ws.send("start " + json.dumps({"task": "a long one", "headers": {"retrievers": "tavily"}}))
+            while not tavily.requests:
+                await asyncio.sleep(0.05)
+            server.process.send_signal(signal.SIGHUP)
+            await server.logged(r"replaced: pid \d+ listens, pid \d+ retires", times=2)
+            await asyncio.sleep(2.0)  # past the grace: the retiring worker's task goes on
+            assert not tavily.cancelled
+            server.process.send_signal(signal.SIGTERM)
+            stopped = time.monotonic()
+            frames, code = await until_closed(ws)
+        assert code == 1001
+        assert any(f.get("type") == "error" and "shutting down" in f["output"] for f in frames), frames
+        assert await asyncio.to_thread(server.process.wait, 60) == 0
+        assert time.monotonic() - stopped < 20
+        await server.logged(r"SIGTERM while retiring: the running tasks may finish for 1 s at most")
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+        await tavily.stop()
+
+
 async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_url):
     tavily = await FakeTavily().start()
     tavily.behaviour.delay_s = 2.0
@@ -163,13 +197,17 @@ async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_
         await server.logged(rf"worker \d \(pid {victim}\) was killed by SIGKILL")
         replacement = int((await server.logged(r"worker \d started \(pid (\d+)\)", times=3))[2].group(1))
         assert await pids_answering(url, 2) == {survivor, replacement}
-        # a deploy: SIGTERM with a task running; its worker takes no new one, but lets it finish
+        # a deploy: SIGTERM with a task running; its worker takes no new one, but lets it finish. As
+        # systemd stops a unit (KillMode=control-group) and `pkill` does, every process gets SIGTERM,
+        # and the supervisor sends its own: a worker's second one ended it mid-drain, its task cut
         async with websockets.connect(url.replace("http", "ws") + "/ws") as ws:
             asked = len(tavily.requests)
             await ws.send("start " + json.dumps({**task, "task": "rank fusion at scale"}))  # not cached
             while len(tavily.requests) == asked:
                 await asyncio.sleep(0.05)
             server.process.send_signal(signal.SIGTERM)
+            for pid in (survivor, replacement):
+                os.kill(pid, signal.SIGTERM)
             assert await finish(ws) == "path"
         assert await asyncio.to_thread(server.process.wait, 60) == 0
         await server.logged(r"the 1 running tasks finished")
@@ -243,11 +281,12 @@ def test_one_process_on_port_0_listens_where_its_log_says(tmp_path):
 
 async def test_sighup_replaces_the_workers_one_at_a_time_and_a_broken_successor_stops_it(tmp_path, redis_url):
     """`kill -HUP` (a deploy of new code, a changed `.env`): each worker gives way to a fresh process
-    only once that one listens, and finishes its running task; the port answers all along. A
-    successor that cannot start (here, a `.env` it refuses) stops the reload: the running workers stay."""
+    only once that one listens, and finishes its running task, however long past SHUTDOWN_GRACE_S
+    (no one waits on a replaced worker); the port answers all along. A successor that cannot start
+    (here, a `.env` it refuses) stops the reload: the running workers stay."""
     tavily = await FakeTavily().start()
-    tavily.behaviour.delay_s = 2.0
-    server = Supervised(tmp_path, supervised_env(tmp_path, redis_url, tavily))
+    tavily.behaviour.delay_s = 5.0
+    server = Supervised(tmp_path, {**supervised_env(tmp_path, redis_url, tavily), "SHUTDOWN_GRACE_S": "1"})
     try:
         url = await server.url()
         before = await pids_answering(url, 2)
@@ -269,6 +308,7 @@ async def test_sighup_replaces_the_workers_one_at_a_time_and_a_broken_successor_
                     assert server.process.poll() is None
             assert await ending == "path"  # the task under way finished on its old worker
         assert answered > 0 and refused == 0
+        await server.logged(r"no new tasks; 1 running may finish, for 65 s at most \(TASK_TIMEOUT_S\)")
         await server.logged(r"replaced worker \d \(pid \d+\) exited with status 0", times=2)
         after = await pids_answering(url, 2)
         assert after.isdisjoint(before) and not pids_alive(before)

@@ -75,6 +75,7 @@ from fedresearch.web.keys import (
     OpenSocket,
 )
 from fedresearch.web.state import open_state
+from fedresearch.web.stopping import Stopping, handle_signals, retire_s
 
 log = logging.getLogger("fedresearch")
 
@@ -170,22 +171,25 @@ def _announce_stranded(app: web.Application, job: Job) -> None:
 async def _let_tasks_finish(app: web.Application) -> None:
     """SIGTERM (a deploy, a restart): take no new tasks, and let those running here (a socket's, a
     REST or MCP caller's) go on to their reports, each socket getting every frame of the job it
-    follows, for SHUTDOWN_GRACE_S at most; a socket following nothing closes at once (1001), so
-    its client reconnects to a server that stays, and one whose job has ended closes then. Whatever
-    still runs after the grace, `_close_sockets` and `stop_jobs` stop."""
-    app[STOPPING].set()
-    grace = app[SETTINGS].shutdown_grace_s
+    follows, for SHUTDOWN_GRACE_S at most (a worker retired by a reload: until any task could end;
+    `web/stopping.py`); a socket following nothing closes at once (1001), so its client reconnects
+    to a server that stays, and one whose job has ended closes then. Whatever still runs after the
+    grace, `_close_sockets` and `stop_jobs` stop."""
+    stopping = app[STOPPING]
+    grace = stopping.start_clock()
+    setting = "TASK_TIMEOUT_S" if stopping.retiring else "SHUTDOWN_GRACE_S"
     running = [live.task for live in app[LIVE_JOBS].values()]
     if running:
-        log.info("stopping: no new tasks; %d running may finish, for %g s at most", len(running), grace)
+        log.info("stopping: no new tasks; %d running may finish, for %g s at most (%s)", len(running), grace, setting)
     started = time.monotonic()
     open_sockets = app[SOCKETS]
     draining = [socket.drain(grace) for socket in list(open_sockets)]
-    waiting = [asyncio.wait(running, timeout=grace)] if running else []
-    await asyncio.gather(*waiting, *draining, return_exceptions=True)
+    waiting = [asyncio.wait(running)] if running else []
+    await stopping.wait(asyncio.gather(*waiting, *draining, return_exceptions=True))
     cut = sum(not task.done() for task in running)
     if cut:
-        log.warning("stopping: %d of %d tasks still running after %g s (SHUTDOWN_GRACE_S)", cut, len(running), grace)
+        waited = time.monotonic() - started
+        log.warning("stopping: %d of %d tasks still running after %.0f s: stopped", cut, len(running), waited)
     elif running:
         log.info("stopping: the %d running tasks finished, in %.1f s", len(running), time.monotonic() - started)
 
@@ -222,7 +226,7 @@ def create_app(
     app[LIVE_JOBS] = {}
     app[RETENTION_PACE] = RetentionPace(settings.report_max_per_user)
     app[BACKGROUND] = set()
-    app[STOPPING] = asyncio.Event()
+    app[STOPPING] = Stopping(settings.shutdown_grace_s, retire_s(settings.shutdown_grace_s, settings.task_timeout_s))
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(tasks.retention_sweeps)  # after _resources: it reads the job store
     app.cleanup_ctx.append(reports.leftover_sweeps)
@@ -280,12 +284,14 @@ def serve(
         log.info("workers auto: %s, for %s", f"{count} workers" if count > 1 else "one process", cores.describe())
     port = settings.port if port is None else port
     if count > 1:
-        raise SystemExit(workers_pool.supervise(host, port, count, balance, settings.shutdown_grace_s))
+        grace_s = settings.shutdown_grace_s
+        retiring_s = retire_s(grace_s, settings.task_timeout_s)
+        raise SystemExit(workers_pool.supervise(host, port, count, balance, grace_s, retiring_s))
     # SIGTERM/SIGINT: stop accepting, let running tasks finish (on_shutdown: SHUTDOWN_GRACE_S at
     # most), tell clients, then give handlers 10 s at most
     app = create_app(settings)
     app.on_startup.append(_settle)
-    app.on_startup.append(_stop_on_hangup)
+    app.on_startup.append(handle_signals(app[STOPPING], hangup="stop"))
     if port == 0:  # bound here, so that "Running on" names the port the kernel picked, not 0
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         web.run_app(app, sock=socket.create_server((host, 0), family=family), **_run_options())
@@ -303,21 +309,12 @@ def serve_worker(
     app = create_app(settings)
     app.cleanup_ctx.append(_watching(supervisor))
     app.on_startup.append(_settle)
+    app.on_startup.append(handle_signals(app[STOPPING], hangup="retire"))
     options = _run_options(ready_fd)
     if listen_fd is not None:
         web.run_app(app, sock=socket.socket(fileno=listen_fd), **options)
     else:
         web.run_app(app, host=host, port=port, reuse_port=True, **options)
-
-
-async def _stop_on_hangup(app: web.Application) -> None:
-    # SIGHUP (`systemctl reload`, a closed terminal) ended the process at once, every task cut
-    # without a word: stop as on SIGTERM instead
-    def hangup() -> None:
-        log.warning("SIGHUP received: one process cannot replace itself (serve --workers 2 can): stopping")
-        raise web.GracefulExit()
-
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hangup)
 
 
 async def _settle(app: web.Application) -> None:

@@ -21,6 +21,7 @@ from fedresearch.knowledge.bases import KnowledgeBase
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.jobs import JobStore, RetentionPace
 from fedresearch.report.llm import LlmClients
+from fedresearch.web.stopping import Stopping
 from fedresearch.web.task_slots import TaskSlots
 
 
@@ -62,5 +63,5 @@ SHARED_REDIS = web.AppKey[SharedRedis | None]("shared_redis")
 JOBS = web.AppKey[JobStore]("jobs")
 RETENTION_PACE = web.AppKey("retention_pace", RetentionPace)
 LIVE_JOBS = web.AppKey[dict[str, LiveJob]]("live_jobs")
-STOPPING = web.AppKey("stopping", asyncio.Event)  # set on SIGTERM: no new tasks, running ones finish
+STOPPING = web.AppKey("stopping", Stopping)  # begun on SIGTERM: no new tasks, running ones finish
 BACKGROUND = web.AppKey[set[asyncio.Task[object]]]("background")  # webhooks, retention: awaited at shutdown

@@ -357,7 +357,7 @@ async def start_job(
     refusal: Failure | None = None
     slot = None
     try:
-        if app[STOPPING].is_set():
+        if app[STOPPING].begun:
             raise RequestError(_STOPPING)
         admitted = _admit(app, principal, request)
         slot = await _take_slot(app, principal.key_id)

@@ -11,8 +11,9 @@ while replacements keep dying young. SIGTERM or SIGINT to the supervisor stops t
 gracefully (each lets its running tasks finish, for SHUTDOWN_GRACE_S at most, and tells its clients,
 as one server does) and SIGKILLs any still running after that and the time to close; a second
 signal stops them at once. SIGHUP replaces the workers one at a time with fresh processes (new code,
-`.env` read again), each old one stopped gracefully once its successor listens, which it tells the
-supervisor through a pipe. Workers watch the supervisor and stop if it dies.
+`.env` read again), each old one retired (SIGHUP: it takes nothing new and lets every running task
+reach its end, TASK_TIMEOUT_S at most, web/stopping.py) once its successor listens, which it tells
+the supervisor through a pipe. Workers watch the supervisor and stop if it dies.
 Each of these events is logged. Workers share state only through Redis (FEDRESEARCH_REDIS_URL).
 """
 
@@ -89,6 +90,7 @@ class Supervisor:
     count: int
     pass_fds: tuple[int, ...] = ()
     grace_s: float = 25.0  # SHUTDOWN_GRACE_S: how long a stopping worker's tasks may run on
+    retire_s: float = 65.0  # and a replaced one's: until any of them could end (web/stopping.py)
     workers: list[_Worker] = field(default_factory=list)
     stopping: int = 0  # signals received
     reload_asked: bool = False
@@ -116,6 +118,11 @@ class Supervisor:
     def stop_allowed_s(self) -> float:
         """How long a stopping worker may take before it is killed: its tasks' grace, then closing."""
         return self.grace_s + _CLOSING_S
+
+    @property
+    def retire_allowed_s(self) -> float:
+        """The same for a worker replaced in a reload (SIGHUP), whose tasks may all run to their end."""
+        return self.retire_s + _CLOSING_S
 
     def _on_signal(self, number: int, _: FrameType | None) -> None:
         self.stopping += 1
@@ -171,9 +178,9 @@ class Supervisor:
         old = worker.process
         if ready:
             if old is not None and old.poll() is None:
-                old.send_signal(signal.SIGTERM)
+                old.send_signal(signal.SIGHUP)  # retire: take nothing new, let every task end
                 self.retiring.append(_Retiring(worker.number, old, now))
-                done = f"pid {old.pid} stops gracefully"
+                done = f"pid {old.pid} retires once its tasks end"
             else:  # it died meanwhile: its successor is its replacement
                 done = f"pid {old.pid} {_how_it_ended(old.returncode)}" if old is not None else "it had none running"
             log.info("supervisor: worker %d replaced: pid %d listens, %s", worker.number, process.pid, done)
@@ -216,7 +223,7 @@ class Supervisor:
         log.info("supervisor: worker %d's successor started (pid %d)", worker.number, process.pid)
 
     def _reap_retiring(self, now: float) -> None:
-        allowed = self.stop_allowed_s
+        allowed = self.retire_allowed_s
         for old in list(self.retiring):
             if old.process.poll() is None and now - old.since > allowed:
                 log.warning(
@@ -284,13 +291,14 @@ def worker_command(host: str, port: int, balance: Balance, listen_fd: int | None
     return command
 
 
-def supervise(host: str, port: int, count: int, balance: Balance, grace_s: float) -> int:
+def supervise(host: str, port: int, count: int, balance: Balance, grace_s: float, retire_s: float) -> int:
     """Bind the port, run `count` workers on it until told to stop; the exit status."""
     listener = bind(host, port, balance)
     port = listener.getsockname()[1]
     log.info("supervisor (pid %d): %d workers on http://%s:%d, balanced by %s", os.getpid(), count, host, port, balance)
     fds = (listener.fileno(),) if balance == "shared" else ()
     try:
-        return Supervisor(worker_command(host, port, balance, listener.fileno()), count, fds, grace_s).run()
+        command = worker_command(host, port, balance, listener.fileno())
+        return Supervisor(command, count, fds, grace_s, retire_s).run()
     finally:
         listener.close()

@@ -1,0 +1,117 @@
+"""How a server process stops: from the first signal on it takes no new task, and the running ones
+may go on to their reports until a deadline, which a later signal may bring forward but never push
+back.
+
+- SIGTERM (a deploy, a restart) and SIGINT: `SHUTDOWN_GRACE_S`, which an orchestrator's own grace
+  (Kubernetes' 30 s) must hold.
+- SIGHUP to a worker, sent by its supervisor once a successor listens (a reload): the worker retires
+  and every running task may reach its end (`TASK_TIMEOUT_S`, then its last frames), since no one
+  waits on the old process; a SIGTERM meanwhile (the whole service stopping) brings the deadline to
+  `SHUTDOWN_GRACE_S` from then. SIGHUP to one process alone stops it as SIGTERM does.
+- SIGTERM again changes nothing: systemd's default `KillMode=control-group` and `pkill` send it to
+  the supervisor and every worker at once, and the supervisor sends its own, so each worker gets two;
+  the second, read as aiohttp reads it, ended the process mid-drain, every task cut without a word to
+  its client. SIGINT again (a second Ctrl-C) stops the running tasks at once, their clients told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+from aiohttp import web
+
+log = logging.getLogger("fedresearch")
+
+# after TASK_TIMEOUT_S a task still sends its error, its `path` and its job's end
+_LAST_FRAMES_S = 5.0
+
+
+def retire_s(grace_s: float, task_timeout_s: float) -> float:
+    """How long a retiring worker's tasks may run on: long enough for any of them to end."""
+    return max(grace_s, task_timeout_s + _LAST_FRAMES_S)
+
+
+class Stopping:
+    """A process's stop: whether it has begun, and until when its running tasks may go on."""
+
+    def __init__(self, grace_s: float, retire_s: float) -> None:
+        self.grace_s = grace_s
+        self.retire_s = retire_s
+        self.why: str | None = None  # what began the stop
+        self.retiring = False
+        self.deadline: float | None = None  # time.monotonic(), once the running tasks are waited for
+        self._moved = asyncio.Event()
+
+    @property
+    def begun(self) -> bool:
+        return self.why is not None
+
+    def begin(self, why: str, retiring: bool = False) -> None:
+        if self.why is None:
+            self.why, self.retiring = why, retiring
+
+    def start_clock(self) -> float:
+        """The running tasks are waited for from now: the grace they get."""
+        self.begin("shutdown")
+        grace = self.retire_s if self.retiring else self.grace_s
+        end = time.monotonic() + grace
+        self.deadline = end if self.deadline is None else min(self.deadline, end)  # hurried already
+        return grace
+
+    def hurry(self, within_s: float) -> None:
+        """The running tasks may go on for `within_s` more at most."""
+        if self.deadline is None or time.monotonic() + within_s < self.deadline:
+            self.deadline = time.monotonic() + within_s
+            self._moved.set()
+
+    async def wait(self, work: Awaitable[object]) -> bool:
+        """Wait for `work` until the deadline, as it moves; cancel it then. Whether it finished."""
+        finishing = asyncio.ensure_future(work)
+        while not finishing.done():
+            remaining = (self.deadline or time.monotonic()) - time.monotonic()
+            if remaining <= 0:
+                break
+            self._moved.clear()
+            moved = asyncio.ensure_future(self._moved.wait())
+            await asyncio.wait({finishing, moved}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            moved.cancel()
+        if finishing.done():
+            return True
+        finishing.cancel()
+        await asyncio.gather(finishing, return_exceptions=True)
+        return False
+
+
+def handle_signals(
+    stopping: Stopping, hangup: Literal["stop", "retire"]
+) -> Callable[[web.Application], Awaitable[None]]:
+    """An on_startup hook putting these signals in place of aiohttp's, which ends the process at every
+    SIGTERM and SIGINT, the second one mid-drain. `hangup`: what SIGHUP does."""
+
+    async def install(app: web.Application) -> None:
+        def on_signal(number: int) -> None:
+            name = signal.Signals(number).name
+            if not stopping.begun:
+                if number == signal.SIGHUP and hangup == "stop":
+                    log.warning("SIGHUP received: one process cannot replace itself (serve --workers 2 can): stopping")
+                stopping.begin(name, retiring=number == signal.SIGHUP and hangup == "retire")
+                raise web.GracefulExit()
+            if number == signal.SIGINT:
+                log.warning("SIGINT again: stopping the running tasks now")
+                stopping.hurry(0.0)
+            elif number == signal.SIGTERM and stopping.retiring:
+                log.info("SIGTERM while retiring: the running tasks may finish for %g s at most", stopping.grace_s)
+                stopping.hurry(stopping.grace_s)
+            else:
+                log.info("%s again: already stopping", name)
+
+        loop = asyncio.get_running_loop()
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(number, on_signal, number)
+
+    return install
