@@ -120,11 +120,15 @@ async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path,
     and the port takes no new connection. SIGHUP (`systemctl reload`, a closed terminal), which
     ended one process at once, stops it so too: only a supervisor can replace its workers. SIGTERM
     twice (systemd and `pkill` signal every process of a service, and a supervisor its workers too)
-    changes nothing: the second ended the process mid-drain, its task cut without a word."""
+    changes nothing: the second ended the process mid-drain, its task cut without a word. The busy
+    client pings every second, as the websockets library does every 20 s: the server stopped
+    reading every connection before it waited for the task, so the pongs never came and the client
+    dropped the socket of a task still finishing."""
     fakes["tavily"].behaviour.delay_s = 6  # the idle socket closes long before the task ends
     async with serving(tmp_path, fakes, grace_s=30) as (server, port):
         url = f"ws://127.0.0.1:{port}/ws"
-        async with websockets.connect(url) as busy, websockets.connect(url) as idle:
+        keepalive = {"ping_interval": 1.0, "ping_timeout": 1.0}
+        async with websockets.connect(url, **keepalive) as busy, websockets.connect(url) as idle:
             for ws in (busy, idle):
                 await ws.send("ping")
                 assert await ws.recv() == "pong"

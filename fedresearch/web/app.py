@@ -11,7 +11,7 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import aiohttp
 from aiohttp import web
@@ -176,6 +176,8 @@ async def _let_tasks_finish(app: web.Application) -> None:
     to a server that stays, and one whose job has ended closes then. Whatever still runs after the
     grace, `_close_sockets` and `stop_jobs` stop."""
     stopping = app[STOPPING]
+    if stopping.waiting:
+        return  # waited for already, before aiohttp's shutdown (`serve_until_stopped`)
     grace = stopping.start_clock()
     setting = "TASK_TIMEOUT_S" if stopping.retiring else "SHUTDOWN_GRACE_S"
     running = [live.task for live in app[LIVE_JOBS].values()]
@@ -287,16 +289,16 @@ def serve(
         grace_s = settings.shutdown_grace_s
         retiring_s = retire_s(grace_s, settings.task_timeout_s)
         raise SystemExit(workers_pool.supervise(host, port, count, balance, grace_s, retiring_s))
-    # SIGTERM/SIGINT: stop accepting, let running tasks finish (on_shutdown: SHUTDOWN_GRACE_S at
-    # most), tell clients, then give handlers 10 s at most
     app = create_app(settings)
     app.on_startup.append(_settle)
-    app.on_startup.append(handle_signals(app[STOPPING], hangup="stop"))
-    if port == 0:  # bound here, so that "Running on" names the port the kernel picked, not 0
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        web.run_app(app, sock=socket.create_server((host, 0), family=family), **_run_options())
-    else:
-        web.run_app(app, host=host, port=port, **_run_options())
+
+    def sites(runner: web.AppRunner) -> list[web.BaseSite]:
+        if port == 0:  # bound here, so that "Running on" names the port the kernel picked, not 0
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            return [web.SockSite(runner, socket.create_server((host, 0), family=family))]
+        return [web.TCPSite(runner, host, port)]
+
+    asyncio.run(serve_until_stopped(app, sites, hangup="stop"))
 
 
 def serve_worker(
@@ -309,12 +311,44 @@ def serve_worker(
     app = create_app(settings)
     app.cleanup_ctx.append(_watching(supervisor))
     app.on_startup.append(_settle)
-    app.on_startup.append(handle_signals(app[STOPPING], hangup="retire"))
-    options = _run_options(ready_fd)
-    if listen_fd is not None:
-        web.run_app(app, sock=socket.socket(fileno=listen_fd), **options)
-    else:
-        web.run_app(app, host=host, port=port, reuse_port=True, **options)
+
+    def sites(runner: web.AppRunner) -> list[web.BaseSite]:
+        if listen_fd is not None:
+            return [web.SockSite(runner, socket.socket(fileno=listen_fd))]
+        return [web.TCPSite(runner, host, port, reuse_port=True)]
+
+    asyncio.run(serve_until_stopped(app, sites, hangup="retire", ready_fd=ready_fd))
+
+
+async def serve_until_stopped(
+    app: web.Application,
+    sites: Callable[[web.AppRunner], list[web.BaseSite]],
+    hangup: Literal["stop", "retire"],
+    ready_fd: int | None = None,
+) -> None:
+    """Serve `app` on `sites` until a signal (`web/stopping.py`); then close the listeners, so that
+    new connections go to the workers that stay, let the running tasks finish while every open
+    connection is still read (pings answered, a chat asked), and only then shut down as aiohttp
+    does: it stops reading every connection first, then runs `on_shutdown` (sockets closed, what
+    still runs stopped), then gives handlers 10 s at most. `ready_fd` is written to once listening."""
+    handle_signals(app[STOPPING], hangup)
+    # keys sent as ?token= must not reach the access log
+    runner = web.AppRunner(app, handle_signals=False, access_log_class=RedactingAccessLogger, shutdown_timeout=10)
+    await runner.setup()
+    try:
+        listening = sites(runner)
+        for site in listening:
+            await site.start()
+        log.info("======== Running on %s ========", ", ".join(sorted(site.name for site in listening)))
+        if ready_fd is not None:
+            os.write(ready_fd, b"1")
+            os.close(ready_fd)
+        await app[STOPPING].asked.wait()
+        for site in listening:
+            await site.stop()
+        await _let_tasks_finish(app)
+    finally:
+        await runner.cleanup()
 
 
 async def _settle(app: web.Application) -> None:
@@ -331,20 +365,6 @@ def _prepare(settings: Settings, host: str, with_pid: bool, warn: bool = True) -
         raise SystemExit(refusal)
     if warn and not keys.enabled:
         log.warning("no API keys configured (FEDRESEARCH_API_KEYS): listening on %s only", host)
-
-
-def _run_options(ready_fd: int | None = None) -> dict[str, Any]:
-    def listening(text: str) -> None:  # aiohttp says "Running on …" once every site listens
-        log.info(text.strip())
-        if ready_fd is not None:
-            os.write(ready_fd, b"1")
-            os.close(ready_fd)
-
-    return {
-        "shutdown_timeout": 10,
-        "access_log_class": RedactingAccessLogger,  # keys sent as ?token= must not reach the log
-        "print": listening,
-    }
 
 
 def _watching(supervisor: int) -> Callable[[web.Application], AsyncIterator[None]]:

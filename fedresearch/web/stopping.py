@@ -12,6 +12,12 @@ back.
   the supervisor and every worker at once, and the supervisor sends its own, so each worker gets two;
   the second, read as aiohttp reads it, ended the process mid-drain, every task cut without a word to
   its client. SIGINT again (a second Ctrl-C) stops the running tasks at once, their clients told.
+
+The running tasks are waited for with the listeners closed but every connection still read
+(`app.serve_until_stopped`): aiohttp's own shutdown stops reading every connection before its
+`on_shutdown` hooks run, so a drain there answered no ping, and a client's keepalive (the websockets
+library's: a ping every 20 s, 20 s for its pong) or aiohttp's own heartbeat dropped the socket of a
+task still finishing.
 """
 
 from __future__ import annotations
@@ -20,10 +26,8 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Literal
-
-from aiohttp import web
 
 log = logging.getLogger("fedresearch")
 
@@ -44,7 +48,9 @@ class Stopping:
         self.retire_s = retire_s
         self.why: str | None = None  # what began the stop
         self.retiring = False
-        self.deadline: float | None = None  # time.monotonic(), once the running tasks are waited for
+        self.deadline: float | None = None  # time.monotonic(): the running tasks are cut then
+        self.waiting = False  # the running tasks are waited for (or were)
+        self.asked = asyncio.Event()  # set by the first signal
         self._moved = asyncio.Event()
 
     @property
@@ -54,10 +60,12 @@ class Stopping:
     def begin(self, why: str, retiring: bool = False) -> None:
         if self.why is None:
             self.why, self.retiring = why, retiring
+            self.asked.set()
 
     def start_clock(self) -> float:
         """The running tasks are waited for from now: the grace they get."""
         self.begin("shutdown")
+        self.waiting = True
         grace = self.retire_s if self.retiring else self.grace_s
         end = time.monotonic() + grace
         self.deadline = end if self.deadline is None else min(self.deadline, end)  # hurried already
@@ -87,31 +95,26 @@ class Stopping:
         return False
 
 
-def handle_signals(
-    stopping: Stopping, hangup: Literal["stop", "retire"]
-) -> Callable[[web.Application], Awaitable[None]]:
-    """An on_startup hook putting these signals in place of aiohttp's, which ends the process at every
-    SIGTERM and SIGINT, the second one mid-drain. `hangup`: what SIGHUP does."""
+def handle_signals(stopping: Stopping, hangup: Literal["stop", "retire"]) -> None:
+    """SIGTERM, SIGINT and SIGHUP begin `stopping` and move its deadline, on the running loop, in
+    place of aiohttp's handlers (which end the process at every SIGTERM and SIGINT, the second one
+    mid-drain). `hangup`: what SIGHUP does."""
 
-    async def install(app: web.Application) -> None:
-        def on_signal(number: int) -> None:
-            name = signal.Signals(number).name
-            if not stopping.begun:
-                if number == signal.SIGHUP and hangup == "stop":
-                    log.warning("SIGHUP received: one process cannot replace itself (serve --workers 2 can): stopping")
-                stopping.begin(name, retiring=number == signal.SIGHUP and hangup == "retire")
-                raise web.GracefulExit()
-            if number == signal.SIGINT:
-                log.warning("SIGINT again: stopping the running tasks now")
-                stopping.hurry(0.0)
-            elif number == signal.SIGTERM and stopping.retiring:
-                log.info("SIGTERM while retiring: the running tasks may finish for %g s at most", stopping.grace_s)
-                stopping.hurry(stopping.grace_s)
-            else:
-                log.info("%s again: already stopping", name)
+    def on_signal(number: int) -> None:
+        name = signal.Signals(number).name
+        if not stopping.begun:
+            if number == signal.SIGHUP and hangup == "stop":
+                log.warning("SIGHUP received: one process cannot replace itself (serve --workers 2 can): stopping")
+            stopping.begin(name, retiring=number == signal.SIGHUP and hangup == "retire")
+        elif number == signal.SIGINT:
+            log.warning("SIGINT again: stopping the running tasks now")
+            stopping.hurry(0.0)
+        elif number == signal.SIGTERM and stopping.retiring:
+            log.info("SIGTERM while retiring: the running tasks may finish for %g s at most", stopping.grace_s)
+            stopping.hurry(stopping.grace_s)
+        else:
+            log.info("%s again: already stopping", name)
 
-        loop = asyncio.get_running_loop()
-        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(number, on_signal, number)
-
-    return install
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(number, on_signal, number)
