@@ -193,7 +193,9 @@ async def _let_tasks_finish(app: web.Application) -> None:
         waited = time.monotonic() - started
         log.warning("stopping: %d of %d tasks still running after %.0f s: stopped", cut, len(running), waited)
     elif running:
-        log.info("stopping: the %d running tasks finished, in %.1f s", len(running), time.monotonic() - started)
+        left = sum(task.cancelled() for task in running)  # a client closing its socket stops its task
+        gone = f" ({left} of them stopped as their clients left)" if left else ""
+        log.info("stopping: the %d running tasks finished, in %.1f s%s", len(running), time.monotonic() - started, gone)
 
 
 async def _close_sockets(app: web.Application) -> None:
