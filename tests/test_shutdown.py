@@ -85,14 +85,27 @@ async def until_closed(ws: websockets.ClientConnection) -> tuple[list[dict[str, 
         return frames, closed.rcvd.code if closed.rcvd else None
 
 
-async def test_sigterm_tells_clients_and_exits(tmp_path, fakes):
+@pytest.mark.parametrize(
+    ("grace_s", "stops"),
+    [(1, [signal.SIGTERM]), (30, [signal.SIGINT, signal.SIGINT])],
+    ids=["grace-over", "SIGINT-twice"],
+)
+async def test_a_task_stopped_at_shutdown_tells_its_client(tmp_path, fakes, grace_s, stops):
+    """A task still running when the grace is over is stopped, its client told, its upstream call
+    cancelled, and the process exits. Ctrl-C twice does so at once: the first lets the running tasks
+    finish, the second stops them (aiohttp ended the process mid-drain instead, its clients told
+    nothing)."""
     fakes["tavily"].behaviour.delay_s = 30
-    async with serving(tmp_path, fakes, grace_s=1) as (server, port):
+    async with serving(tmp_path, fakes, grace_s=grace_s) as (server, port):
         async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
             await ws.send("start " + json.dumps({"task": "slow", "headers": {"retrievers": "tavily"}}))
             while not fakes["tavily"].requests:
                 await asyncio.sleep(0.05)
-            server.send_signal(signal.SIGTERM)
+            server.send_signal(stops[0])
+            for again in stops[1:]:
+                await asyncio.sleep(1.0)
+                assert server.poll() is None  # the task may still finish
+                server.send_signal(again)
             stopped = time.monotonic()
             frames, code = await until_closed(ws)
         assert code == 1001
@@ -107,6 +120,7 @@ async def test_sigterm_tells_clients_and_exits(tmp_path, fakes):
         assert server.stderr is not None
         log = server.stderr.read().decode()
         assert "1 of 1 tasks still running after 1 s: stopped" in log, log
+        assert ("SIGINT again: stopping the running tasks now" in log) == (len(stops) > 1)
 
 
 @pytest.mark.parametrize(
@@ -160,35 +174,11 @@ async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path,
         assert ("SIGTERM again: already stopping" in log) == (len(stops) > 1)
 
 
-async def test_a_second_sigint_stops_the_running_tasks_at_once(tmp_path, fakes):
-    """Ctrl-C lets the running tasks finish; Ctrl-C again stops them now, each client told, the
-    socket closed with 1001 and the process exiting cleanly (aiohttp ended it mid-drain instead)."""
-    fakes["tavily"].behaviour.delay_s = 30
-    async with serving(tmp_path, fakes, grace_s=30) as (server, port):
-        async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
-            await ws.send("start " + json.dumps({"task": "slow", "headers": {"retrievers": "tavily"}}))
-            while not fakes["tavily"].requests:
-                await asyncio.sleep(0.05)
-            server.send_signal(signal.SIGINT)
-            await asyncio.sleep(1.0)
-            assert server.poll() is None  # the task may still finish
-            server.send_signal(signal.SIGINT)
-            stopped = time.monotonic()
-            frames, code = await until_closed(ws)
-        assert code == 1001
-        assert any(f.get("type") == "error" and "shutting down" in f["output"] for f in frames)
-        assert await asyncio.to_thread(server.wait, 15) == 0
-        assert time.monotonic() - stopped < 12
-        assert server.stderr is not None
-        log = server.stderr.read().decode()
-        assert "SIGINT again: stopping the running tasks now" in log, log
-
-
 async def test_a_stopping_server_refuses_new_tasks_with_503(tmp_path, fakes, start_server):
     """Between SIGTERM and its exit a server may still read a task (a request under way): it refuses
     it, saying why, with 503 over REST, so that a client or balancer sends it to another server."""
     server = await start_server(make_settings(tmp_path, fakes))
-    server.app[STOPPING].begin("a test")
+    server.app[STOPPING].begin()
     task = {"task": "rank fusion", "headers": {"retrievers": "tavily"}}
     async with aiohttp.ClientSession() as session, session.post(f"{server.url}/report/", json=task) as response:
         assert response.status == 503

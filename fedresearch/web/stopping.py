@@ -46,7 +46,6 @@ class Stopping:
     def __init__(self, grace_s: float, retire_s: float) -> None:
         self.grace_s = grace_s
         self.retire_s = retire_s
-        self.why: str | None = None  # what began the stop
         self.retiring = False
         self.deadline: float | None = None  # time.monotonic(): the running tasks are cut then
         self.waiting = False  # the running tasks are waited for (or were)
@@ -55,16 +54,16 @@ class Stopping:
 
     @property
     def begun(self) -> bool:
-        return self.why is not None
+        return self.asked.is_set()
 
-    def begin(self, why: str, retiring: bool = False) -> None:
-        if self.why is None:
-            self.why, self.retiring = why, retiring
+    def begin(self, retiring: bool = False) -> None:
+        if not self.begun:
+            self.retiring = retiring
             self.asked.set()
 
     def start_clock(self) -> float:
         """The running tasks are waited for from now: the grace they get."""
-        self.begin("shutdown")
+        self.begin()
         self.waiting = True
         grace = self.retire_s if self.retiring else self.grace_s
         end = time.monotonic() + grace
@@ -77,8 +76,8 @@ class Stopping:
             self.deadline = time.monotonic() + within_s
             self._moved.set()
 
-    async def wait(self, work: Awaitable[object]) -> bool:
-        """Wait for `work` until the deadline, as it moves; cancel it then. Whether it finished."""
+    async def wait(self, work: Awaitable[object]) -> None:
+        """Wait for `work` until the deadline, as it moves; cancel it then."""
         finishing = asyncio.ensure_future(work)
         while not finishing.done():
             remaining = (self.deadline or time.monotonic()) - time.monotonic()
@@ -88,11 +87,9 @@ class Stopping:
             moved = asyncio.ensure_future(self._moved.wait())
             await asyncio.wait({finishing, moved}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             moved.cancel()
-        if finishing.done():
-            return True
-        finishing.cancel()
-        await asyncio.gather(finishing, return_exceptions=True)
-        return False
+        if not finishing.done():
+            finishing.cancel()
+            await asyncio.gather(finishing, return_exceptions=True)
 
 
 def handle_signals(stopping: Stopping, hangup: Literal["stop", "retire"]) -> None:
@@ -105,7 +102,7 @@ def handle_signals(stopping: Stopping, hangup: Literal["stop", "retire"]) -> Non
         if not stopping.begun:
             if number == signal.SIGHUP and hangup == "stop":
                 log.warning("SIGHUP received: one process cannot replace itself (serve --workers 2 can): stopping")
-            stopping.begin(name, retiring=number == signal.SIGHUP and hangup == "retire")
+            stopping.begin(retiring=number == signal.SIGHUP and hangup == "retire")
         elif number == signal.SIGINT:
             log.warning("SIGINT again: stopping the running tasks now")
             stopping.hurry(0.0)
