@@ -131,6 +131,35 @@ async def finish(ws: websockets.ClientConnection) -> str:
     return "closed"
 
 
+async def test_a_reload_reads_the_limits_again_for_the_workers_it_starts(tmp_path, redis_url):
+    """A reload's workers read `.env` again, and so does the supervisor: after TASK_TIMEOUT_S was
+    raised (1 s to 60 s here), a task of 35 s on a new worker retired by the next reload finishes.
+    The supervisor killed it after the limit it had read at its start (1 s of tasks, 15 s to close)."""
+    (tmp_path / ".env").write_text("TASK_TIMEOUT_S=1\nSHUTDOWN_GRACE_S=1\n")
+    tavily = await FakeTavily().start()
+    tavily.behaviour.delay_s = 35.0
+    server = Supervised(tmp_path, {**supervised_env(tmp_path, redis_url, tavily), "RETRIEVER_TIMEOUT_S": "45"})
+    try:
+        url = await server.url()
+        await pids_answering(url, 2)
+        (tmp_path / ".env").write_text("TASK_TIMEOUT_S=60\nSHUTDOWN_GRACE_S=1\n")
+        server.process.send_signal(signal.SIGHUP)
+        await server.logged(r"replaced: pid \d+ listens", times=2)
+        async with websockets.connect(url.replace("http", "ws") + "/ws") as ws:
+            await ws.send("start " + json.dumps({"task": "a long one", "headers": {"retrievers": "tavily"}}))
+            while not tavily.requests:
+                await asyncio.sleep(0.05)
+            server.process.send_signal(signal.SIGHUP)
+            assert await finish(ws) == "path"
+        server.process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(server.process.wait, 60) == 0
+        assert not [line for line in server.lines if "killed" in line], "".join(server.lines)  # nor at exit
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+        await tavily.stop()
+
+
 async def test_a_stop_during_a_reload_gives_retiring_workers_the_shutdown_grace(tmp_path, redis_url):
     """A worker retired by a reload lets its task run on to its end; the whole service stopped
     meanwhile (SIGTERM), the task gets SHUTDOWN_GRACE_S from then, as on every worker, so that an

@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractResolver
 from aiohttp.typedefs import Handler
+from pydantic import ValidationError
 
 from fedresearch.core import collector
 from fedresearch.core.auth import ApiKeys, check_bind
@@ -75,7 +76,7 @@ from fedresearch.web.keys import (
     OpenSocket,
 )
 from fedresearch.web.state import open_state
-from fedresearch.web.stopping import Stopping, handle_signals, retire_s
+from fedresearch.web.stopping import Stopping, handle_signals, ignore_signals, retire_s
 
 log = logging.getLogger("fedresearch")
 
@@ -193,9 +194,7 @@ async def _let_tasks_finish(app: web.Application) -> None:
         waited = time.monotonic() - started
         log.warning("stopping: %d of %d tasks still running after %.0f s: stopped", cut, len(running), waited)
     elif running:
-        left = sum(task.cancelled() for task in running)  # a client closing its socket stops its task
-        gone = f" ({left} of them stopped as their clients left)" if left else ""
-        log.info("stopping: the %d running tasks finished, in %.1f s%s", len(running), time.monotonic() - started, gone)
+        log.info("stopping: the %d running tasks finished, in %.1f s", len(running), time.monotonic() - started)
 
 
 async def _close_sockets(app: web.Application) -> None:
@@ -230,7 +229,7 @@ def create_app(
     app[LIVE_JOBS] = {}
     app[RETENTION_PACE] = RetentionPace(settings.report_max_per_user)
     app[BACKGROUND] = set()
-    app[STOPPING] = Stopping(settings.shutdown_grace_s, retire_s(settings.shutdown_grace_s, settings.task_timeout_s))
+    app[STOPPING] = Stopping(*_stop_limits(settings))
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(tasks.retention_sweeps)  # after _resources: it reads the job store
     app.cleanup_ctx.append(reports.leftover_sweeps)
@@ -288,9 +287,8 @@ def serve(
         log.info("workers auto: %s, for %s", f"{count} workers" if count > 1 else "one process", cores.describe())
     port = settings.port if port is None else port
     if count > 1:
-        grace_s = settings.shutdown_grace_s
-        retiring_s = retire_s(grace_s, settings.task_timeout_s)
-        raise SystemExit(workers_pool.supervise(host, port, count, balance, grace_s, retiring_s))
+        limits = _stop_limits(settings)
+        raise SystemExit(workers_pool.supervise(host, port, count, balance, limits, _stop_limits_now))
     app = create_app(settings)
     app.on_startup.append(_settle)
 
@@ -301,6 +299,20 @@ def serve(
         return [web.TCPSite(runner, host, port)]
 
     asyncio.run(serve_until_stopped(app, sites, hangup="stop"))
+
+
+def _stop_limits(settings: Settings) -> tuple[float, float]:
+    """How long a stopping process's tasks may run on, and a retiring worker's."""
+    return settings.shutdown_grace_s, retire_s(settings.shutdown_grace_s, settings.task_timeout_s)
+
+
+def _stop_limits_now() -> tuple[float, float] | None:
+    """The same as the environment and `.env` say now; None where they are invalid (a worker started
+    now fails, saying why)."""
+    try:
+        return _stop_limits(Settings())
+    except ValidationError:
+        return None
 
 
 def serve_worker(
@@ -351,6 +363,7 @@ async def serve_until_stopped(
         await _let_tasks_finish(app)
     finally:
         await runner.cleanup()
+        ignore_signals()
 
 
 async def _settle(app: web.Application) -> None:

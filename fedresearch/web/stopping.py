@@ -92,6 +92,9 @@ class Stopping:
             await asyncio.gather(finishing, return_exceptions=True)
 
 
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def handle_signals(stopping: Stopping, hangup: Literal["stop", "retire"]) -> None:
     """SIGTERM, SIGINT and SIGHUP begin `stopping` and move its deadline, on the running loop, in
     place of aiohttp's handlers (which end the process at every SIGTERM and SIGINT, the second one
@@ -113,5 +116,15 @@ def handle_signals(stopping: Stopping, hangup: Literal["stop", "retire"]) -> Non
             log.info("%s again: already stopping", name)
 
     loop = asyncio.get_running_loop()
-    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for number in _SIGNALS:
         loop.add_signal_handler(number, on_signal, number)
+
+
+def ignore_signals() -> None:
+    """Once stopped: the loop closing would put back the default actions, and a SIGTERM arriving
+    while the interpreter exits (the supervisor's, sent as the last task ended) killed the process
+    that was exiting cleanly, logged as killed."""
+    loop = asyncio.get_running_loop()
+    for number in _SIGNALS:
+        loop.remove_signal_handler(number)
+        signal.signal(number, signal.SIG_IGN)

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Literal
@@ -91,6 +92,9 @@ class Supervisor:
     pass_fds: tuple[int, ...] = ()
     grace_s: float = 25.0  # SHUTDOWN_GRACE_S: how long a stopping worker's tasks may run on
     retire_s: float = 65.0  # and a replaced one's: until any of them could end (web/stopping.py)
+    # both as the environment and `.env` say at a reload (None: invalid there), which the workers
+    # started then read: a raised TASK_TIMEOUT_S must not have their tasks killed at the next one
+    read_limits: Callable[[], tuple[float, float] | None] | None = None
     workers: list[_Worker] = field(default_factory=list)
     stopping: int = 0  # signals received
     reload_asked: bool = False
@@ -163,6 +167,9 @@ class Supervisor:
         in time stops the reload, the running workers staying."""
         if self.reload_asked:
             self.reload_asked = False
+            limits = self.read_limits() if self.read_limits is not None else None
+            if limits is not None:  # the longest any worker may have been told: old ones still run
+                self.grace_s, self.retire_s = max(self.grace_s, limits[0]), max(self.retire_s, limits[1])
             self.to_replace = list(self.workers)  # a second SIGHUP starts over: the code changed again
             log.info("supervisor: SIGHUP received, replacing the %d workers one at a time", self.count)
         successor = self.successor
@@ -291,14 +298,23 @@ def worker_command(host: str, port: int, balance: Balance, listen_fd: int | None
     return command
 
 
-def supervise(host: str, port: int, count: int, balance: Balance, grace_s: float, retire_s: float) -> int:
-    """Bind the port, run `count` workers on it until told to stop; the exit status."""
+def supervise(
+    host: str,
+    port: int,
+    count: int,
+    balance: Balance,
+    limits: tuple[float, float],
+    read_limits: Callable[[], tuple[float, float] | None] | None = None,
+) -> int:
+    """Bind the port, run `count` workers on it until told to stop; the exit status. `limits`: how long
+    a stopping and a retiring worker's tasks may run on, as the workers started now are told;
+    `read_limits` reads them again at a reload."""
     listener = bind(host, port, balance)
     port = listener.getsockname()[1]
     log.info("supervisor (pid %d): %d workers on http://%s:%d, balanced by %s", os.getpid(), count, host, port, balance)
     fds = (listener.fileno(),) if balance == "shared" else ()
     try:
         command = worker_command(host, port, balance, listener.fileno())
-        return Supervisor(command, count, fds, grace_s, retire_s).run()
+        return Supervisor(command, count, fds, *limits, read_limits=read_limits).run()
     finally:
         listener.close()
