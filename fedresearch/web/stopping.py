@@ -23,6 +23,7 @@ task still finishing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -92,7 +93,8 @@ class Stopping:
             await asyncio.gather(finishing, return_exceptions=True)
 
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Windows has no SIGHUP, and its loop takes no signal handlers: Ctrl-C ends the process there
+_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
 
 
 def handle_signals(stopping: Stopping, hangup: Literal["stop", "retire"]) -> None:
@@ -117,7 +119,8 @@ def handle_signals(stopping: Stopping, hangup: Literal["stop", "retire"]) -> Non
 
     loop = asyncio.get_running_loop()
     for number in _SIGNALS:
-        loop.add_signal_handler(number, on_signal, number)
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(number, on_signal, number)
 
 
 def ignore_signals() -> None:
@@ -126,5 +129,6 @@ def ignore_signals() -> None:
     that was exiting cleanly, logged as killed."""
     loop = asyncio.get_running_loop()
     for number in _SIGNALS:
-        loop.remove_signal_handler(number)
-        signal.signal(number, signal.SIG_IGN)
+        with contextlib.suppress(NotImplementedError):
+            loop.remove_signal_handler(number)
+            signal.signal(number, signal.SIG_IGN)
