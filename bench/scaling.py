@@ -354,6 +354,22 @@ def print_row(workers: int, balance: str, state: str, row: dict[str, Any], base:
     )
 
 
+def warn_unfilled(row: dict[str, Any]) -> None:
+    """The efficiency divides by one worker's tasks/s, which is its capacity only if the closed loop
+    kept its core busy: on a fast 2-core VM, 32 sockets kept one worker with Redis at 73% of a core
+    (each socket waiting on its own task's round trips), and two workers showed 0.65 against 0.82
+    with 128 sockets."""
+    used = row["tasks/s"] * row["CPU ms/task"] / 1000
+    if used >= 0.9:
+        return
+    if row["machine busy"] >= 0.9:
+        why = "the machine was full (the load, or something else, took the rest): the box is the limit"
+    else:
+        why = "the closed loop did not fill it, so the efficiencies below say more about the clients' latency"
+        why += " than the workers; raise --concurrency"
+    print(f"        one worker used {used:.0%} of a core: {why}", flush=True)
+
+
 def main(options: argparse.Namespace) -> None:
     raise_fd_limit()
     if shutil.which("redis-server") is None:
@@ -399,6 +415,8 @@ def main(options: argparse.Namespace) -> None:
                 if workers == 1:
                     base[state] = row["tasks/s"]
                 print_row(workers, balance, state, row, base.get(state, 0.0) if state != "process" else 0.0)
+                if workers == 1 and state != "process":
+                    warn_unfilled(row)
         finally:
             redis.stop()
             if cluster is not None:
