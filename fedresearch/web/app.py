@@ -280,8 +280,11 @@ def serve(
     settings = settings or Settings()
     host = host or settings.host
     chosen = settings.workers if workers is None else workers
-    cores = None if isinstance(chosen, int) else usable_cores()
-    count = cores.usable if cores is not None else int(chosen)
+    if isinstance(chosen, int):
+        cores, count = None, chosen
+    else:
+        cores = usable_cores()
+        count = cores.usable
     _prepare(settings, host, with_pid=count > 1)
     if cores is not None:
         log.info("workers auto: %s, for %s", f"{count} workers" if count > 1 else "one process", cores.describe())
