@@ -1,0 +1,144 @@
+"""The memory a team's workers hold with the embedding model on: this checkout against another,
+side by side in one run.
+
+    python -m bench.worker_memory [--against DIR] [--workers 4] [--queries 200]
+
+For each checkout, `fedresearch serve --workers N` starts on a fresh data dir with embeddings on
+(as a fresh container does), then once more on the same data dir (as a restart or a reload does).
+Each time, once every worker answers, and again after a library ingest (the CLI, a process of its
+own) and `--queries` searches of the literature API (each embeds its question), printed: the
+workers' memory summed over them, PSS (a page shared by several processes counts its share in
+each, so the sum is what they take together), RSS (each counts it whole), their private
+anonymous memory, the highest peak RSS of one worker while it started (VmHWM: what a container's
+memory limit must hold), and the seconds from the start until every worker answered. DIR is
+another checkout (`git worktree add /tmp/old <commit>`), started with this interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.load import ROOT, free_port
+from bench.scaling import wait_for_workers
+
+EXAMPLES = ROOT / "examples" / "library"
+QUESTIONS = [
+    "federated search over several engines",
+    "reciprocal rank fusion of ranked lists",
+    "dense retrieval with sentence embeddings",
+    "citation verification in generated reports",
+    "BM25 term weighting and document length",
+]
+
+
+@dataclass
+class Memory:
+    pss_mb: float
+    rss_mb: float
+    anonymous_mb: float
+    peak_mb: float
+
+
+def memory_of(pids: set[int]) -> Memory:
+    """Summed over the processes, but the peak: the highest one's (/proc/PID/smaps_rollup, status)."""
+    pss = rss = anonymous = peak = 0.0
+    for pid in pids:
+        fields = {}
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+            name, value = line.split(":", 1)
+            fields[name] = int(value.split()[0]) / 1024
+        pss, rss, anonymous = pss + fields["Pss"], rss + fields["Rss"], anonymous + fields["Anonymous"]
+        status = Path(f"/proc/{pid}/status").read_text()
+        peak = max(peak, next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmHWM")))
+    return Memory(pss, rss, anonymous, peak)
+
+
+def start(checkout: Path, data_dir: Path, workers: int) -> tuple[subprocess.Popen[bytes], int, set[int], float]:
+    port = free_port()
+    env = {**os.environ, "FEDRESEARCH_DATA_DIR": str(data_dir), "FEDRESEARCH_EMBEDDINGS": "true"}
+    env.pop("FEDRESEARCH_MODEL_CACHE_DIR", None)
+    env["FEDRESEARCH_API_KEYS"] = ""
+    command = [sys.executable, "-m", "fedresearch", "serve", "--port", str(port), "--workers", str(workers)]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=checkout, env=env, stderr=subprocess.DEVNULL)
+    pids = wait_for_workers(port, workers, process)
+    return process, port, pids, time.perf_counter() - started
+
+
+def ingest(checkout: Path, data_dir: Path) -> None:
+    env = {**os.environ, "FEDRESEARCH_DATA_DIR": str(data_dir), "FEDRESEARCH_EMBEDDINGS": "true"}
+    env.pop("FEDRESEARCH_MODEL_CACHE_DIR", None)
+    command = [sys.executable, "-m", "fedresearch", "ingest", "--user", "bench", str(EXAMPLES)]
+    subprocess.run(command, cwd=checkout, env=env, check=True, capture_output=True)
+
+
+def search(port: int, queries: int) -> None:
+    for number in range(queries):
+        body = {"type": "biblio", "user_id": "bench", "query": QUESTIONS[number % len(QUESTIONS)], "top_k": 10}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/internal/biblios/vector_search/",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:  # a new connection: any worker
+            json.load(answer)
+
+
+def measure(checkout: Path, options: argparse.Namespace) -> list[tuple[str, Memory, float]]:
+    data_dir = Path(tempfile.mkdtemp(prefix="bench-memory-"))
+    rows = []
+    try:
+        for when in ("fresh data dir", "restarted"):
+            process, port, pids, ready_s = start(checkout, data_dir, options.workers)
+            try:
+                rows.append((f"{when}: started", memory_of(pids), ready_s))
+                if when == "fresh data dir":
+                    ingest(checkout, data_dir)
+                search(port, options.queries)
+                rows.append((f"{when}: {options.queries} searches", memory_of(pids), ready_s))
+            finally:
+                process.terminate()
+                process.wait(60)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return rows
+
+
+def main(options: argparse.Namespace) -> None:
+    checkouts = {"this checkout": ROOT}
+    if options.against:
+        checkouts[f"against {options.against.name}"] = options.against.resolve()
+    results = {name: measure(checkout, options) for name, checkout in checkouts.items()}
+    print(f"{options.workers} workers, summed over them (the peak: the highest worker's)")
+    print(f"{'checkout':<22} {'when':<32} {'PSS':>8} {'RSS':>8} {'private':>8} {'peak':>7} {'ready':>6}")
+    for name, rows in results.items():
+        for when, memory, ready_s in rows:
+            print(
+                f"{name:<22} {when:<32} {memory.pss_mb:>6.0f}MB {memory.rss_mb:>6.0f}MB "
+                f"{memory.anonymous_mb:>6.0f}MB {memory.peak_mb:>5.0f}MB {ready_s:>5.1f}s"
+            )
+    if len(results) == 2:
+        ours, theirs = results.values()
+        for (when, mine, my_ready), (_, other, their_ready) in zip(ours, theirs, strict=True):
+            print(
+                f"ratio {when:<32} PSS {mine.pss_mb / other.pss_mb:.2f}, peak {mine.peak_mb / other.peak_mb:.2f}, "
+                f"ready {my_ready / their_ready:.2f}"
+            )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", type=Path)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--queries", type=int, default=200)
+    main(parser.parse_args())
