@@ -18,10 +18,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 import websockets
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from fedresearch.cli import parser
 from fedresearch.core.settings import Settings
+from tests.conftest import run_task
 from tests.fakes import FakeTavily
 from tests.test_shutdown import until_closed
 
@@ -245,6 +247,60 @@ async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_
     finally:
         if server.process.poll() is None:
             server.process.kill()
+        await tavily.stop()
+
+
+async def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """/metrics on a fresh connection (any worker may answer), as sample name and labels to value."""
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+        session.get(url + "/metrics") as response,
+    ):
+        text = await response.text()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+async def test_metrics_count_every_worker_whichever_one_a_scrape_reaches(tmp_path, redis_url):
+    """Under workers a scrape reaches the worker the kernel picks, and each answered with its own
+    counts: a counter jumped between the workers' values from scrape to scrape. Now every scrape
+    reads the sums over the workers; a worker killed keeps its counts in them, and its open sockets
+    leave them."""
+    tavily = await FakeTavily().start()
+    server = Supervised(tmp_path, supervised_env(tmp_path, redis_url, tavily))
+    held: dict[int, websockets.ClientConnection] = {}
+    try:
+        url = await server.url()
+        pids = await pids_answering(url, 2)
+        held = await socket_on_each(url.replace("http", "ws") + "/ws", pids)
+        for number in range(3):  # three tasks on each worker
+            for pid, ws in held.items():
+                task = {"task": f"rank fusion {pid} {number}", "headers": {"retrievers": "tavily"}}
+                assert (await run_task(ws, task))[-1]["type"] == "path"
+        requests = ("fedresearch_retriever_requests_total", (("retriever", "tavily"),))
+        sockets = ("fedresearch_active_sockets", ())
+        for _ in range(6):
+            seen = await scrape(url)
+            assert seen[requests] == 6 and seen[sockets] == 2
+            assert seen[("fedresearch_active_tasks", ())] == 0
+            assert seen[("fedresearch_gc_frozen_objects", ())] > 10_000  # the fewest of either worker
+        victim = sorted(pids)[0]
+        os.kill(victim, signal.SIGKILL)
+        await server.logged(r"worker \d started \(pid \d+\)", times=3)
+        assert len(await pids_answering(url, 2) - pids) == 1  # the replacement answers
+        for _ in range(6):
+            seen = await scrape(url)
+            assert seen[requests] == 6  # counters never go back: the killed worker's stay counted
+            assert seen[sockets] == 1  # its socket is gone with it
+    finally:
+        for ws in held.values():
+            await ws.close()
+        if server.process.poll() is None:
+            server.process.terminate()
+            await asyncio.to_thread(server.process.wait, 60)
         await tavily.stop()
 
 

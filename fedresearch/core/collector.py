@@ -16,59 +16,40 @@ server wants (same load after them: the longest 130-140 ms, 10 full collections)
 
 from __future__ import annotations
 
-import bisect
+import collections
 import gc
 import time
-from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import Histogram
 
 YOUNG_EVERY = 10_000  # container objects allocated, net of those freed, between young collections
 PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)  # seconds
+PUBLISH_S = 5.0  # how often a server process hands its pauses to the histogram every worker's scrape reads
 
 
 class Pauses:
-    """Each generation's collections by duration, counted by a gc callback.
+    """Each collection's generation and duration, noted by a gc callback, until `publish` hands them
+    to the histogram.
 
-    The callback only adds numbers: it runs wherever a collection starts, inside any allocation,
-    so it must take no lock a thread could already hold (prometheus_client's metrics take one)."""
+    The callback only appends to a deque: it runs wherever a collection starts, inside any
+    allocation, so it must take no lock a thread could already hold (prometheus_client's metrics
+    take one, and under workers write to a shared file)."""
 
     def __init__(self) -> None:
-        self.counts = [[0] * (len(PAUSE_BUCKETS) + 1) for _ in range(3)]  # the last: above every bucket
-        self.seconds = [0.0, 0.0, 0.0]
+        self.pending: collections.deque[tuple[int, float]] = collections.deque()
         self._started = 0.0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
             return
-        self.record(info["generation"], time.perf_counter() - self._started)
+        self.pending.append((info["generation"], time.perf_counter() - self._started))
 
-    def record(self, generation: int, took: float) -> None:
-        self.counts[generation][bisect.bisect_left(PAUSE_BUCKETS, took)] += 1  # le: at most the bound
-        self.seconds[generation] += took
-
-
-class PauseMetrics(Collector):
-    """`/metrics`: the pauses as a histogram per generation, and how many objects are frozen."""
-
-    def __init__(self, pauses: Pauses) -> None:
-        self.pauses = pauses
-
-    def collect(self) -> Iterator[GaugeMetricFamily | HistogramMetricFamily]:
-        documentation = "Garbage collections by how long they stopped the process"
-        histogram = HistogramMetricFamily("fedresearch_gc_pause_seconds", documentation, labels=["generation"])
-        for generation in range(3):
-            counts, cumulative, buckets = self.pauses.counts[generation], 0, []
-            for bound, count in zip((*map(str, PAUSE_BUCKETS), "+Inf"), counts, strict=True):
-                cumulative += count
-                buckets.append((bound, cumulative))
-            histogram.add_metric([str(generation)], buckets, self.pauses.seconds[generation])
-        yield histogram
-        frozen = gc.get_freeze_count()
-        yield GaugeMetricFamily("fedresearch_gc_frozen_objects", "Start-up objects collections skip", value=frozen)
+    def publish(self, histogram: Histogram) -> None:
+        while self.pending:
+            generation, took = self.pending.popleft()
+            histogram.labels(str(generation)).observe(took)
 
 
 def settle() -> Pauses:

@@ -1,12 +1,29 @@
-"""Prometheus metrics, one registry per app (so tests and several apps in one process never clash)."""
+"""Prometheus metrics, one registry per app (so tests and several apps in one process never clash).
+
+Under `fedresearch serve --workers N` a scrape reaches whichever worker the kernel picks, and each
+counted only its own: the counters jumped from one worker's count to another's from scrape to
+scrape (read as resets by `rate()`), the gauges were one worker's. The supervisor now names a folder
+in PROMETHEUS_MULTIPROC_DIR, prometheus_client's multiprocess mode, which each worker's client reads
+when imported: every value is kept in a file there per process, and a scrape sums them all. A dead
+worker's counts stay in the sums (counters never go back); its gauges leave them (`livesum`), the
+supervisor telling the client which process died.
+"""
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from fedresearch.core.collector import PAUSE_BUCKETS, Pauses
+
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class Metrics:
     def __init__(self) -> None:
+        self.shared_dir = os.environ.get(MULTIPROCESS_DIR)
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "fedresearch_retriever_requests",
@@ -39,8 +56,46 @@ class Metrics:
             ["retriever"],
             registry=self.registry,
         )
-        self.sockets = Gauge("fedresearch_active_sockets", "Open WebSocket connections", registry=self.registry)
-        self.tasks = Gauge("fedresearch_active_tasks", "Research tasks running", registry=self.registry)
+        self.sockets = Gauge(
+            "fedresearch_active_sockets",
+            "Open WebSocket connections",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.tasks = Gauge(
+            "fedresearch_active_tasks",
+            "Research tasks running",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+
+        self.gc_pauses = Histogram(
+            "fedresearch_gc_pause_seconds",
+            "Garbage collections by how long they stopped the process",
+            ["generation"],
+            buckets=PAUSE_BUCKETS,
+            registry=self.registry,
+        )
+        for generation in "012":  # shown from the start: no full collection yet is worth reading too
+            self.gc_pauses.labels(generation)
+        self.gc_frozen = Gauge(
+            "fedresearch_gc_frozen_objects",
+            "Start-up objects collections skip (the fewest of any worker)",
+            registry=self.registry,
+            multiprocess_mode="livemin",
+        )
+        self.pauses: Pauses | None = None  # the collector's, once a server process has settled
+
+    def publish(self) -> None:
+        """This process's garbage collections since the last time, into the histogram."""
+        if self.pauses is not None:
+            self.pauses.publish(self.gc_pauses)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        """The text a scrape reads: this app's values, or every worker's summed (reads their files)."""
+        self.publish()
+        if self.shared_dir is None:
+            return generate_latest(self.registry)
+        every_worker = CollectorRegistry()
+        MultiProcessCollector(every_worker, self.shared_dir)
+        return generate_latest(every_worker)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import gc
 import logging
 import os
 import signal
@@ -293,7 +295,7 @@ def serve(
         limits = _stop_limits(settings)
         raise SystemExit(workers_pool.supervise(host, port, count, balance, limits, _stop_limits_now))
     app = create_app(settings)
-    app.on_startup.append(_settle)
+    app.cleanup_ctx.append(_settled)
 
     def sites(runner: web.AppRunner) -> list[web.BaseSite]:
         if port == 0:  # bound here, so that "Running on" names the port the kernel picked, not 0
@@ -327,7 +329,7 @@ def serve_worker(
     _prepare(settings, host, with_pid=True, warn=False)
     app = create_app(settings)
     app.cleanup_ctx.append(_watching(supervisor))
-    app.on_startup.append(_settle)
+    app.cleanup_ctx.append(_settled)
 
     def sites(runner: web.AppRunner) -> list[web.BaseSite]:
         if listen_fd is not None:
@@ -369,9 +371,22 @@ async def serve_until_stopped(
         ignore_signals()
 
 
-async def _settle(app: web.Application) -> None:
+async def _settled(app: web.Application) -> AsyncIterator[None]:
     # a server process only: tests build many apps in one process and must not freeze their objects
-    app[METRICS].registry.register(collector.PauseMetrics(collector.settle()))
+    metrics = app[METRICS]
+    metrics.pauses = collector.settle()
+    metrics.gc_frozen.set(gc.get_freeze_count())
+
+    async def publishing() -> None:  # under workers, for the scrapes another worker answers
+        while True:
+            await asyncio.sleep(collector.PUBLISH_S)
+            metrics.publish()
+
+    publisher = asyncio.create_task(publishing())
+    yield
+    publisher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await publisher
 
 
 def _prepare(settings: Settings, host: str, with_pid: bool, warn: bool = True) -> None:

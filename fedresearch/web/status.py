@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -15,7 +16,8 @@ from fedresearch.web.keys import DEPS, METRICS, REGISTRY, SETTINGS, SHARED_REDIS
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[METRICS].exposition(), content_type="text/plain", charset="utf-8")
+    body = await asyncio.to_thread(request.app[METRICS].exposition)  # under workers: a file per process
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -21,15 +21,21 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Literal
+
+from prometheus_client.multiprocess import mark_process_dead
+
+from fedresearch.core.metrics import MULTIPROCESS_DIR
 
 log = logging.getLogger("fedresearch")
 
@@ -95,6 +101,8 @@ class Supervisor:
     # both as the environment and `.env` say at a reload (None: invalid there), which the workers
     # started then read: a raised TASK_TIMEOUT_S must not have their tasks killed at the next one
     read_limits: Callable[[], tuple[float, float] | None] | None = None
+    # where the workers keep their metrics, summed by whichever one a scrape reaches (core/metrics.py)
+    metrics_dir: str | None = None
     workers: list[_Worker] = field(default_factory=list)
     stopping: int = 0  # signals received
     reload_asked: bool = False
@@ -143,6 +151,7 @@ class Supervisor:
     def _tend(self, worker: _Worker, now: float) -> None:
         process = worker.process
         if process is not None and process.poll() is not None:
+            self._reaped(process)
             lived = now - worker.started
             worker.young_deaths = worker.young_deaths + 1 if lived < _YOUNG_S else 0
             delay = min(_BACKOFF_S[1], _BACKOFF_S[0] * 2 ** (worker.young_deaths - 1)) if worker.young_deaths else 0.0
@@ -156,7 +165,7 @@ class Supervisor:
             )
             worker.process, worker.restart_at = None, now + delay
         if worker.process is None and worker.restart_at is not None and now >= worker.restart_at:
-            worker.process = subprocess.Popen(self.command, pass_fds=self.pass_fds, process_group=0)
+            worker.process = subprocess.Popen(self.command, pass_fds=self.pass_fds, process_group=0, env=self._env())
             worker.started, worker.restart_at = now, None
             log.info("supervisor: worker %d started (pid %d)", worker.number, worker.process.pid)
 
@@ -189,6 +198,8 @@ class Supervisor:
                 self.retiring.append(_Retiring(worker.number, old, now))
                 done = f"pid {old.pid} retires once its tasks end"
             else:  # it died meanwhile: its successor is its replacement
+                if old is not None:
+                    self._reaped(old)
                 done = f"pid {old.pid} {_how_it_ended(old.returncode)}" if old is not None else "it had none running"
             log.info("supervisor: worker %d replaced: pid %d listens, %s", worker.number, process.pid, done)
             worker.process, worker.started, worker.young_deaths, worker.restart_at = process, now, 0, None
@@ -197,6 +208,7 @@ class Supervisor:
             if alive:
                 process.kill()
             process.wait()
+            self._reaped(process)
             waited = now - successor.started
             why = (
                 f"did not listen in {waited:.0f} s"
@@ -220,7 +232,7 @@ class Supervisor:
         os.set_blocking(ready, False)
         try:
             command = [*self.command, "--ready-fd", str(told)]
-            process = subprocess.Popen(command, pass_fds=(*self.pass_fds, told), process_group=0)
+            process = subprocess.Popen(command, pass_fds=(*self.pass_fds, told), process_group=0, env=self._env())
         except BaseException:
             os.close(ready)
             raise
@@ -242,6 +254,7 @@ class Supervisor:
                 old.process.kill()
                 old.process.wait()
             if old.process.poll() is not None:
+                self._reaped(old.process)
                 log.info(
                     "supervisor: replaced worker %d (pid %d) %s",
                     old.number,
@@ -249,6 +262,16 @@ class Supervisor:
                     _how_it_ended(old.process.returncode),
                 )
                 self.retiring.remove(old)
+
+    def _env(self) -> dict[str, str] | None:
+        if self.metrics_dir is None:
+            return None
+        return {**os.environ, MULTIPROCESS_DIR: self.metrics_dir}
+
+    def _reaped(self, process: subprocess.Popen[bytes]) -> None:
+        """A worker's process ended: its gauges leave the sums (its counts stay in them)."""
+        if self.metrics_dir is not None:
+            mark_process_dead(process.pid, self.metrics_dir)
 
     def _processes(self) -> list[tuple[int, subprocess.Popen[bytes]]]:
         """Every process started and not yet reaped: the workers, a successor, replaced ones."""
@@ -313,8 +336,10 @@ def supervise(
     port = listener.getsockname()[1]
     log.info("supervisor (pid %d): %d workers on http://%s:%d, balanced by %s", os.getpid(), count, host, port, balance)
     fds = (listener.fileno(),) if balance == "shared" else ()
+    metrics_dir = tempfile.mkdtemp(prefix="fedresearch-metrics-")
     try:
         command = worker_command(host, port, balance, listener.fileno())
-        return Supervisor(command, count, fds, *limits, read_limits=read_limits).run()
+        return Supervisor(command, count, fds, *limits, read_limits=read_limits, metrics_dir=metrics_dir).run()
     finally:
         listener.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
