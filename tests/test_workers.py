@@ -304,6 +304,42 @@ async def test_metrics_count_every_worker_whichever_one_a_scrape_reaches(tmp_pat
         await tavily.stop()
 
 
+async def test_any_worker_answers_an_mcp_client_on_any_connection(tmp_path, redis_url):
+    """An MCP session lived in the memory of the worker that began it: a request on another
+    connection (a pool's new one, a balancer's) reached the other worker half the time, which
+    answered 404. The server is stateless now: every request stands alone."""
+    tavily = await FakeTavily().start()
+    server = Supervised(tmp_path, supervised_env(tmp_path, redis_url, tavily))
+    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"}
+
+    async def post(body: dict[str, object], extra: dict[str, str]) -> tuple[int, str, str | None]:
+        """Status, body and session id of one request on a connection of its own."""
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+            session.post(f"{url}/mcp", json=body, headers={**headers, **extra}) as response,
+        ):
+            return response.status, await response.text(), response.headers.get("Mcp-Session-Id")
+
+    try:
+        url = await server.url()
+        await pids_answering(url, 2)
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}
+        status, _, began = await post({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, {})
+        assert status == 200
+        session = {"Mcp-Session-Id": began} if began else {}  # a stateless server begins none
+        for number in range(12):  # each on a new connection: the kernel picks the worker
+            call = {"jsonrpc": "2.0", "id": 2 + number, "method": "tools/call"}
+            status, text, _ = await post({**call, "params": {"name": "list_retrievers", "arguments": {}}}, session)
+            assert status == 200, text
+            result = json.loads(next(line[6:] for line in text.splitlines() if line.startswith("data: ")))["result"]
+            assert "tavily" in {entry["name"] for entry in result["structuredContent"]["retrievers"]}
+    finally:
+        if server.process.poll() is None:
+            server.process.terminate()
+            await asyncio.to_thread(server.process.wait, 60)
+        await tavily.stop()
+
+
 async def assert_collector_settled(url: str) -> None:
     """A worker froze what start-up made and shows its collections' pauses on /metrics."""
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:

@@ -155,7 +155,9 @@ def build_server(app: web.Application) -> MCPServer:
 @asynccontextmanager
 async def session_manager(app: web.Application) -> AsyncIterator[StreamableHTTPSessionManager]:
     server = build_server(app)
-    manager = StreamableHTTPSessionManager(server._lowlevel_server)
+    # stateless: any worker of `serve --workers N`, or any host behind a balancer, answers any request
+    # (a session lived in the memory of the worker that began it, and the others answered 404)
+    manager = StreamableHTTPSessionManager(server._lowlevel_server, stateless=True)
     ready, stop = asyncio.Event(), asyncio.Event()
 
     # the manager's task group must be entered and left by one task; aiohttp starts and cleans up
