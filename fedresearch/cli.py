@@ -15,11 +15,13 @@ from fedresearch.core.settings import Settings
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from fedresearch.web.app import serve, serve_worker
-
     if args.as_worker is not None:
+        from fedresearch.web.app import serve_worker
+
         serve_worker(Settings(), args.host, args.port, args.as_worker, args.listen_fd, args.ready_fd)
         return 0
+    from fedresearch.web.launch import serve
+
     serve(Settings(), host=args.host, port=args.port, workers=args.workers, balance=args.balance)
     return 0
 

@@ -1,5 +1,6 @@
 """The aiohttp app: its routes, the resources it opens at start (library, HTTP session, registry),
-and `serve`, which refuses to listen beyond loopback without API keys."""
+and the processes that serve it: one alone (`serve_one`) or a supervisor's worker (`serve_worker`),
+as web/launch.py decides."""
 
 from __future__ import annotations
 
@@ -19,11 +20,9 @@ import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractResolver
 from aiohttp.typedefs import Handler
-from pydantic import ValidationError
 
 from fedresearch.core import collector
-from fedresearch.core.auth import ApiKeys, check_bind
-from fedresearch.core.cores import usable_cores
+from fedresearch.core.auth import ApiKeys
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.settings import Settings
 from fedresearch.core.shared import SharedRedis
@@ -52,7 +51,6 @@ from fedresearch.web import (
     tasks,
     webhooks,
 )
-from fedresearch.web import workers as workers_pool
 from fedresearch.web.access_log import RedactingAccessLogger
 from fedresearch.web.auth import json_error
 from fedresearch.web.keys import (
@@ -77,8 +75,9 @@ from fedresearch.web.keys import (
     TASK_SLOTS,
     OpenSocket,
 )
+from fedresearch.web.launch import prepare, stop_limits
 from fedresearch.web.state import open_state
-from fedresearch.web.stopping import Stopping, handle_signals, ignore_signals, retire_s
+from fedresearch.web.stopping import Stopping, handle_signals, ignore_signals
 
 log = logging.getLogger("fedresearch")
 
@@ -231,7 +230,7 @@ def create_app(
     app[LIVE_JOBS] = {}
     app[RETENTION_PACE] = RetentionPace(settings.report_max_per_user)
     app[BACKGROUND] = set()
-    app[STOPPING] = Stopping(*_stop_limits(settings))
+    app[STOPPING] = Stopping(*stop_limits(settings))
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(tasks.retention_sweeps)  # after _resources: it reads the job store
     app.cleanup_ctx.append(reports.leftover_sweeps)
@@ -271,29 +270,8 @@ async def serve_mcp_stdio(settings: Settings | None = None) -> None:
         await runner.cleanup()
 
 
-def serve(
-    settings: Settings | None = None,
-    host: str | None = None,
-    port: int | None = None,
-    workers: int | Literal["auto"] | None = None,
-    balance: workers_pool.Balance = "reuseport",
-) -> None:
-    """One server process, or (`workers` > 1, else FEDRESEARCH_WORKERS) a supervisor and its workers."""
-    settings = settings or Settings()
-    host = host or settings.host
-    chosen = settings.workers if workers is None else workers
-    if isinstance(chosen, int):
-        cores, count = None, chosen
-    else:
-        cores = usable_cores()
-        count = cores.usable
-    _prepare(settings, host, with_pid=count > 1)
-    if cores is not None:
-        log.info("workers auto: %s, for %s", f"{count} workers" if count > 1 else "one process", cores.describe())
-    port = settings.port if port is None else port
-    if count > 1:
-        limits = _stop_limits(settings)
-        raise SystemExit(workers_pool.supervise(host, port, count, balance, limits, _stop_limits_now))
+def serve_one(settings: Settings, host: str, port: int) -> None:
+    """`fedresearch serve` as one process (launch.py decided so): the app, on `port` (0: a free one)."""
     app = create_app(settings)
     app.cleanup_ctx.append(_settled)
 
@@ -306,27 +284,13 @@ def serve(
     asyncio.run(serve_until_stopped(app, sites, hangup="stop"))
 
 
-def _stop_limits(settings: Settings) -> tuple[float, float]:
-    """How long a stopping process's tasks may run on, and a retiring worker's."""
-    return settings.shutdown_grace_s, retire_s(settings.shutdown_grace_s, settings.task_timeout_s)
-
-
-def _stop_limits_now() -> tuple[float, float] | None:
-    """The same as the environment and `.env` say now; None where they are invalid (a worker started
-    now fails, saying why)."""
-    try:
-        return _stop_limits(Settings())
-    except ValidationError:
-        return None
-
-
 def serve_worker(
     settings: Settings, host: str, port: int, supervisor: int, listen_fd: int | None, ready_fd: int | None = None
 ) -> None:
     """One of `serve --workers N`'s processes: the socket its supervisor bound, or its own on the port
     (SO_REUSEPORT); it stops, as on SIGTERM, when the supervisor is gone. `ready_fd` (a worker taking
     another's place) is told once it listens."""
-    _prepare(settings, host, with_pid=True, warn=False)
+    prepare(settings, host, with_pid=True, warn=False)
     app = create_app(settings)
     app.cleanup_ctx.append(_watching(supervisor))
     app.cleanup_ctx.append(_settled)
@@ -387,17 +351,6 @@ async def _settled(app: web.Application) -> AsyncIterator[None]:
     publisher.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await publisher
-
-
-def _prepare(settings: Settings, host: str, with_pid: bool, warn: bool = True) -> None:
-    process = "[%(process)d]" if with_pid else ""
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s{process}: %(message)s")
-    keys = ApiKeys.from_settings(settings)
-    refusal = check_bind(host, keys)
-    if refusal:
-        raise SystemExit(refusal)
-    if warn and not keys.enabled:
-        log.warning("no API keys configured (FEDRESEARCH_API_KEYS): listening on %s only", host)
 
 
 def _watching(supervisor: int) -> Callable[[web.Application], AsyncIterator[None]]:

@@ -1,0 +1,75 @@
+"""`fedresearch serve`: one server process, or a supervisor and its workers (web/workers.py).
+
+Deciding which imports nothing of the app: a supervisor only binds the port and tends processes,
+and the app's imports (the retrievers, the library, the report writer, the MCP and OpenAI SDKs)
+held about 70 MB in it that served nothing. One process imports the app once it knows it is one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from pydantic import ValidationError
+
+from fedresearch.core.auth import ApiKeys, check_bind
+from fedresearch.core.cores import usable_cores
+from fedresearch.core.settings import Settings
+from fedresearch.web import workers as workers_pool
+from fedresearch.web.stopping import retire_s
+
+log = logging.getLogger("fedresearch")
+
+
+def serve(
+    settings: Settings | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    workers: int | Literal["auto"] | None = None,
+    balance: workers_pool.Balance = "reuseport",
+) -> None:
+    """One server process, or (`workers` > 1, else FEDRESEARCH_WORKERS) a supervisor and its workers."""
+    settings = settings or Settings()
+    host = host or settings.host
+    chosen = settings.workers if workers is None else workers
+    if isinstance(chosen, int):
+        cores, count = None, chosen
+    else:
+        cores = usable_cores()
+        count = cores.usable
+    prepare(settings, host, with_pid=count > 1)
+    if cores is not None:
+        log.info("workers auto: %s, for %s", f"{count} workers" if count > 1 else "one process", cores.describe())
+    port = settings.port if port is None else port
+    if count > 1:
+        limits = stop_limits(settings)
+        raise SystemExit(workers_pool.supervise(host, port, count, balance, limits, stop_limits_now))
+    from fedresearch.web.app import serve_one
+
+    serve_one(settings, host, port)
+
+
+def stop_limits(settings: Settings) -> tuple[float, float]:
+    """How long a stopping process's tasks may run on, and a retiring worker's."""
+    return settings.shutdown_grace_s, retire_s(settings.shutdown_grace_s, settings.task_timeout_s)
+
+
+def stop_limits_now() -> tuple[float, float] | None:
+    """The same as the environment and `.env` say now; None where they are invalid (a worker started
+    now fails, saying why)."""
+    try:
+        return stop_limits(Settings())
+    except ValidationError:
+        return None
+
+
+def prepare(settings: Settings, host: str, with_pid: bool, warn: bool = True) -> None:
+    """The log's format, and the refusal to listen beyond this machine without API keys."""
+    process = "[%(process)d]" if with_pid else ""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s{process}: %(message)s")
+    keys = ApiKeys.from_settings(settings)
+    refusal = check_bind(host, keys)
+    if refusal:
+        raise SystemExit(refusal)
+    if warn and not keys.enabled:
+        log.warning("no API keys configured (FEDRESEARCH_API_KEYS): listening on %s only", host)
