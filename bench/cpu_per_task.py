@@ -1,7 +1,7 @@
 """The server's CPU per research task: this checkout against another, side by side in one run.
 
     python -m bench.cpu_per_task --against DIR [--rounds 3] [--seconds 10] [--concurrency 32]
-                                 [--together] [--redis] [--llm]
+                                 [--together] [--redis] [--llm] [--this-env KEY=VALUE ...]
 
 DIR is another checkout of the project (`git worktree add /tmp/old <commit>`), started with the
 interpreter running this bench (`python -m fedresearch serve`, or `python server.py` for checkouts
@@ -17,7 +17,9 @@ the ratios round by round. `--redis`: both servers keep jobs and shared state in
 started here (a database each, emptied before every round), as the workers of a team do.
 `--llm`: the report is written by a model, a fake OpenAI-compatible endpoint in a process of its
 own that answers at once (the first passage's first sentence, cited), so what is measured is the
-server's side of the model's calls.
+server's side of the model's calls. `--this-env KEY=VALUE` (repeatable): this checkout's server
+runs with that in its environment too, e.g. `PROMETHEUS_MULTIPROC_DIR=DIR` as the workers of `serve
+--workers N` do (their metrics in files every worker reads, core/metrics.py).
 """
 
 from __future__ import annotations
@@ -181,6 +183,7 @@ def main(options: argparse.Namespace) -> None:
                 name: env if redis is None else {**env, "FEDRESEARCH_REDIS_URL": f"{redis.url}?db={index}"}
                 for index, name in enumerate(checkouts)
             }
+            envs["this"] = {**envs["this"], **dict(pair.split("=", 1) for pair in options.this_env)}
             if redis is not None:
                 with Redis.from_url(redis.url) as client:
                     client.flushall()  # each round starts from nothing, as the first
@@ -211,6 +214,7 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--redis", action="store_true", help="jobs and shared state in a redis-server started here")
     parser.add_argument("--llm", action="store_true", help="reports written by a fake model answering at once")
+    parser.add_argument("--this-env", action="append", default=[], help="KEY=VALUE for this checkout's server")
     parser.add_argument(
         "--together", action="store_true", help="load both servers at once on one core, not one after the other"
     )
