@@ -121,3 +121,32 @@ def test_env_example_lists_every_setting() -> None:
         if "=" in line and not line.startswith("#")
     }
     assert names == listed
+
+
+_WHAT_A_PROCESS_IMPORTS = """
+import asyncio, sys
+from aiohttp import web
+from fedresearch.core.settings import Settings
+from fedresearch.web import launch, workers
+
+supervisor = "fedresearch.web.app" in sys.modules or "fedresearch.retrievers" in sys.modules
+from fedresearch.web.app import create_app
+
+async def started() -> None:
+    runner = web.AppRunner(create_app(Settings(_env_file=None, FEDRESEARCH_DATA_DIR=sys.argv[1])))
+    await runner.setup()
+    await runner.cleanup()
+
+asyncio.run(started())
+print(supervisor, "openai" in sys.modules)
+"""
+
+
+def test_a_supervisor_imports_no_app_and_a_server_without_a_model_no_openai_sdk(tmp_path: Path) -> None:
+    """What each process holds: the supervisor only tends processes (105 MB when it imported the
+    app, 36 now); a server with no model configured never needs the OpenAI SDK (13 MB a worker)."""
+    env = {**os.environ, "FEDRESEARCH_EMBEDDINGS": "false"}
+    for name in ("LLM_BASE_URL", "LLM_MODEL", "LLM_API_KEY"):
+        env.pop(name, None)
+    done = run([sys.executable, "-c", _WHAT_A_PROCESS_IMPORTS, str(tmp_path / "data")], env=env)
+    assert done.stdout.split() == ["False", "False"]

@@ -12,12 +12,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-
-from openai import AsyncOpenAI
-from openai.types.chat import ChatCompletionMessageParam
+from typing import TYPE_CHECKING
 
 from fedresearch.core.settings import Settings, secret
 from fedresearch.report.evidence import Evidence
+
+if TYPE_CHECKING:  # the SDK is imported by the first client made: a server without a model never
+    # loads it (13 MB a worker)
+    from openai import AsyncOpenAI
+    from openai.types.chat import ChatCompletionMessageParam
 
 _OPEN, _CLOSE = "<think>", "</think>"
 _PASSAGE_CHARS = 900
@@ -62,6 +65,8 @@ class LlmClients:
 
 
 def _new_client(config: LlmConfig) -> AsyncOpenAI:
+    from openai import AsyncOpenAI
+
     return AsyncOpenAI(
         base_url=config.base_url, api_key=config.api_key, timeout=config.timeout_s, max_retries=config.max_retries
     )

@@ -14,12 +14,14 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from openai.types.chat import ChatCompletionMessageParam
+from typing import TYPE_CHECKING
 
 from fedresearch.core.models import FusedResult
 from fedresearch.core.text import STOPWORDS, cjk_bigrams
 from fedresearch.report.llm import LlmConfig, ThinkFilter, WriterFailure, complete
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 _WORDS = re.compile(r"[A-Za-z][A-Za-z0-9\-]+")
 # "1. …", "2) …", "(3) …", "- …", "* …", "• …", "Q4: …", "Sub-question 5: …"
