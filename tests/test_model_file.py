@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -41,6 +42,9 @@ def test_the_first_encoder_writes_the_graph_and_the_next_maps_it_without_buildin
     folders = list(cache.glob("minilm-*"))
     assert len(folders) == 1
     assert sorted(path.name for path in folders[0].iterdir()) == ["model.onnx", "weights.data"]
+    # readable by a server running as another user than the process that wrote it
+    assert stat.S_IMODE(folders[0].stat().st_mode) == 0o755
+    assert {stat.S_IMODE(path.stat().st_mode) for path in folders[0].iterdir()} == {0o644}
 
     def build_again(*args: Any) -> onnx.ModelProto:
         raise AssertionError("the graph was built again")

@@ -91,6 +91,10 @@ def _build(cache_dir: Path, final: Path, build: Callable[[], onnx.ModelProto]) -
                 os.fsync(descriptor)
             finally:
                 os.close(descriptor)
+            # public weights, readable by every user: a server may run as another user than the
+            # `fedresearch ingest` that wrote them (`docker exec` as root)
+            (building / written).chmod(0o644)
+        building.chmod(0o755)
         os.rename(building, final)  # whole or not at all, should this process die while writing
     except OSError:
         if (final / GRAPH).is_file():  # renamed first by a process the lock did not hold back (NFS)
