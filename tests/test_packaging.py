@@ -138,15 +138,16 @@ async def started() -> None:
     await runner.cleanup()
 
 asyncio.run(started())
-print(supervisor, "openai" in sys.modules)
+print(supervisor, "openai" in sys.modules, "mcp" in sys.modules)
 """
 
 
-def test_a_supervisor_imports_no_app_and_a_server_without_a_model_no_openai_sdk(tmp_path: Path) -> None:
+def test_a_supervisor_imports_no_app_and_a_server_no_sdk_it_was_not_asked_for(tmp_path: Path) -> None:
     """What each process holds: the supervisor only tends processes (105 MB when it imported the
-    app, 36 now); a server with no model configured never needs the OpenAI SDK (13 MB a worker)."""
+    app, 36 now); a server with no model configured never needs the OpenAI SDK (13 MB a worker),
+    and one never asked over `/mcp` never needs the MCP SDK (26 MB; tests/test_mcp.py asks)."""
     env = {**os.environ, "FEDRESEARCH_EMBEDDINGS": "false"}
     for name in ("LLM_BASE_URL", "LLM_MODEL", "LLM_API_KEY"):
         env.pop(name, None)
     done = run([sys.executable, "-c", _WHAT_A_PROCESS_IMPORTS, str(tmp_path / "data")], env=env)
-    assert done.stdout.split() == ["False", "False"]
+    assert done.stdout.split() == ["False", "False", "False"]

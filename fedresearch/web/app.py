@@ -42,7 +42,7 @@ from fedresearch.web import (
     documents,
     jobs,
     literature,
-    mcp_server,
+    mcp_http,
     openapi,
     page,
     reports,
@@ -124,13 +124,15 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                     work=work,
                 )
                 made = await _open_jobs(app, state.redis, work)  # its retention pass may announce jobs
+                app[mcp_http.MCP_ENDPOINT] = endpoint = mcp_http.McpEndpoint(app)
                 try:
-                    async with mcp_server.session_manager(app) as manager:
-                        app[mcp_server.MCP_MANAGER] = manager
-                        yield
+                    yield
                 finally:
-                    if made is not None:  # before the shared client closes
-                        await made.close()
+                    try:
+                        await endpoint.close()
+                    finally:
+                        if made is not None:  # before the shared client closes
+                            await made.close()
         finally:
             await pages.close()
             await llm.close()
@@ -255,7 +257,7 @@ def _add_routes(app: web.Application) -> None:
     documents.register(app)
     jobs.register(app)
     for method in ("GET", "POST", "DELETE"):
-        app.router.add_route(method, "/mcp", mcp_server.mcp_http)
+        app.router.add_route(method, "/mcp", mcp_http.mcp_http)
     app.router.add_get("/openapi.json", openapi.openapi_json)
 
 
@@ -265,7 +267,9 @@ async def serve_mcp_stdio(settings: Settings | None = None) -> None:
     runner = web.AppRunner(app)
     await runner.setup()  # opens the library, the HTTP session and the registry; listens nowhere
     try:
-        await mcp_server.build_server(app).run_stdio_async()
+        from fedresearch.web.mcp_server import build_server
+
+        await build_server(app).run_stdio_async()
     finally:
         await runner.cleanup()
 

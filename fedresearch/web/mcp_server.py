@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -31,7 +31,6 @@ from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.federation.runner import federate
 from fedresearch.report.jobs import follow
 from fedresearch.report.store import REPORT_NAME
-from fedresearch.web.auth import principal_of
 from fedresearch.web.keys import DEPS, JOBS, KEYS, REGISTRY, SETTINGS
 from fedresearch.web.reports import saved_reports
 from fedresearch.web.status import retriever_list
@@ -43,8 +42,6 @@ INSTRUCTIONS = (
     "web retrievers. Use `search` for sources, `research` for a cited report, `list_retrievers` to "
     "see what can be searched, `get_report` to read a saved report."
 )
-
-MCP_MANAGER = web.AppKey("mcp_manager", StreamableHTTPSessionManager)
 
 
 def caller(app: web.Application, ctx: Context) -> Principal:
@@ -176,57 +173,3 @@ async def session_manager(app: web.Application) -> AsyncIterator[StreamableHTTPS
     finally:
         stop.set()
         await holder
-
-
-async def mcp_http(request: web.Request) -> web.StreamResponse:
-    """Streamable HTTP: this request handed to the SDK's session manager as ASGI."""
-    principal_of(request)  # refused here with 401 like every other route when the key is wrong
-    response = web.StreamResponse()
-    body_done = asyncio.Event()
-    finished = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        if body_done.is_set():
-            await finished.wait()
-            return {"type": "http.disconnect"}
-        chunk, end = await request.content.readchunk()
-        more = not end and not request.content.at_eof()
-        if not more:
-            body_done.set()
-        return {"type": "http.request", "body": chunk, "more_body": more}
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            response.set_status(message["status"])
-            for name, value in message.get("headers", []):
-                response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
-            await response.prepare(request)
-        elif message["type"] == "http.response.body":
-            await response.write(message.get("body", b""))
-            if not message.get("more_body", False):
-                await response.write_eof()
-
-    try:
-        await request.app[MCP_MANAGER].handle_request(asgi_scope(request), receive, send)
-    finally:
-        finished.set()
-    return response
-
-
-def asgi_scope(request: web.Request) -> dict[str, Any]:
-    sockname = request.transport.get_extra_info("sockname") if request.transport else None
-    host, port = tuple(sockname[:2]) if sockname else ("127.0.0.1", 0)
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": f"{request.version.major}.{request.version.minor}",
-        "method": request.method,
-        "scheme": request.scheme,
-        "path": request.path,
-        "raw_path": request.raw_path.encode(),
-        "query_string": request.query_string.encode(),
-        "root_path": "",
-        "headers": [(name.lower(), value) for name, value in request.raw_headers],
-        "client": (request.remote or "", 0),
-        "server": (host, port),
-    }
