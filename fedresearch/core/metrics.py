@@ -1,8 +1,8 @@
 """Prometheus metrics, one registry per app (so tests and several apps in one process never clash).
 
 Under `fedresearch serve --workers N` a scrape reaches whichever worker the kernel picks, and each
-counted only its own: the counters jumped from one worker's count to another's from scrape to
-scrape (read as resets by `rate()`), the gauges were one worker's. The supervisor now names a folder
+would count only its own: the counters would jump from one worker's count to another's between
+scrapes (read as resets by `rate()`), the gauges be one worker's. So the supervisor names a folder
 in PROMETHEUS_MULTIPROC_DIR, prometheus_client's multiprocess mode, which each worker's client reads
 when imported: every value is kept in a file there per process, and a scrape sums them all. A dead
 worker's counts stay in the sums (counters never go back); its gauges leave them (`livesum`), the
@@ -68,7 +68,6 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="livesum",
         )
-
         self.gc_pauses = Histogram(
             "fedresearch_gc_pause_seconds",
             "Garbage collections by how long they stopped the process",

@@ -1,8 +1,8 @@
 """The encoder's ONNX graph, written once to a folder every process of a host maps from.
 
 Built in memory, the graph and its 90 MB of weights were copied into each process (the weights as
-loaded, the graph holding them, its bytes, ONNX Runtime's own copy): 210 MB more memory a worker,
-0.5 GB at its peak while it started, 0.6 s of CPU. ONNX Runtime maps a model's external data file
+loaded, the graph holding them, its bytes, ONNX Runtime's own copy): 204 MB more memory (PSS) a
+worker, 627 MB at its peak while it started, 0.6 s of CPU. ONNX Runtime maps a model's external data file
 instead, read-only, so every worker on the host shares one copy in the page cache, and only the
 pages a pass touches are read (the word embeddings, half the weights, are mostly never touched).
 The folder's name carries a key of what the graph is built from, so a new model or a changed

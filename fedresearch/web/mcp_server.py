@@ -2,9 +2,10 @@
 `research`, `list_retrievers` and `get_report`, over stdio (`fedresearch mcp`) and streamable
 HTTP at `/mcp` on the same aiohttp server, behind the same API keys.
 
-Over HTTP, the SDK's session manager (an ASGI app) is driven by one ordinary aiohttp route: the key
-is checked there like on every other route, and each tool call checks it again from the request's
-headers, so a tool acts as the key's user. Over stdio the caller is the local user who started it.
+Over HTTP, the SDK's session manager (an ASGI app) is driven by one ordinary aiohttp route
+(web/mcp_http.py, which imports this module at its first request): the key is checked there like on
+every other route, and each tool call checks it again from the request's headers, so a tool acts
+as the key's user. Over stdio the caller is the local user who started it.
 """
 
 from __future__ import annotations
