@@ -9,11 +9,12 @@ onnx_graph.py writes the same pass as an ONNX graph over the same weights.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -32,13 +33,14 @@ _FFN_ROWS = 256
 # tokens: 16 questions padded to the longest one cost 3x their own tokens on MED/CISI questions
 _PADDING_SHARE = 0.25
 _PADDING_SLACK = 8  # tokens: short texts are batched together whatever their ratio
-# A call with a pass over more tokens than this (padded) gives the passes' working memory back when
-# it ends: ONNX Runtime's arena otherwise keeps the most any pass needed, for the life of the
-# process: 256 passages of 200 tokens left a worker 560 MB bigger (an upload, a report's long
-# evidence), where questions (a few dozen tokens) need 2 MB and stay faster on a warm arena (2.7
-# against 3.7 ms when every pass gave it back). Once per call, not per pass: that cost 6-10% of an
-# ingest's CPU.
-_RELEASE_TOKENS = 2048
+# A call that encodes more tokens than this (padded) gives its passes' working memory back when it
+# ends: ONNX Runtime's arena otherwise keeps the most its passes ever took together, for the life
+# of the process. An upload (64 passages a call, 8 a pass) left a worker 270 MB bigger with 2 passes
+# at once, 500 with 4, and a pass per core is the default; a call of 32 long texts a pass, 560.
+# Questions and a report's sentences, small and constant, keep their arena warm (a question took
+# 3.7 ms against 2.7 when every pass gave it back); once per call, not per pass (that cost 6-10% of
+# an ingest's CPU).
+_RELEASE_TOKENS = 4096
 
 
 def default_model_dir() -> Path | None:
@@ -130,6 +132,12 @@ def _onnx_session(model_dir: Path, config: dict[str, Any], threads: int, cache_d
                 log.warning("embedding model: %s would not load (%s); removed, built in memory", graph.parent, error)
                 forget(graph)
     return onnxruntime.InferenceSession(build().SerializeToString(), options, providers=providers)
+
+
+try:  # glibc keeps the heap pages ONNX Runtime frees for its next allocation; this hands them back
+    _MALLOC_TRIM: Callable[[int], int] | None = ctypes.CDLL(None).malloc_trim
+except (OSError, AttributeError, TypeError):  # no glibc (musl, macOS): its allocator decides alone
+    _MALLOC_TRIM = None
 
 
 def _releasing_run() -> Any:
@@ -265,7 +273,7 @@ class Encoder:
             passes = (self._pass([ids[i] for i in batch]) for batch in batches)
         for batch, vectors in zip(batches, passes, strict=True):
             out[batch] = vectors
-        if max(len(batch) * max(len(ids[i]) for i in batch) for batch in batches) > _RELEASE_TOKENS:
+        if sum(len(batch) * max(len(ids[i]) for i in batch) for batch in batches) > _RELEASE_TOKENS:
             self._release()
         return out
 
@@ -277,6 +285,8 @@ class Encoder:
         empty = np.array([self.tokenizer.encode("").ids], dtype=np.int64)
         with self._running:
             self._session.run(None, {"input_ids": empty, "attention_mask": np.ones_like(empty)}, self._releasing)
+        if _MALLOC_TRIM is not None:
+            _MALLOC_TRIM(0)
 
     def _pass(self, texts: list[list[int]]) -> np.ndarray:
         """One forward pass over token ids, padded to the longest."""
