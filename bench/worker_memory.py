@@ -5,8 +5,10 @@ side by side in one run.
 
 For each checkout, `fedresearch serve --workers N` starts on a fresh data dir with embeddings on
 (as a fresh container does), then once more on the same data dir (as a restart or a reload does).
-Each time, once every worker answers, and again after a library ingest (the CLI, a process of its
-own) and `--queries` searches of the literature API (each embeds its question), printed: the
+Each time, once every worker answers, and again after an upload to one of them (`POST
+/api/documents`: the example library and a text of 256 paragraphs of about 250 tokens, which that
+worker reads and embeds) and `--queries` searches of the literature API (each embeds its question),
+printed: the
 workers' memory summed over them, PSS (a page shared by several processes counts its share in
 each, so the sum is what they take together), RSS (each counts it whole), their private
 anonymous memory, the highest peak RSS of one worker while it started (VmHWM: what a container's
@@ -17,6 +19,7 @@ another checkout (`git worktree add /tmp/old <commit>`), started with this inter
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -27,6 +30,8 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+import aiohttp
 
 from bench.load import ROOT, free_port
 from bench.scaling import wait_for_workers
@@ -75,11 +80,45 @@ def start(checkout: Path, data_dir: Path, workers: int) -> tuple[subprocess.Pope
     return process, port, pids, time.perf_counter() - started
 
 
-def ingest(checkout: Path, data_dir: Path) -> None:
-    env = {**os.environ, "FEDRESEARCH_DATA_DIR": str(data_dir), "FEDRESEARCH_EMBEDDINGS": "true"}
-    env.pop("FEDRESEARCH_MODEL_CACHE_DIR", None)
-    command = [sys.executable, "-m", "fedresearch", "ingest", "--user", "bench", str(EXAMPLES)]
-    subprocess.run(command, cwd=checkout, env=env, check=True, capture_output=True)
+def upload(port: int, long_text: str) -> None:
+    """The example library and one long text, in one upload: one worker reads and embeds them all."""
+
+    async def send() -> None:
+        form = aiohttp.FormData()
+        for path in sorted(p for p in EXAMPLES.rglob("*") if p.is_file()):
+            form.add_field("file", path.read_bytes(), filename=path.name)
+        form.add_field("file", long_text.encode(), filename="long.md", content_type="text/markdown")
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{port}/api/documents?user_id=bench"
+            async with session.post(url, data=form, timeout=aiohttp.ClientTimeout(total=600)) as answer:
+                if answer.status not in (200, 201):
+                    raise SystemExit(f"the upload failed: {answer.status} {await answer.text()}")
+
+    asyncio.run(send())
+
+
+def long_text() -> str:
+    """256 paragraphs of about 250 tokens under headings: the passages of a long PDF."""
+    words = [
+        "federated",
+        "retrieval",
+        "merges",
+        "the",
+        "ranked",
+        "lists",
+        "of",
+        "several",
+        "engines",
+        "into",
+        "one",
+        "cited",
+        "answer",
+    ]
+    paragraphs = []
+    for number in range(256):
+        sentence = " ".join(words[(number + i) % len(words)] for i in range(len(words)))
+        paragraphs.append(f"## Section {number}\n\n" + ". ".join([sentence.capitalize()] * 14) + ".")
+    return "# A long document\n\n" + "\n\n".join(paragraphs) + "\n"
 
 
 def search(port: int, queries: int) -> None:
@@ -103,7 +142,8 @@ def measure(checkout: Path, options: argparse.Namespace) -> list[tuple[str, Memo
             try:
                 rows.append((f"{when}: started", memory_of(pids), ready_s))
                 if when == "fresh data dir":
-                    ingest(checkout, data_dir)
+                    upload(port, long_text())
+                    rows.append((f"{when}: an upload", memory_of(pids), ready_s))
                 search(port, options.queries)
                 rows.append((f"{when}: {options.queries} searches", memory_of(pids), ready_s))
             finally:
