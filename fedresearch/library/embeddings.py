@@ -35,8 +35,8 @@ _PADDING_SHARE = 0.25
 _PADDING_SLACK = 8  # tokens: short texts are batched together whatever their ratio
 # A call that encodes more tokens than this (padded) gives its passes' working memory back when it
 # ends: ONNX Runtime's arena otherwise keeps the most its passes ever took together, for the life
-# of the process. An upload (64 passages a call, 8 a pass) left a worker 270 MB bigger with 2 passes
-# at once, 500 with 4, and a pass per core is the default; a call of 32 long texts a pass, 560.
+# of the process. An upload (64 passages a call, 8 a pass) left a worker 141 MB bigger with 2 passes
+# at once, 294 with 4, and a pass per core is the default; 256 texts in passes of 32, 563.
 # Questions and a report's sentences, small and constant, keep their arena warm (a question took
 # 3.7 ms against 2.7 when every pass gave it back); once per call, not per pass (that cost 6-10% of
 # an ingest's CPU).
