@@ -33,7 +33,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.load import ROOT, free_port
+from bench.load import ROOT, free_port, peak_rss_mb
 from bench.scaling import wait_for_workers
 
 EXAMPLES = ROOT / "examples" / "library"
@@ -63,8 +63,7 @@ def memory_of(pids: set[int]) -> Memory:
             name, value = line.split(":", 1)
             fields[name] = int(value.split()[0]) / 1024
         pss, rss, anonymous = pss + fields["Pss"], rss + fields["Rss"], anonymous + fields["Anonymous"]
-        status = Path(f"/proc/{pid}/status").read_text()
-        peak = max(peak, next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmHWM")))
+        peak = max(peak, peak_rss_mb(pid))
     return Memory(pss, rss, anonymous, peak)
 
 
