@@ -24,6 +24,7 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 from fedresearch.core.cores import usable_cores
+from fedresearch.library.host_passes import HostPasses
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,8 @@ class Encoder:
     both give the same vectors (tests/data/minilm_reference.json, to 1e-5). With ONNX Runtime, up
     to `passes` forward passes (one per core by default) run at once, each on `threads` threads:
     concurrent callers and the batches of one long call share the cores without waiting on each
-    other. numpy runs one pass at a time, since its BLAS already uses every core.
+    other; with `cache_dir`, the passes of every process of the host together stay within the
+    cores (host_passes.py). numpy runs one pass at a time, since its BLAS already uses every core.
     """
 
     name = "all-MiniLM-L6-v2"
@@ -184,7 +186,9 @@ class Encoder:
         self.backend = "onnxruntime" if self._session is not None else "numpy"
         if self._session is None:
             self._load_numpy(load_file(str(model_dir / "model.safetensors")), int(config["num_hidden_layers"]))
-        self.passes = 1 if self._session is None else passes or max(1, usable_cores().usable // threads)
+        cores = max(1, usable_cores().usable // threads)
+        self.passes = 1 if self._session is None else passes or cores
+        self._host = HostPasses.open(cache_dir, cores) if self._session is not None and cache_dir is not None else None
         self._releasing = _releasing_run() if self._session is not None else None
         self._running = threading.BoundedSemaphore(self.passes)
         self._pool = ThreadPoolExecutor(self.passes, "encoder") if self.passes > 1 else None
@@ -297,7 +301,10 @@ class Encoder:
             ids[row, : len(tokens)] = tokens
             mask[row, : len(tokens)] = True
         with self._running:
-            return self._forward(ids, mask)
+            if self._host is None:
+                return self._forward(ids, mask)
+            with self._host.slot():
+                return self._forward(ids, mask)
 
 
 def load_encoder(
