@@ -1,7 +1,7 @@
 """The memory a team's workers hold with the embedding model on: this checkout against another,
 side by side in one run.
 
-    python -m bench.worker_memory [--against DIR] [--workers 4] [--queries 200]
+    python -m bench.worker_memory [--against DIR] [--workers 4] [--queries 200] [--uploads 1]
 
 For each checkout, `fedresearch serve --workers N` starts on a fresh data dir with embeddings on
 (as a fresh container does), then once more on the same data dir (as a restart or a reload does).
@@ -12,8 +12,11 @@ printed: the
 workers' memory summed over them, PSS (a page shared by several processes counts its share in
 each, so the sum is what they take together), RSS (each counts it whole), their private
 anonymous memory, the highest peak RSS of one worker while it started (VmHWM: what a container's
-memory limit must hold), and the seconds from the start until every worker answered. DIR is
-another checkout (`git worktree add /tmp/old <commit>`), started with this interpreter.
+memory limit must hold), and the seconds from the start until every worker answered. With
+`--uploads K`, K such uploads at once (as K users, each on a connection of its own: the kernel
+spreads them over the workers), and printed too: the most private memory the workers held together
+while they ran (sampled every 20 ms) and how long they took. DIR is another checkout (`git worktree
+add /tmp/old <commit>`), started with this interpreter.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +84,7 @@ def start(checkout: Path, data_dir: Path, workers: int) -> tuple[subprocess.Pope
     return process, port, pids, time.perf_counter() - started
 
 
-def upload(port: int, long_text: str) -> None:
+def upload(port: int, long_text: str, user: str = "bench") -> None:
     """The example library and one long text, in one upload: one worker reads and embeds them all."""
 
     async def send() -> None:
@@ -88,7 +93,7 @@ def upload(port: int, long_text: str) -> None:
             form.add_field("file", path.read_bytes(), filename=path.name)
         form.add_field("file", long_text.encode(), filename="long.md", content_type="text/markdown")
         async with aiohttp.ClientSession() as session:
-            url = f"http://127.0.0.1:{port}/api/documents?user_id=bench"
+            url = f"http://127.0.0.1:{port}/api/documents?user_id={user}"
             async with session.post(url, data=form, timeout=aiohttp.ClientTimeout(total=600)) as answer:
                 if answer.status not in (200, 201):
                     raise SystemExit(f"the upload failed: {answer.status} {await answer.text()}")
@@ -120,6 +125,36 @@ def long_text() -> str:
     return "# A long document\n\n" + "\n\n".join(paragraphs) + "\n"
 
 
+def anonymous_mb(pids: set[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status").read_text()
+        total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("RssAnon")) / 1024
+    return total
+
+
+def uploads_at_once(port: int, pids: set[int], uploads: int) -> tuple[float, float]:
+    """`uploads` uploads at once, as as many users: the most private memory the workers held
+    together meanwhile, and the seconds until the last one was stored."""
+    most, done = anonymous_mb(pids), threading.Event()
+
+    def sample() -> None:
+        nonlocal most
+        while not done.wait(0.02):
+            most = max(most, anonymous_mb(pids))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    started, text = time.perf_counter(), long_text()
+    try:
+        with ThreadPoolExecutor(uploads) as pool:
+            list(pool.map(lambda number: upload(port, text, f"bench-{number}"), range(uploads)))
+    finally:
+        done.set()
+        sampler.join()
+    return most, time.perf_counter() - started
+
+
 def search(port: int, queries: int) -> None:
     for number in range(queries):
         body = {"type": "biblio", "user_id": "bench", "query": QUESTIONS[number % len(QUESTIONS)], "top_k": 10}
@@ -132,15 +167,18 @@ def search(port: int, queries: int) -> None:
             json.load(answer)
 
 
-def measure(checkout: Path, options: argparse.Namespace) -> list[tuple[str, Memory, float]]:
+def measure(checkout: Path, options: argparse.Namespace) -> tuple[list[tuple[str, Memory, float]], tuple[float, float]]:
     data_dir = Path(tempfile.mkdtemp(prefix="bench-memory-"))
-    rows = []
+    rows, during = [], (0.0, 0.0)
     try:
         for when in ("fresh data dir", "restarted"):
             process, port, pids, ready_s = start(checkout, data_dir, options.workers)
             try:
                 rows.append((f"{when}: started", memory_of(pids), ready_s))
-                if when == "fresh data dir":
+                if when == "fresh data dir" and options.uploads > 1:
+                    during = uploads_at_once(port, pids, options.uploads)
+                    rows.append((f"{when}: {options.uploads} uploads at once", memory_of(pids), ready_s))
+                elif when == "fresh data dir":
                     upload(port, long_text())
                     rows.append((f"{when}: an upload", memory_of(pids), ready_s))
                 search(port, options.queries)
@@ -150,7 +188,7 @@ def measure(checkout: Path, options: argparse.Namespace) -> list[tuple[str, Memo
                 process.wait(60)
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
-    return rows
+    return rows, during
 
 
 def main(options: argparse.Namespace) -> None:
@@ -160,14 +198,20 @@ def main(options: argparse.Namespace) -> None:
     results = {name: measure(checkout, options) for name, checkout in checkouts.items()}
     print(f"{options.workers} workers, summed over them (the peak: the highest worker's)")
     print(f"{'checkout':<22} {'when':<32} {'PSS':>8} {'RSS':>8} {'private':>8} {'peak':>7} {'ready':>6}")
-    for name, rows in results.items():
+    for name, (rows, _) in results.items():
         for when, memory, ready_s in rows:
             print(
                 f"{name:<22} {when:<32} {memory.pss_mb:>6.0f}MB {memory.rss_mb:>6.0f}MB "
                 f"{memory.anonymous_mb:>6.0f}MB {memory.peak_mb:>5.0f}MB {ready_s:>5.1f}s"
             )
+    if options.uploads > 1:
+        for name, (_, (most_mb, took_s)) in results.items():
+            print(
+                f"{name:<22} {options.uploads} uploads at once: the workers' private memory at most {most_mb:.0f} MB "
+                f"together, stored in {took_s:.1f} s"
+            )
     if len(results) == 2:
-        ours, theirs = results.values()
+        ours, theirs = (rows for rows, _ in results.values())
         for (when, mine, my_ready), (_, other, their_ready) in zip(ours, theirs, strict=True):
             print(
                 f"ratio {when:<32} PSS {mine.pss_mb / other.pss_mb:.2f}, peak {mine.peak_mb / other.peak_mb:.2f}, "
@@ -180,4 +224,5 @@ if __name__ == "__main__":
     parser.add_argument("--against", type=Path)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--uploads", type=int, default=1, help="uploads at once, as as many users")
     main(parser.parse_args())
