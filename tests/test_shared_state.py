@@ -17,13 +17,15 @@ import aiohttp
 import pytest
 import websockets
 from pydantic import SecretStr, ValidationError
+from redis.asyncio import Redis
 
+from fedresearch.core.models import SearchResult
 from fedresearch.core.settings import Settings
 from fedresearch.core.shared import Leases, SentinelAddress, SharedDown, SharedRedis, connect, where
-from fedresearch.federation.contract import SearchOptions
+from fedresearch.federation.contract import Hits, SearchOptions
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.federation.runner import Deps, search_one
-from fedresearch.federation.shared_state import RedisRateLimiter
+from fedresearch.federation.shared_state import RedisAnswerCache, RedisRateLimiter
 from fedresearch.retrievers import brave
 from fedresearch.web.keys import RUNNING
 from tests.conftest import error_of, logs, make_settings, run_task
@@ -80,6 +82,54 @@ async def test_an_answer_cached_by_one_instance_serves_the_other(tmp_path, fakes
     step, metadata = outcome(await ask(second, "rank   fusion"), "tavily")
     assert step == "retriever_done" and metadata["cached"] and metadata["count"] > 0
     assert len(fakes["tavily"].requests) == 1
+
+
+def _answer(number: int) -> Hits:
+    result = SearchResult(href=f"https://example.org/{number}", body=f"answer {number}", retriever="tavily", rank=1)
+    return Hits(results=[result], warnings=[])
+
+
+async def test_answers_stored_in_one_turn_are_read_back_here_at_once_and_by_another_worker(redis_target):
+    mine, theirs = redis_target.shared(), redis_target.shared()
+    try:
+        here, there = RedisAnswerCache(mine, 60), RedisAnswerCache(theirs, 60)
+        keys = [("tavily", "key", f"question {number}") for number in range(3)]
+        await asyncio.gather(*(here.put(key, _answer(number)) for number, key in enumerate(keys)))
+        assert [(await here.get(key)).results[0].body for key in keys] == ["answer 0", "answer 1", "answer 2"]
+        for _ in range(100):  # on their way to Redis in the next turn: another worker reads them there
+            if await there.get(keys[2]) is not None:
+                break
+            await asyncio.sleep(0.01)
+        asked = [keys[0], keys[1], keys[0], ("tavily", "key", "never asked"), keys[2]]
+        found = await asyncio.gather(*(there.get(key) for key in asked))
+        assert [None if hits is None else hits.results[0].body for hits in found] == [
+            "answer 0",
+            "answer 1",
+            "answer 0",
+            None,
+            "answer 2",
+        ]
+    finally:
+        await mine.close()
+        await theirs.close()
+
+
+async def test_lookups_asked_in_one_turn_go_to_redis_together(redis_url):
+    shared, watching = SharedRedis(connect(redis_url), redis_url), Redis.from_url(redis_url)
+    try:
+        cache = RedisAnswerCache(shared, 60)
+        await asyncio.gather(*(cache.put(("tavily", "key", f"question {n}"), _answer(n)) for n in range(8)))
+        await asyncio.sleep(0.1)
+        await watching.config_resetstat()
+        found = await asyncio.gather(*(cache.get(("tavily", "key", f"question {n}")) for n in range(8)))
+        assert [hits.results[0].body for hits in found if hits is not None] == [f"answer {n}" for n in range(8)]
+        assert (await watching.info("commandstats"))["cmdstat_get"]["calls"] == 8
+        # one pipeline on one connection; before, each lookup took a connection of its own: 8
+        clients = [c for c in await watching.client_list() if c["cmd"] not in ("client|list", "client")]
+        assert len(clients) == 1
+    finally:
+        await shared.close()
+        await watching.aclose()
 
 
 async def test_two_processes_together_keep_to_the_upstreams_rate(tmp_path, redis_target):
