@@ -206,7 +206,8 @@ class RedisAnswerCache:
             return
         if not self._unsent:
             asyncio.get_running_loop().call_soon(self._send, self._write_unsent())
-        self._due[self._name(key)] = self._unsent[self._name(key)] = (key, hits)
+        name = self._name(key)
+        self._due[name] = self._unsent[name] = (key, hits)
 
     async def _write_unsent(self) -> None:
         sending, self._unsent = self._unsent, {}

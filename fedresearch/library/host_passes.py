@@ -1,7 +1,7 @@
 """The encoder's forward passes across every process of a host: at most one per usable core at once.
 
 Each process runs a pass per core (embeddings.py), so `serve --workers N` on N cores could run N
-times as many as the cores, each taking its working memory (about 90 MB for an upload's batch of 8
+times as many as the cores, each taking its working memory (65-90 MB for an upload's batch of 8
 passages of 250 tokens) and a core's time it does not get: uploads to 16 workers of a 16-core host
 at once ran up to 128 passes (8 a call), eight to a core, each holding its memory meanwhile.
 A pass now holds one of `slots` lock files in a folder every process of the host shares (the
@@ -38,7 +38,7 @@ class HostPasses:
         # this process must not think they hold the same slot
         self._ours = [threading.Lock() for _ in files]
         self._turns = itertools.count(os.getpid())  # processes start their search at different slots
-        self._closed = weakref.finalize(self, _close, files)
+        weakref.finalize(self, _close, files)  # the files, and so the locks, live as long as this
 
     @classmethod
     def open(cls, cache_dir: Path, slots: int) -> HostPasses | None:
@@ -92,9 +92,6 @@ class HostPasses:
             self._ours[number].release()
             raise
         return number
-
-    def close(self) -> None:
-        self._closed()
 
 
 def _close(files: list[int]) -> None:
