@@ -25,15 +25,16 @@ from pathlib import Path
 from bench.load import ROOT
 
 _ENCODING = """
-import sys, threading, time
+import os, sys, threading, time
 from pathlib import Path
+from bench.worker_memory import anonymous_mb
 from fedresearch.library import embeddings, host_passes
 
 if sys.argv[2] == "each on its own":
     host_passes.HostPasses.open = classmethod(lambda cls, folder, slots: None)
 
 def private_mb():
-    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("RssAnon")) / 1024
+    return anonymous_mb({os.getpid()})
 
 encoder = embeddings.load_encoder(cache_dir=Path(sys.argv[1]), passes=int(sys.argv[3]))
 encoder.encode(["a first question"])
