@@ -173,10 +173,9 @@ class RedisAnswerCache:
         return await self.shared.run("reading the answer cache", read, lambda: self.local.get(key))
 
     def _ask(self, name: str) -> asyncio.Future[bytes | None]:
-        loop = asyncio.get_running_loop()
-        if not self._asked:
-            loop.call_soon(self._send, self._read_asked())
-        answer: asyncio.Future[bytes | None] = loop.create_future()
+        if not self._asked:  # sent in the next turn, with the lookups asked in this one
+            self._send(self._read_asked())
+        answer: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         self._asked.setdefault(name, []).append(answer)
         return answer
 
@@ -205,7 +204,7 @@ class RedisAnswerCache:
         if self.ttl_ms <= 0:
             return
         if not self._unsent:
-            asyncio.get_running_loop().call_soon(self._send, self._write_unsent())
+            self._send(self._write_unsent())
         name = self._name(key)
         self._due[name] = self._unsent[name] = (key, hits)
 
