@@ -5,7 +5,9 @@ import contextvars
 import threading
 import time
 
-from fedresearch.core.work import WorkPool, run_on
+import pytest
+
+from fedresearch.core.work import QuickWrites, WorkPool, run_on
 
 REQUEST = contextvars.ContextVar("request", default="none")
 
@@ -27,3 +29,42 @@ async def test_work_runs_on_its_own_few_threads_with_the_callers_context() -> No
         assert not default_name.startswith("fedresearch-work")
     finally:
         pool.close()
+
+
+def _write(pause: float = 0.0) -> str:
+    time.sleep(pause)  # a disk that holds the write this long
+    return threading.current_thread().name
+
+
+async def test_quick_writes_stay_on_the_loop_and_slow_ones_go_to_threads_a_while(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pool = WorkPool(1)
+    try:
+        here = threading.current_thread().name
+        writes = QuickWrites(pool, slow_s=0.005, in_a_row=3, stall_s=0.2, threads_for_s=0.3)
+        assert [await writes.run(_write) for _ in range(20)] == [here] * 20
+        # one slow write, then a quick one: a preempted process looks the same, so nothing moves
+        assert [await writes.run(_write, pause) for pause in (0.01, 0, 0.01, 0.01, 0)] == [here] * 5
+        # three in a row: the next writes wait on a thread, and come back after threads_for_s
+        assert [await writes.run(_write, 0.01) for _ in range(3)] == [here] * 3
+        assert "file writes are slow" in caplog.text
+        moved = [await writes.run(_write) for _ in range(3)]
+        assert all(name.startswith("fedresearch-work") for name in moved)
+        await asyncio.sleep(0.35)
+        assert await writes.run(_write) == here
+        # one write that stalls the loop past stall_s moves them at once
+        assert await writes.run(_write, 0.25) == here
+        assert (await writes.run(_write)).startswith("fedresearch-work")
+    finally:
+        pool.close()
+
+
+async def test_a_failed_write_on_the_loop_raises_to_its_caller() -> None:
+    def full() -> None:
+        raise OSError(28, "No space left on device")
+
+    writes = QuickWrites(None)
+    with pytest.raises(OSError, match="No space left"):
+        await writes.run(full)
+    assert writes.on_loop

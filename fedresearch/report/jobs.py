@@ -45,7 +45,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from fedresearch.core.work import WorkPool, run_on
+from fedresearch.core.work import QuickWrites, WorkPool, run_on
 from fedresearch.report.store import delete_report, write_atomic
 
 log = logging.getLogger("fedresearch")
@@ -233,7 +233,8 @@ class LocalJobStore:
 
     def __init__(self, directory: Path | None, work: WorkPool | None = None) -> None:
         self.directory = directory
-        self.work = work  # the threads its files are written on (None: asyncio's default pool)
+        self.work = work  # the threads its files are removed on (None: asyncio's default pool)
+        self._appends = QuickWrites(work)  # on the loop while the disk is quick
         self._entries: dict[str, _Entry] = {}
         self._writing = asyncio.Lock()  # one write at a time, so an older state never lands last
 
@@ -358,8 +359,7 @@ class LocalJobStore:
     async def _write_meta(
         self, job: Job, frames: builtins.list[Frame] | None = None, *, fresh_line: bool = False
     ) -> None:
-        """Append the job's latest state, and with `frames` its frames before it (one write, one trip
-        to a thread)."""
+        """Append the job's latest state, and with `frames` its frames before it (one write)."""
         if self.directory is None:
             return
         async with self._writing:
@@ -367,7 +367,7 @@ class LocalJobStore:
             if entry is None:
                 return  # deleted meanwhile: writing it now would bring it back
             meta = entry.job.to_json()  # the latest state
-            await run_on(self.work, _append_record, self.directory, job.research_id, meta, frames, fresh_line)
+            await self._appends.run(_append_record, self.directory, job.research_id, meta, frames, fresh_line)
 
 
 _JOB_SUFFIX = ".job.jsonl"
