@@ -315,3 +315,32 @@ async def test_a_jobs_appends_run_on_the_event_loop_not_on_the_work_threads(
     assert await again.frames(_id(1)) == [{"type": "logs", "output": "one"}]
     job = await again.get(_id(1))
     assert job is not None and job.status is JobStatus.completed
+
+
+async def test_a_follower_behind_when_its_job_ends_catches_up_from_memory_not_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_back: list[Path] = []
+    read_frames = jobs_module._read_frames
+
+    def seen(path: Path) -> list[Any]:
+        read_back.append(path)
+        return read_frames(path)
+
+    monkeypatch.setattr(jobs_module, "_read_frames", seen)
+    store = LocalJobStore(tmp_path)
+    store.frames_kept_s = 0.2
+    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+    follower = follow(store, _id(1))
+    await store.append(_id(1), {"n": 0})
+    assert await anext(follower) == {"n": 0}
+    for n in range(1, 4):  # the job ends before its follower runs again
+        await store.append(_id(1), {"n": n})
+    await store.finish(_id(1), JobStatus.completed)
+    assert [frame["n"] async for frame in follower] == [1, 2, 3]
+    assert read_back == []
+    await asyncio.sleep(0.3)  # then memory lets them go: the file has them
+    assert [frame["n"] for frame in await store.frames(_id(1), 1)] == [1, 2, 3]
+    assert len(read_back) == 1
+    await store.finish(_id(1), JobStatus.completed)  # a second end writes no frame twice
+    assert [frame["n"] for frame in await store.frames(_id(1))] == [0, 1, 2, 3]

@@ -206,12 +206,17 @@ async def follow(store: JobStore, research_id: str, start: int = 0) -> AsyncGene
 @dataclass
 class _Entry:
     job: Job
-    frames: list[Frame] | None  # None: a finished job's frames, left on disk until asked for
+    frames: list[Frame] | None  # None: a finished job's frames, on disk only (LocalJobStore.frames_kept_s)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    frames_saved: bool = False  # its frames are in its file (and kept in memory a moment longer)
 
     def wake(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def forget_frames(self) -> None:
+        if self.frames_saved:
+            self.frames = None
 
 
 class LocalJobStore:
@@ -235,6 +240,9 @@ class LocalJobStore:
         self.directory = directory
         self.work = work  # the threads its files are removed on (None: asyncio's default pool)
         self._appends = QuickWrites(work)  # on the loop while the disk is quick
+        # how long a finished job's frames stay in memory as well: its followers, often a few frames
+        # behind when it ends, catch up from there and not by reading its file back on a thread
+        self.frames_kept_s = 2.0
         self._entries: dict[str, _Entry] = {}
         self._writing = asyncio.Lock()  # one write at a time, so an older state never lands last
 
@@ -313,9 +321,11 @@ class LocalJobStore:
         progress = 1.0 if status is JobStatus.completed else entry.job.progress
         files = files or entry.job.files
         entry.job = entry.job.evolve(status=status, error=error, files=files, progress=progress, updated_at=time.time())
-        if self.directory is not None and entry.frames is not None:
+        if self.directory is not None and entry.frames is not None and not entry.frames_saved:
             await self._write_meta(entry.job, entry.frames)
-            entry.frames = None  # on disk now; memory holds only running jobs' frames
+            entry.frames_saved = True
+            # on disk now; memory holds running jobs' frames and those of jobs that just finished
+            asyncio.get_running_loop().call_later(self.frames_kept_s, entry.forget_frames)
         else:
             await self._write_meta(entry.job)
         entry.wake()
