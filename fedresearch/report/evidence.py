@@ -135,11 +135,16 @@ def rank(question: str, passages: Sequence[Evidence], embed: Embed | None = None
     )
 
 
+def jaccard(a: set[str], b: set[str]) -> float:
+    """Shared terms over all terms: 0.0 when either is empty."""
+    shared = len(a & b)  # the union's size from the sizes: building the union cost as much as the rest
+    return shared / (len(a) + len(b) - shared) if a and b else 0.0
+
+
 def _similarity(a: Ranked, b: Ranked, words: dict[int, set[str]]) -> float:
     if a.vector is not None and b.vector is not None:
         return float(a.vector @ b.vector)
-    x, y = words[id(a)], words[id(b)]
-    return len(x & y) / len(x | y) if x and y else 0.0
+    return jaccard(words[id(a)], words[id(b)])
 
 
 def diversify(ranked: Sequence[Ranked], k: int, per_source: int = 3, balance: float = 0.7) -> list[Ranked]:
@@ -149,15 +154,17 @@ def diversify(ranked: Sequence[Ranked], k: int, per_source: int = 3, balance: fl
         return []
     top = ranked[0].score or 1.0
     pool, used = list(ranked[: k * 4]), Counter[str]()
-    words = {id(r): set(terms(r.evidence.text)) for r in pool}  # each pick compares with every chosen one
+    words = {id(r): set(terms(r.evidence.text)) for r in pool}
+    # each candidate's likeness to the closest pick so far, raised by each new pick alone: comparing
+    # every candidate with every pick on each round made long evidence quadratic in the picks
+    likeness = dict.fromkeys(map(id, pool), 0.0)
     chosen: list[Ranked] = []
     while pool and len(chosen) < k:
         best, best_value = None, -math.inf
         for candidate in pool:
             if used[candidate.evidence.source.key] >= per_source:
                 continue
-            likeness = max((_similarity(candidate, other, words) for other in chosen), default=0.0)
-            value = balance * candidate.score / top - (1 - balance) * likeness
+            value = balance * candidate.score / top - (1 - balance) * likeness[id(candidate)]
             if value > best_value:
                 best, best_value = candidate, value
         if best is None:
@@ -165,6 +172,11 @@ def diversify(ranked: Sequence[Ranked], k: int, per_source: int = 3, balance: fl
         pool.remove(best)
         chosen.append(best)
         used[best.evidence.source.key] += 1
+        for candidate in pool:
+            if used[candidate.evidence.source.key] < per_source:
+                similar = _similarity(candidate, best, words)  # cosines may be negative: no floor
+                key = id(candidate)
+                likeness[key] = similar if len(chosen) == 1 else max(likeness[key], similar)
     return chosen
 
 
@@ -185,7 +197,7 @@ class Claim:
 
 
 def _too_similar(a: set[str], b: set[str]) -> bool:
-    return bool(a and b) and len(a & b) / len(a | b) > 0.6
+    return jaccard(a, b) > 0.6
 
 
 def select_claims(question: str, chosen: Sequence[Ranked], max_claims: int, per_passage: int = 2) -> list[Claim]:

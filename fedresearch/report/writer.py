@@ -29,6 +29,7 @@ from fedresearch.report.evidence import (
     clean_sentence,
     diversify,
     gather,
+    jaccard,
     rank,
     select_claims,
     terms,
@@ -87,8 +88,7 @@ def cite(claim: Claim, citations: Citations) -> str:
 def _similar(a: Claim, b: Claim) -> float:
     if a.vector is not None and b.vector is not None:
         return float(a.vector @ b.vector)
-    x, y = set(terms(a.text)), set(terms(b.text))
-    return 2.5 * len(x & y) / len(x | y) if x and y else 0.0  # Jaccard runs lower than cosine
+    return 2.5 * jaccard(set(terms(a.text)), set(terms(b.text)))  # Jaccard runs lower than cosine
 
 
 def themes_of(claims: Sequence[Claim], limit: int = _MAX_THEMES, threshold: float = 0.45) -> list[list[Claim]]:
