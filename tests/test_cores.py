@@ -1,5 +1,6 @@
 """`FEDRESEARCH_WORKERS=auto` counts the cores this process may use, not the machine's: a container
-limited to 2 CPUs on a 64-core node must not start 64 workers."""
+limited to 2 CPUs on a 64-core node must not start 64 workers; nor, limited to 1 GB, 16 workers
+that need 4 between them."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from fedresearch.core.cores import cpu_quota, usable_cores
+from fedresearch.core.cores import MB, Memory, auto_workers, cpu_quota, usable_cores, usable_memory
 
 V1_MOUNTS = "32 31 0:29 {root} {mount} rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
+V1_MEMORY_MOUNTS = "35 31 0:32 {root} {mount} rw,relatime - cgroup cgroup rw,memory\n"
 V2_MOUNTS = "35 25 0:30 / {mount} rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate\n"
 OTHER_MOUNTS = "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
 
@@ -89,6 +91,73 @@ def test_a_mount_point_with_a_space_is_read_as_mountinfo_escapes_it(tmp_path):
     assert cpu_quota(proc) == 3.0
 
 
+def meminfo(tmp_path: Path, available_mb: int) -> Path:
+    path = tmp_path / "meminfo"
+    path.write_text(f"MemTotal:       {4 * available_mb * 1024} kB\nMemAvailable:   {available_mb * 1024} kB\n")
+    return path
+
+
+def test_a_cgroup_v2_memory_limit_caps_the_workers_auto_starts(tmp_path):
+    """A pod limited to 1 GiB on a machine with 64 GB free: the tightest `memory.max` above the
+    process is the memory available, and `auto` starts the workers that fit in it, not a worker
+    per core."""
+    mount = tmp_path / "cg"
+    group(mount, memory_max="max")
+    group(mount / "kubepods.slice" / "pod1", memory_max=str(1024 * MB), cpu_max="max 100000")
+    group(mount / "kubepods.slice" / "pod1" / "app", memory_max="max", cpu_max="max 100000")
+    proc = proc_dir(tmp_path, V2_MOUNTS.format(mount=mount), "0::/kubepods.slice/pod1/app\n")
+    memory = usable_memory(proc, meminfo(tmp_path, 64_000))
+    assert memory is not None and memory.limit == memory.available == 1024 * MB
+    with_model, without = (
+        auto_workers(True, proc, meminfo(tmp_path, 64_000)),
+        auto_workers(False, proc, meminfo(tmp_path, 64_000)),
+    )
+    cores = len(os.sched_getaffinity(0))
+    # 1,024 MB less what one process writing the model's graph and the supervisor take, 256 MB a worker
+    assert with_model.fitting == 2 and with_model.count == min(cores, 2)
+    assert without.fitting == 7 and without.count == min(cores, 7)  # (1,024 - 64) // 128
+    if cores > 2:
+        assert "and 1,024 MB of memory available, a cgroup memory limit of 1,024 MB" in with_model.describe()
+        assert "about 256 MB a worker with the embedding model" in with_model.describe()
+    # a tighter limit below the pod's wins; the machine's MemAvailable, when lower, too
+    group(mount / "kubepods.slice" / "pod1" / "app", memory_max=str(300 * MB))
+    assert auto_workers(True, proc, meminfo(tmp_path, 64_000)).count == 1  # one, even where none fits
+    assert usable_memory(proc, meminfo(tmp_path, 200)) == Memory(200 * MB, 300 * MB)
+
+
+def test_a_cgroup_v1_memory_limit_and_its_unlimited_value(tmp_path):
+    """v1 writes "no limit" as the largest page-aligned number (2^63 - 4096 on x86-64)."""
+    mount = tmp_path / "memory"
+    group(mount, memory_limit_in_bytes=str(2**63 - 4096))
+    proc = proc_dir(
+        tmp_path,
+        V1_MEMORY_MOUNTS.format(root="/docker/3f2a", mount=mount),
+        "12:pids:/docker/3f2a\n9:memory:/docker/3f2a\n4:cpu,cpuacct:/docker/3f2a\n0::/\n",
+    )
+    info = meminfo(tmp_path, 8_000)
+    assert usable_memory(proc, info) == Memory(8_000 * MB, None)
+    group(mount, memory_limit_in_bytes=str(512 * MB))
+    memory = usable_memory(proc, info)
+    assert memory is not None and (memory.available, memory.limit) == (512 * MB, 512 * MB)
+    assert auto_workers(False, proc, info).fitting == 3  # (512 - 64) // 128
+    # no /proc/meminfo (not Linux): the cores alone decide, as before
+    unknown = auto_workers(True, proc, tmp_path / "nowhere")
+    assert unknown.memory is None and unknown.fitting is None and unknown.count == usable_cores(proc).usable
+    assert unknown.crowded(64) is None
+
+
+def test_more_workers_than_fit_are_started_with_a_warning_that_says_so(tmp_path):
+    mount = tmp_path / "memory"
+    group(mount, memory_limit_in_bytes=str(512 * MB))
+    proc = proc_dir(tmp_path, V1_MEMORY_MOUNTS.format(root="/", mount=mount), "9:memory:/\n")
+    auto = auto_workers(False, proc, meminfo(tmp_path, 8_000))
+    assert auto.crowded(3) is None
+    assert auto.crowded(16) == (
+        "16 workers may not fit in 512 MB of memory available, a cgroup memory limit of 512 MB (about 128 MB a "
+        "worker without the embedding model): FEDRESEARCH_WORKERS=auto would start 3"
+    )
+
+
 def test_one_cpu_allowed_means_one():
     """sched_getaffinity is per thread on Linux: narrowing this thread's is what `taskset -c 0` does
     to a process."""
@@ -105,26 +174,27 @@ def test_one_cpu_allowed_means_one():
 
 
 @contextlib.contextmanager
-def cpu_limited_group(cores: float) -> Iterator[Path]:
-    """A real cgroup whose CPU quota is `cores`, removed after: on cgroup v1 (the `cpu` controller's
-    mount) or v2 (a root that delegates `cpu`). Needs root; skips where the kernel refuses."""
+def limited_group(controller: str, v1: dict[str, str], v2: dict[str, str]) -> Iterator[Path]:
+    """A real cgroup with the files `v1` or `v2` written (on cgroup v1, in `controller`'s mount; on
+    v2, under a root that delegates it), removed after. Needs root; skips where the kernel refuses."""
     name = f"fedresearch-test-{uuid.uuid4().hex[:8]}"
     mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    v1 = [line.split()[4] for line in mounts if " - cgroup " in line and "cpu" in line.split()[-1].split(",")]
-    v2 = [line.split()[4] for line in mounts if " - cgroup2 " in line]
+    v1_mounts = [
+        line.split()[4] for line in mounts if " - cgroup " in line and controller in line.split()[-1].split(",")
+    ]
+    v2_mounts = [line.split()[4] for line in mounts if " - cgroup2 " in line]
     try:
-        if v1:
-            path = Path(v1[0]) / name
-            path.mkdir()
-            (path / "cpu.cfs_quota_us").write_text(str(int(cores * 100_000)))
-        elif v2 and "cpu" in (Path(v2[0]) / "cgroup.subtree_control").read_text().split():
-            path = Path(v2[0]) / name
-            path.mkdir()
-            (path / "cpu.max").write_text(f"{int(cores * 100_000)} 100000")
+        if v1_mounts:
+            path, files = Path(v1_mounts[0]) / name, v1
+        elif v2_mounts and controller in (Path(v2_mounts[0]) / "cgroup.subtree_control").read_text().split():
+            path, files = Path(v2_mounts[0]) / name, v2
         else:
-            pytest.skip("no cgroup file system with the cpu controller to create a group in")
+            pytest.skip(f"no cgroup file system with the {controller} controller to create a group in")
+        path.mkdir()
+        for file, text in files.items():
+            (path / file).write_text(text)
     except OSError as error:
-        pytest.skip(f"cannot create a cgroup with a CPU quota here (root, and a writable cgroup fs): {error}")
+        pytest.skip(f"cannot create a cgroup with a {controller} limit here (root, and a writable cgroup fs): {error}")
     try:
         yield path
     finally:
@@ -135,11 +205,14 @@ def cpu_limited_group(cores: float) -> Iterator[Path]:
             time.sleep(0.1)
 
 
-def test_serve_with_auto_workers_obeys_a_real_cgroup_cpu_quota(tmp_path):
-    """`fedresearch serve --workers auto` in a group held to half a core, on a machine of two or more:
-    one process, which says why, and serves; before, one worker per core of the machine."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("one CPU only: auto means one process with or without a quota")
+def cpu_limited_group(cores: float) -> contextlib.AbstractContextManager[Path]:
+    quota = int(cores * 100_000)
+    return limited_group("cpu", {"cpu.cfs_quota_us": str(quota)}, {"cpu.max": f"{quota} 100000"})
+
+
+def serve_auto_in(group_path: Path, tmp_path: Path) -> tuple[int, str]:
+    """`fedresearch serve --workers auto` run inside a real group, embeddings off: whether the server
+    itself answered /healthz (no supervisor), and its log once stopped."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -149,23 +222,49 @@ def test_serve_with_auto_workers_obeys_a_real_cgroup_cpu_quota(tmp_path):
         "FEDRESEARCH_API_KEYS": "",
         "FEDRESEARCH_EMBEDDINGS": "false",
     }
-    with cpu_limited_group(0.5) as limited:
-        # the shell joins the group, then becomes the server: every process it starts stays in it
-        join = f'echo $$ > "{limited}/cgroup.procs" && exec "$@"'
-        command = ["sh", "-c", join, "sh", sys.executable, "-m", "fedresearch", "serve"]
-        command += ["--workers", "auto", "--port", str(port)]
-        server = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
-        try:
-            pid = _healthz_pid(port, server)
-            assert pid == server.pid  # the server itself answers: no supervisor, no workers
-        finally:
-            server.terminate()
-            _, log = server.communicate(timeout=60)
+    # the shell joins the group, then becomes the server: every process it starts stays in it
+    join = f'echo $$ > "{group_path}/cgroup.procs" && exec "$@"'
+    command = ["sh", "-c", join, "sh", sys.executable, "-m", "fedresearch", "serve"]
+    command += ["--workers", "auto", "--port", str(port)]
+    server = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        alone = _healthz_pid(port, server) == server.pid
+    finally:
+        server.terminate()
+        _, log = server.communicate(timeout=60)
     assert server.returncode == 0, log
+    return alone, log
+
+
+def test_serve_with_auto_workers_obeys_a_real_cgroup_cpu_quota(tmp_path):
+    """`fedresearch serve --workers auto` in a group held to half a core, on a machine of two or more:
+    one process, which says why, and serves; before, one worker per core of the machine."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU only: auto means one process with or without a quota")
+    with cpu_limited_group(0.5) as limited:
+        alone, log = serve_auto_in(limited, tmp_path)
+    assert alone  # the server itself answers: no supervisor, no workers
     assert re.search(r"workers auto: one process, for 1 usable core \(\d+ on the machine.*CPU quota of 0\.5\)", log), (
         log
     )
     assert "supervisor" not in log
+
+
+def test_serve_with_auto_workers_obeys_a_real_cgroup_memory_limit(tmp_path):
+    """The same in a group limited to 180 MB of memory, on a machine of two cores or more: one
+    process (a worker without the model is allowed 128 MB, the supervisor 64), which serves and says
+    why; before, a worker per core, and the OOM killer among them."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU only: auto means one process with or without a memory limit")
+    limit = str(180 * MB)
+    with limited_group("memory", {"memory.limit_in_bytes": limit}, {"memory.max": limit}) as limited:
+        alone, log = serve_auto_in(limited, tmp_path)
+    assert alone, log
+    assert re.search(
+        r"workers auto: one process, for \d+ usable cores \(.*\) and 180 MB of memory available, "
+        r"a cgroup memory limit of 180 MB \(about 128 MB a worker without the embedding model\)",
+        log,
+    ), log
 
 
 def _healthz_pid(port: int, server: subprocess.Popen[str]) -> int:

@@ -1,4 +1,6 @@
-"""How many cores this process may use: the CPUs it may run on, capped by its cgroup's CPU quota.
+"""How many cores and how much memory this process may use, and so how many workers `auto` starts.
+
+Cores: the CPUs it may run on, capped by its cgroup's CPU quota.
 
 `os.cpu_count()` is the machine's count. In a container limited to 2 CPUs (`docker run --cpus 2`,
 a Kubernetes CPU limit, systemd's `CPUQuota=200%`) on a 64-core node it still says 64, and
@@ -9,6 +11,14 @@ to 2 cores' worth of time between them: 64 event loops stalled for most of each 
 (`cpu.max`) or v1 (`cpu.cfs_quota_us` / `cpu.cfs_period_us`), at every level from the process's own
 group up to the root of the mount it can see, since a parent's quota bounds its children. A quota
 of 1.5 cores gives 2: one worker alone could use only one of them.
+
+Memory: a worker holds its own interpreter, library handles and HTTP pools and, with embeddings on,
+its share of the encoder (measured in README, "Several workers and shared state"), so a container
+with many CPUs and a small memory limit (`docker run --cpus 16 --memory 1g`, a Kubernetes memory
+limit) started more workers than fit, and the kernel's OOM killer ended one, then its replacement,
+in a loop. `auto` also counts the workers that fit in the memory available: the machine's
+MemAvailable, capped by the tightest cgroup memory limit above the process (v2 `memory.max`, v1
+`memory.limit_in_bytes`), the same walk as for the CPU quota.
 """
 
 from __future__ import annotations
@@ -16,8 +26,18 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+MB = 1 << 20
+# What `auto` allows a worker, from peaks measured at stop 30 on 2 workers (VmHWM): 183-184 MB with
+# the model after an upload, 97-138 MB without; the supervisor 53 MB; the first process on a fresh
+# data dir writes the model's graph and peaks at 478 MB once.
+WORKER_BYTES = {True: 256 * MB, False: 128 * MB}  # keyed by embeddings on
+RESERVED_BYTES = {True: (64 + 320) * MB, False: 64 * MB}
 
 
 @dataclass(frozen=True)
@@ -37,6 +57,78 @@ class Cores:
         return f"{self.usable} usable {'core' if self.usable == 1 else 'cores'} ({', '.join(reasons)})"
 
 
+@dataclass(frozen=True)
+class Memory:
+    available: int  # bytes: MemAvailable, capped by `limit`
+    limit: int | None  # the tightest cgroup memory limit, in bytes; None when there is none
+
+    def describe(self) -> str:
+        limit = f", a cgroup memory limit of {self.limit // MB:,} MB" if self.limit is not None else ""
+        return f"{self.available // MB:,} MB of memory available{limit}"
+
+
+@dataclass(frozen=True)
+class AutoWorkers:
+    count: int
+    cores: Cores
+    memory: Memory | None  # None where it cannot be read (not Linux): cores alone decide
+    embeddings: bool
+
+    @property
+    def fitting(self) -> int | None:
+        """How many workers fit in the memory available, at least one; None when unknown."""
+        if self.memory is None:
+            return None
+        room = self.memory.available - RESERVED_BYTES[self.embeddings]
+        return max(1, room // WORKER_BYTES[self.embeddings])
+
+    def _per_worker(self) -> str:
+        model = "with" if self.embeddings else "without"
+        return f"about {WORKER_BYTES[self.embeddings] // MB} MB a worker {model} the embedding model"
+
+    def describe(self) -> str:
+        """How many, and why, for the log."""
+        what = f"{self.count} workers" if self.count > 1 else "one process"
+        why = f"{what}, for {self.cores.describe()}"
+        fitting = self.fitting
+        if self.memory is not None and fitting is not None and fitting < self.cores.usable:
+            why += f" and {self.memory.describe()} ({self._per_worker()}); set FEDRESEARCH_WORKERS=N to choose"
+        return why
+
+    def crowded(self, count: int) -> str | None:
+        """A warning when `count` workers are more than fit in the memory available; else None."""
+        fitting = self.fitting
+        if self.memory is None or fitting is None or count <= fitting:
+            return None
+        return (
+            f"{count} workers may not fit in {self.memory.describe()} ({self._per_worker()}): "
+            f"FEDRESEARCH_WORKERS=auto would start {fitting}"
+        )
+
+
+def auto_workers(
+    embeddings: bool, proc: Path = Path("/proc/self"), meminfo: Path = Path("/proc/meminfo")
+) -> AutoWorkers:
+    """`FEDRESEARCH_WORKERS=auto`: a worker per usable core, as many as fit in the memory available."""
+    cores, memory = usable_cores(proc), usable_memory(proc, meminfo)
+    auto = AutoWorkers(cores.usable, cores, memory, embeddings)
+    fitting = auto.fitting
+    return auto if fitting is None or fitting >= cores.usable else AutoWorkers(fitting, cores, memory, embeddings)
+
+
+def usable_memory(proc: Path = Path("/proc/self"), meminfo: Path = Path("/proc/meminfo")) -> Memory | None:
+    """The memory this process may still take: MemAvailable, capped by the tightest cgroup memory
+    limit above it; None where /proc/meminfo cannot be read (not Linux)."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+    limits = _over_cgroups(proc, "memory", _memory_limit_v1, _memory_limit_v2)
+    limit = min(limits) if limits else None
+    return Memory(available if limit is None else min(available, limit), limit)
+
+
 def usable_cores(proc: Path = Path("/proc/self")) -> Cores:
     machine = os.cpu_count() or 1
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else machine
@@ -48,26 +140,35 @@ def usable_cores(proc: Path = Path("/proc/self")) -> Cores:
 def cpu_quota(proc: Path = Path("/proc/self")) -> float | None:
     """The tightest CPU quota, in cores, over the cgroups (v1 and v2) holding the process described
     under `proc`; None without one, or where there is no cgroup file system to read (not Linux)."""
+    quotas = _over_cgroups(proc, "cpu", _quota_v1, _quota_v2)
+    return min(quotas) if quotas else None
+
+
+def _over_cgroups(
+    proc: Path, controller: str, read_v1: Callable[[Path], T | None], read_v2: Callable[[Path], T | None]
+) -> list[T]:
+    """What `read_v1` or `read_v2` finds in each group from the process's own up to its mount's
+    root, in the v2 hierarchy and in the v1 one holding `controller`."""
     try:
         mounts = (proc / "mountinfo").read_text()
         groups = (proc / "cgroup").read_text()
     except OSError:
-        return None
-    quotas: list[float] = []
-    for version, root, mount_point in _cgroup_mounts(mounts):
-        path = _group_path(groups, version)
+        return []
+    found: list[T] = []
+    for version, root, mount_point in _cgroup_mounts(mounts, controller):
+        path = _group_path(groups, version, controller)
         if path is None:
             continue
         for directory in _up_to(mount_point, _inside(mount_point, root, path)):
-            quota = _quota_v2(directory) if version == 2 else _quota_v1(directory)
-            if quota is not None:
-                quotas.append(quota)
-    return min(quotas) if quotas else None
+            value = read_v2(directory) if version == 2 else read_v1(directory)
+            if value is not None:
+                found.append(value)
+    return found
 
 
-def _cgroup_mounts(mountinfo: str) -> list[tuple[int, str, Path]]:
+def _cgroup_mounts(mountinfo: str, controller: str) -> list[tuple[int, str, Path]]:
     """(version, the mount's root within the hierarchy, where it is mounted) of the cgroup v2 mount
-    and of the v1 mount holding the `cpu` controller. A line of /proc/self/mountinfo: `id parent
+    and of the v1 mount holding `controller`. A line of /proc/self/mountinfo: `id parent
     major:minor root mount-point options [optional fields] - fstype source super-options`."""
     found: list[tuple[int, str, Path]] = []
     for line in mountinfo.splitlines():
@@ -79,7 +180,7 @@ def _cgroup_mounts(mountinfo: str) -> list[tuple[int, str, Path]]:
         root, mount_point = _unescape(fields[3]), Path(_unescape(fields[4]))
         if fstype == "cgroup2":
             found.append((2, root, mount_point))
-        elif fstype == "cgroup" and "cpu" in options:
+        elif fstype == "cgroup" and controller in options:
             found.append((1, root, mount_point))
     return found
 
@@ -89,14 +190,14 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal[1], 8)), field)
 
 
-def _group_path(groups: str, version: int) -> str | None:
+def _group_path(groups: str, version: int, controller: str) -> str | None:
     """The process's group in /proc/self/cgroup: `0::/path` for v2, `N:cpu,cpuacct:/path` for v1."""
     for line in groups.splitlines():
         number, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if version == 2 and number == "0" and controllers == "":
             return path
-        if version == 1 and "cpu" in controllers.split(","):
+        if version == 1 and controller in controllers.split(","):
             return path
     return None
 
@@ -136,5 +237,24 @@ def _quota_v1(directory: Path) -> float | None:
         quota = int((directory / "cpu.cfs_quota_us").read_text())
         period = int((directory / "cpu.cfs_period_us").read_text())
         return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def _memory_limit_v2(directory: Path) -> int | None:
+    """`memory.max`: `max` (none) or bytes."""
+    try:
+        value = (directory / "memory.max").read_text().strip()
+        return None if value == "max" else int(value)
+    except (OSError, ValueError):
+        return None
+
+
+def _memory_limit_v1(directory: Path) -> int | None:
+    """`memory.limit_in_bytes`: none is written as the largest page-aligned value (2^63 - 4096 on
+    x86-64), so anything from 2^62 up is none."""
+    try:
+        value = int((directory / "memory.limit_in_bytes").read_text())
+        return None if value >= 1 << 62 else value
     except (OSError, ValueError):
         return None

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from fedresearch.core.auth import ApiKeys, check_bind
-from fedresearch.core.cores import usable_cores
+from fedresearch.core.cores import auto_workers
 from fedresearch.core.settings import Settings
 from fedresearch.web import workers as workers_pool
 from fedresearch.web.stopping import retire_s
@@ -32,14 +32,18 @@ def serve(
     settings = settings or Settings()
     host = host or settings.host
     chosen = settings.workers if workers is None else workers
-    if isinstance(chosen, int):
-        cores, count = None, chosen
+    said = crowded = None
+    if chosen == "auto":
+        auto = auto_workers(settings.embeddings)
+        count, said = auto.count, f"workers auto: {auto.describe()}"
     else:
-        cores = usable_cores()
-        count = cores.usable
-    prepare(settings, host, with_pid=count > 1)
-    if cores is not None:
-        log.info("workers auto: %s, for %s", f"{count} workers" if count > 1 else "one process", cores.describe())
+        count = chosen
+        crowded = auto_workers(settings.embeddings).crowded(count) if count > 1 else None
+    prepare(settings, host, with_pid=count > 1)  # sets the log up
+    if said is not None:
+        log.info("%s", said)
+    if crowded is not None:
+        log.warning("%s", crowded)
     port = settings.port if port is None else port
     if count > 1:
         limits = stop_limits(settings)
