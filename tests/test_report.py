@@ -204,6 +204,41 @@ def test_sentences_split_at_a_stop_before_a_capital_a_cjk_stop_or_a_line_break()
     assert split_sentences("") == split_sentences(" \n\n ") == []
 
 
+def test_a_report_cuts_each_page_read_into_passages_once(monkeypatch):
+    """The claims, their verification and each part of a detailed report read the same pages:
+    cutting each page again for each of them was most of a report's time when pages were read."""
+    from fedresearch.library.formats import Section
+    from fedresearch.report import evidence
+    from fedresearch.report.compose import write_extractive
+    from fedresearch.report.writer import Part, Writing
+
+    cuts: list[str] = []
+    real = evidence.chunk_sections
+
+    def counted(sections: list[Section], size: int = 220, overlap: int = 40) -> list[evidence.Chunk]:
+        cuts.append(sections[0].text[:20])
+        return real(sections, size, overlap)
+
+    monkeypatch.setattr(evidence, "chunk_sections", counted)
+    prose = "Federated search sends one query to several engines at once. The engines answer in parallel. "
+    results = fuse(
+        [
+            SearchResult(
+                href=f"https://s{i}.example/page", title=f"S{i}", body=f"Snippet {i}.", retriever="tavily", rank=i
+            )
+            for i in range(1, 5)
+        ]
+    )
+    pages = {result.key: [Section(f"Page {n} says so. " + prose * 20)] for n, result in enumerate(results[:3])}
+    writing = Writing(pages=pages)
+    parts = [Part("How do engines answer?", results[:2]), Part("What is federated search?", results[1:])]
+    markdown, references, _ = write_extractive(
+        "federated search engines", ReportType.detailed_report, results, [], writing, parts
+    )
+    assert "Federated search sends one query" in markdown and len(references) >= 2  # from the pages
+    assert sorted(cuts) == [f"Page {n} says so. Fede" for n in range(3)]  # each once
+
+
 def test_agreeing_sources_are_cited_together():
     sentence = "Reciprocal rank fusion sums one over k plus rank across the input rankings."
     results = [

@@ -19,14 +19,17 @@ class Chunk:
 _CHARS_PER_TOKEN = 12  # a passage's character bound, per token of `size`: generous for any language
 
 
-def _bounded(sentence: str, size: int, limit: int) -> list[str]:
-    """`sentence` cut into pieces of at most `size` words and `limit` characters.
+def _bounded(sentence: str, size: int, limit: int) -> list[tuple[str, int]]:
+    """`sentence` cut into pieces of at most `size` words and `limit` characters, each with its
+    token count (at least 1).
 
     Text without sentence ends (a 10 MB log, a table dump) is one "sentence": whole, it would be
     one passage served whole by every API.
     """
-    if len(sentence) <= limit and len(tokens(sentence)) <= size:
-        return [sentence]
+    if len(sentence) <= limit:
+        count = len(tokens(sentence))
+        if count <= size:
+            return [(sentence, max(1, count))]
     pieces: list[str] = []
     words = [word[start : start + limit] for word in sentence.split() for start in range(0, len(word), limit)]
     window: list[str] = []
@@ -39,23 +42,21 @@ def _bounded(sentence: str, size: int, limit: int) -> list[str]:
         length += len(word) + 1
     if window:
         pieces.append(" ".join(window))
-    return pieces
+    return [(piece, max(1, len(tokens(piece)))) for piece in pieces]
 
 
-def _chars(window: list[tuple[str, int]]) -> int:
-    return sum(len(sentence) + 1 for sentence, _ in window)
-
-
-def _overlap(window: list[tuple[str, int]], overlap: int) -> tuple[list[tuple[str, int]], int]:
-    """The window's last sentences, up to `overlap` tokens and their share of characters, to repeat."""
+def _overlap(window: list[tuple[str, int]], overlap: int) -> tuple[list[tuple[str, int]], int, int]:
+    """The window's last sentences, up to `overlap` tokens and their share of characters, to repeat,
+    with their token and character counts."""
     kept: list[tuple[str, int]] = []
-    count = 0
+    count = chars = 0
     for item in reversed(window):
-        if count + item[1] > overlap or _chars(kept) + len(item[0]) > overlap * _CHARS_PER_TOKEN:
+        if count + item[1] > overlap or chars + len(item[0]) > overlap * _CHARS_PER_TOKEN:
             break
         kept.insert(0, item)
         count += item[1]
-    return kept, count
+        chars += len(item[0]) + 1
+    return kept, count, chars
 
 
 def chunk_sections(sections: list[Section], size: int = 220, overlap: int = 40) -> list[Chunk]:
@@ -65,15 +66,17 @@ def chunk_sections(sections: list[Section], size: int = 220, overlap: int = 40) 
     piece_limit = (size - overlap) * _CHARS_PER_TOKEN  # room for the overlap repeated in front of it
     for section in sections:
         window: list[tuple[str, int]] = []
-        count = 0
+        count = chars = 0  # the window's tokens, and its characters with a space after each piece
         for sentence in split_sentences(section.text):
-            for piece in _bounded(sentence, size, piece_limit):
-                length = max(1, len(tokens(piece)))
-                if window and (count + length > size or _chars(window) + len(piece) > limit):
+            # each sentence's tokens counted once, the window's characters kept as it grows: counted
+            # again for every piece, they took most of a report's time on pages read (stop 30)
+            for piece, length in _bounded(sentence, size, piece_limit):
+                if window and (count + length > size or chars + len(piece) > limit):
                     chunks.append(Chunk(" ".join(s for s, _ in window), section.heading, section.page, len(chunks)))
-                    window, count = _overlap(window, overlap)
+                    window, count, chars = _overlap(window, overlap)
                 window.append((piece, length))
                 count += length
+                chars += len(piece) + 1
         if window:
             chunks.append(Chunk(" ".join(s for s, _ in window), section.heading, section.page, len(chunks)))
     return chunks

@@ -31,7 +31,7 @@ class ChatAnswer:
 
 
 def _claims(message: str, sources: list[FusedResult], writing: Writing) -> list[Claim]:
-    ranked = rank(message, gather(sources, writing.pages), writing.embed)
+    ranked = rank(message, gather(sources, writing.pages, writing.passages), writing.embed)
     return select_claims(message, diversify(ranked, k=8, per_source=2), max_claims=_CLAIMS)
 
 

@@ -90,7 +90,7 @@ def _evidence_texts(references: Sequence[Reference], writing: Writing) -> dict[i
     """What each reference's source says: its result text and the pages read behind it."""
     texts = {}
     for reference in references:
-        passages = gather([reference.source], writing.pages)
+        passages = gather([reference.source], writing.pages, writing.passages)
         texts[reference.number] = "\n".join(p.text for p in passages)
     return texts
 
@@ -213,7 +213,7 @@ class LlmReport:
 
     def _passages(self) -> list[Evidence]:
         everything = self.sources + [s for part in self.parts for s in part.sources if s not in self.sources]
-        ranked = rank(self.question, gather(everything, self.writing.pages), self.writing.embed)
+        ranked = rank(self.question, gather(everything, self.writing.pages, self.writing.passages), self.writing.embed)
         return [r.evidence for r in diversify(ranked, k=_PASSAGES, per_source=3)]
 
     async def _stream(self, passages: list[Evidence]) -> None:

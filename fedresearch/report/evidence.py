@@ -15,7 +15,7 @@ import numpy as np
 from fedresearch.core.models import FusedResult
 from fedresearch.core.ranking import rrf
 from fedresearch.core.text import STOPWORDS, cjk_bigrams, split_sentences
-from fedresearch.library.chunking import chunk_sections
+from fedresearch.library.chunking import Chunk, chunk_sections
 from fedresearch.library.formats import Section
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -75,13 +75,24 @@ class Evidence:
     position: int = 0
 
 
-def gather(sources: Sequence[FusedResult], pages: dict[str, list[Section]]) -> list[Evidence]:
-    """Passages: a fetched page's text in ~120-token passages (page numbers kept), else the result's body."""
+def gather(
+    sources: Sequence[FusedResult], pages: dict[str, list[Section]], cut: dict[str, list[Chunk]] | None = None
+) -> list[Evidence]:
+    """Passages: a fetched page's text in ~120-token passages (page numbers kept), else the result's body.
+
+    `cut` keeps each page's passages by source key, for the next gather over the same `pages`: a
+    report gathers the same pages for its claims, its verification and each part of a detailed one,
+    and cutting them was most of its time."""
     found: list[Evidence] = []
     for source in sources:
         sections = pages.get(source.key)
         if sections:
-            for chunk in chunk_sections(sections, size=_PAGE_PASSAGE_TOKENS, overlap=0):
+            chunks = cut.get(source.key) if cut is not None else None
+            if chunks is None:
+                chunks = chunk_sections(sections, size=_PAGE_PASSAGE_TOKENS, overlap=0)
+                if cut is not None:
+                    cut[source.key] = chunks
+            for chunk in chunks:
                 found.append(Evidence(chunk.text, source, "page", chunk.page, chunk.position))
             if source.body and source.body not in (s.text for s in sections):
                 found.append(Evidence(source.body, source, "snippet", source.metadata.get("page"), 0))

@@ -20,6 +20,7 @@ from fedresearch.core.identifiers import is_url
 from fedresearch.core.models import SOURCE_KINDS, FusedResult, ReportType, RetrieverOutcome, RetrieverStatus
 from fedresearch.core.text import STOPWORDS, cjk_bigrams
 from fedresearch.core.work import WorkPool
+from fedresearch.library.chunking import Chunk
 from fedresearch.library.formats import Section
 from fedresearch.report.citations import Citations, Reference, display_title, link_target
 from fedresearch.report.evidence import (
@@ -158,10 +159,11 @@ class Writing:
     language: str | None = None
     support_threshold: float = 0.5  # REPORT_SUPPORT_THRESHOLD: what the verifier counts as supported
     work: WorkPool | None = None  # the threads it is written on (None: asyncio's default pool)
+    passages: dict[str, list[Chunk]] = field(default_factory=dict, repr=False)  # `pages` cut, by source key
 
 
 def _claims(question: str, sources: Sequence[FusedResult], writing: Writing, budget: int) -> list[Claim]:
-    ranked = rank(question, gather(sources, writing.pages), writing.embed)
+    ranked = rank(question, gather(sources, writing.pages, writing.passages), writing.embed)
     return select_claims(question, diversify(ranked, k=budget, per_source=3), max_claims=budget)
 
 
