@@ -242,6 +242,12 @@ def extract(url: str, final_url: str, content_type: str, body: bytes) -> Page:
     raise PageSkipped(f"neither HTML, PDF nor text ({content_type or 'no content type'})")
 
 
+# Of the metadata only the title is used. trafilatura's default date search reads the whole page for
+# dates ("extensive"): on 60 real 38 kB pages it was 40% of the reading's CPU (22.1 against 13.0 ms
+# a page, the same text and title on all of them).
+_DATE_SEARCH = {"original_date": True, "extensive_search": False}
+
+
 def _html(url: str, final_url: str, body: bytes) -> Page:
     extracted: Any = trafilatura.bare_extraction(
         body.decode("utf-8", errors="replace"),
@@ -249,6 +255,7 @@ def _html(url: str, final_url: str, body: bytes) -> Page:
         include_comments=False,
         favor_precision=True,
         with_metadata=True,
+        date_extraction_params=_DATE_SEARCH,
     )
     text = str(getattr(extracted, "text", "") or "").strip() if extracted is not None else ""
     if not text:
