@@ -17,7 +17,11 @@ the ratios round by round. `--redis`: both servers keep jobs and shared state in
 started here (a database each, emptied before every round), as the workers of a team do.
 `--llm`: the report is written by a model, a fake OpenAI-compatible endpoint in a process of its
 own that answers at once (the first passage's first sentence, cited), so what is measured is the
-server's side of the model's calls. `--this-env KEY=VALUE` (repeatable): this checkout's server
+server's side of the model's calls. `--pages`: each task also reads the pages behind its six
+results, as a task does by default (a site in the fakes' processes, a new set of pages of about 10
+kB per task: bench/extract.py's `site`), so what is measured includes reading their main text and
+writing from it.
+`--this-env KEY=VALUE` (repeatable): this checkout's server
 runs with that in its environment too, e.g. `PROMETHEUS_MULTIPROC_DIR=DIR` as the workers of `serve
 --workers N` do (their metrics in files every worker reads, core/metrics.py).
 """
@@ -170,14 +174,14 @@ def main(options: argparse.Namespace) -> None:
         redis = start_redis() if options.redis else None
         if redis is not None:
             cleanup.callback(redis.stop)
-        fakes = cleanup.enter_context(upstreams())
+        fakes = cleanup.enter_context(upstreams(pages=options.pages))
         llm = {"LLM_BASE_URL": cleanup.enter_context(model()), "LLM_MODEL": "small"} if options.llm else {}
         checkouts = {"this": ROOT, "against": options.against.resolve()}
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in checkouts}
         print(f"this: {ROOT}  against: {checkouts['against']}  server pinned to core {server_core}")
         print(f"{'round':>5} {'checkout':>8} {'tasks/s':>8} {'CPU ms/task':>12}")
         for number in range(1, options.rounds + 1):
-            env = start_server_env(fakes.tavily_url, fakes.google_url) | llm
+            env = start_server_env(fakes.tavily_url, fakes.google_url, fakes.pages_url) | llm
             # with Redis, a database each: a key's task slots and the answer cache are not shared
             envs = {
                 name: env if redis is None else {**env, "FEDRESEARCH_REDIS_URL": f"{redis.url}?db={index}"}
@@ -214,6 +218,7 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--redis", action="store_true", help="jobs and shared state in a redis-server started here")
     parser.add_argument("--llm", action="store_true", help="reports written by a fake model answering at once")
+    parser.add_argument("--pages", action="store_true", help="each task reads the 6 pages behind its results")
     parser.add_argument("--this-env", action="append", default=[], help="KEY=VALUE for this checkout's server")
     parser.add_argument(
         "--together", action="store_true", help="load both servers at once on one core, not one after the other"

@@ -22,10 +22,14 @@ import json
 import random
 import statistics
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from aiohttp import web
+
 DATASET = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "med" / "corpus.jsonl"
+CISI = DATASET.parent.parent / "cisi" / "corpus.jsonl"
 BOILERPLATE = [
     "Subscribe to our newsletter for weekly updates",
     "We use cookies to improve your experience",
@@ -49,6 +53,23 @@ def page(title: str, paragraphs: list[str], rng: random.Random) -> str:
 <main><article><h1>{title}</h1><p class="byline">By Staff Writer, 3 May 2026</p>{body}</article>
 <aside class="sidebar"><h3>Related</h3><ul>{related}</ul></aside><section class="comments">{comments}</section></main>
 <footer><p>{BOILERPLATE[2]}. All rights reserved.</p><p>{BOILERPLATE[5]}</p></footer></body></html>"""
+
+
+def site(paragraphs: int = 8) -> web.Application:
+    """A web site for reading under load: any path is an article of `paragraphs` of CISI's abstracts
+    (real prose, unlike MED's lowercase ones), chosen by the path, in the boilerplate `page` adds:
+    about 10 kB a page, the same page for the same path."""
+    records = [json.loads(line) for line in CISI.read_text().splitlines()]
+
+    async def answer(request: web.Request) -> web.Response:
+        rng = random.Random(zlib.crc32(request.path.encode()))
+        chosen = rng.sample(records, paragraphs)
+        markup = page(chosen[0].get("title") or "A study", [record["text"] for record in chosen], rng)
+        return web.Response(text=markup, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/{path:.*}", answer)
+    return app
 
 
 def extractors() -> dict[str, Callable[[str], str]]:

@@ -53,7 +53,9 @@ from multiprocessing.synchronize import Barrier
 from typing import Any
 
 import websockets
+from aiohttp import web
 
+from bench.extract import site
 from bench.load import ROOT, UPSTREAM_S, cpu_seconds, cpu_topology, free_port, machine_busy, percentile, raise_fd_limit
 from tests.fakes import FakeGoogle, FakeTavily
 from tests.redis_cluster import RedisCluster, start_redis_cluster
@@ -62,16 +64,24 @@ from tests.redis_server import RedisServer, start_redis
 TASK = {"headers": {"retrievers": "tavily,google"}}
 
 
-def run_upstreams(pipe: Connection, ports: tuple[int, int]) -> None:
+def run_upstreams(pipe: Connection, ports: tuple[int, int, int | None]) -> None:
     """The fakes, in a process of their own (so their CPU is not the server's or the clients'),
-    sharing their ports with the other fake processes."""
+    sharing their ports with the other fake processes; with a third port, a web site whose pages
+    the fakes' results link to (bench/extract.py's `site`), a set of pages per query."""
 
     async def serve() -> None:
         tavily = await FakeTavily().start(ports[0], reuse_port=True)
         google = await FakeGoogle().start(ports[1], reuse_port=True)
+        pages_url = None
+        if ports[2] is not None:
+            runner = web.AppRunner(site(), access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", ports[2], reuse_port=True).start()
+            pages_url = f"http://127.0.0.1:{ports[2]}"
         for fake in (tavily, google):
             fake.behaviour.delay_s = UPSTREAM_S
-        pipe.send((tavily.url, google.url))
+            fake.behaviour.link_base = pages_url
+        pipe.send((tavily.url, google.url, pages_url))
         await asyncio.get_running_loop().run_in_executor(None, pipe.recv)  # until told to stop
 
     asyncio.run(serve())
@@ -81,6 +91,7 @@ def run_upstreams(pipe: Connection, ports: tuple[int, int]) -> None:
 class Fakes:
     tavily_url: str
     google_url: str
+    pages_url: str | None  # the site the results link to, when pages are read
     pids: list[int]  # the processes answering both: their CPU says whether the fakes limit a row
 
 
@@ -91,11 +102,12 @@ def fake_processes_for_this_machine() -> int:
 
 
 @contextlib.contextmanager
-def upstreams(processes: int = 1) -> Iterator[Fakes]:
+def upstreams(processes: int = 1, pages: bool = False) -> Iterator[Fakes]:
     """The fakes running in `processes` processes of their own (one port each for Tavily and Google,
-    shared with SO_REUSEPORT) while the block runs."""
+    and with `pages` for the site their results link to, shared with SO_REUSEPORT) while the block
+    runs."""
     context = multiprocessing.get_context("spawn")
-    ports = (free_port(), free_port())
+    ports = (free_port(), free_port(), free_port() if pages else None)
     pipes, children = [], []
     for _ in range(processes):
         ours, theirs = context.Pipe()
@@ -262,7 +274,9 @@ def wait_for_workers(port: int, workers: int, process: subprocess.Popen[bytes]) 
     return pids
 
 
-def start_server_env(tavily_url: str, google_url: str) -> dict[str, str]:
+def start_server_env(tavily_url: str, google_url: str, pages_url: str | None = None) -> dict[str, str]:
+    """A server's environment for the fakes; with `pages_url`, the pages behind results are read (8 a
+    task at most, as by default), from that site alone."""
     data_dir = tempfile.mkdtemp(prefix="bench-scaling-")
     # a run leaves thousands of files a second behind; left in place, they slow every later file
     # creation on the same file system (and so the next runs of this bench)
@@ -280,9 +294,10 @@ def start_server_env(tavily_url: str, google_url: str) -> dict[str, str]:
         "TASK_TIMEOUT_S": "120",
         "RETRIEVER_TIMEOUT_S": "60",
         "FEDRESEARCH_EMBEDDINGS": "false",
-        # the fakes' result URLs are not served anywhere: reading them would measure DNS timeouts
+        # without the site the fakes' result URLs are served nowhere: reading them would measure DNS
+        # timeouts
         "FETCH_PAGES": "false",
-    }
+    } | ({"FETCH_PAGES": "true", "FETCH_ALLOWED_HOSTS": "127.0.0.1"} if pages_url else {})
 
 
 def overheads(latencies: list[float]) -> tuple[float, float]:

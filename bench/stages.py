@@ -1,10 +1,10 @@
 """The server's CPU time per research task, by stage.
 
-    python -m bench.stages [--seconds 15] [--concurrency 32] [--top 20]
+    python -m bench.stages [--seconds 15] [--concurrency 32] [--top 20] [--pages]
 
 One server process (`fedresearch serve`, as in production) runs the task of bench/scaling.py
-(Tavily and Google, fakes answering in 50 ms from a process of their own, pages not read,
-embeddings off) for `--seconds` from `--concurrency` sockets, while py-spy (a dev dependency)
+(Tavily and Google, fakes answering in 50 ms from a process of their own, pages not read unless
+`--pages`, embeddings off) for `--seconds` from `--concurrency` sockets, while py-spy (a dev dependency)
 samples it from outside with `--gil`: only the thread holding the GIL is sampled, so a sample is
 Python at work in any thread (the writer's and the file writes' worker threads included) and
 waiting costs nothing; the profiler runs in its own process and does not slow the server.
@@ -41,6 +41,8 @@ STAGES: dict[str, list[tuple[str, str]]] = {
         ("runner.py", "search_one"),
     ],
     "fusion and ranking": [("fusion.py", "fuse")],
+    "pages: fetching them": [("pages.py", "read"), ("pages.py", "_fetch"), ("reading.py", "read_pages")],
+    "pages: their main text (trafilatura)": [("pages.py", "extract")],
     "writing and verifying the report": [
         ("compose.py", "write_extractive"),
         ("compose.py", "_write_and_save"),
@@ -101,8 +103,9 @@ def main(options: argparse.Namespace) -> None:
     spy = str(beside) if beside.is_file() else shutil.which("py-spy")
     if spy is None:
         raise SystemExit("bench.stages needs py-spy (pip install -e '.[dev]')")
-    with upstreams() as fakes:
-        server = start_server(1, "reuseport", start_server_env(fakes.tavily_url, fakes.google_url))
+    with upstreams(pages=options.pages) as fakes:
+        env = start_server_env(fakes.tavily_url, fakes.google_url, fakes.pages_url)
+        server = start_server(1, "reuseport", env)
         pid, samples = next(iter(server.pids)), Path(tempfile.mkdtemp()) / "samples.txt"
         try:
             url = f"ws://127.0.0.1:{server.port}/ws"
@@ -142,4 +145,5 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--pages", action="store_true", help="each task reads the 6 pages behind its results")
     main(parser.parse_args())

@@ -7,6 +7,7 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -23,6 +24,13 @@ class Behaviour:
     redirect_to: str | None = None
     echo_credentials: bool = False  # a 401 quotes the Authorization it refused, as one upstream did
     set_cookie: str | None = None  # a Set-Cookie on every answer, as APIs behind a CDN send (`__cf_bm=...`)
+    link_base: str | None = None  # results link to pages under this URL, a set per query (benchmarks)
+
+    def link(self, query: str, engine: str, number: int) -> str | None:
+        """A result's URL under `link_base`, or None without one."""
+        if self.link_base is None:
+            return None
+        return f"{self.link_base}/{quote(query, safe='')}/{engine}/{number}"
 
 
 class FakeUpstream:
@@ -134,7 +142,7 @@ class FakeTavily(FakeUpstream):
             return web.Response(status=200, text='{"results": [', content_type="application/json")
         results = self.behaviour.items or [
             {
-                "url": f"https://example.org/tavily/{i}",
+                "url": self.behaviour.link(body["query"], "tavily", i) or f"https://example.org/tavily/{i}",
                 "title": f"Tavily result {i} on {body['query']}",
                 "content": f"Tavily passage {i} says rank fusion combines lexical and dense retrieval well.",
                 "score": round(0.9 - i * 0.1, 2),
@@ -221,7 +229,8 @@ class FakeGoogle(FakeUpstream):
                 "kind": "customsearch#result",
                 "title": f"Google result {i}",
                 "htmlTitle": f"Google result {i}",
-                "link": f"https://www.example.com/google/{i}/?utm_source=x",
+                "link": self.behaviour.link(request.query.get("q", ""), "google", i)
+                or f"https://www.example.com/google/{i}/?utm_source=x",
                 "displayLink": "www.example.com",
                 "snippet": f"Google snippet {i}: hybrid search with reciprocal rank fusion.",
                 "formattedUrl": "...",
