@@ -3,8 +3,10 @@
 Pages are built from real abstracts (../shared/datasets/med) wrapped in the boilerplate real sites
 carry (navigation, cookie banner, sidebar of related links, comments, footer, scripts and styles).
 For each extractor: ms per page, recall of the article's sentences, and how much boilerplate leaks.
-"trafilatura, as served" is the call fedresearch/federation/pages.py makes (metadata for the title,
-the short date search); "…, full date search" the same with trafilatura's default date search.
+"trafilatura, as served" is the call fedresearch/federation/pages.py makes for a URL without a title
+(metadata for the title, the short date search); "…, a result's page" the one for a search result,
+which has its title (no metadata); "…, full date search" the first with trafilatura's default date
+search.
 
     python -m bench.extract [--pages 200]
     python -m bench.extract --html-dir DIR   # real saved pages: time per page and text length only
@@ -83,10 +85,9 @@ def extractors() -> dict[str, Callable[[str], str]]:
             trafilatura.extract(html, include_comments=False, favor_precision=True) or ""
         )
 
-        def served(html: str) -> str:
-            return (
-                extract("https://example.org/a", "https://example.org/a", "text/html", html.encode()).sections[0].text
-            )
+        def served(html: str, titled: bool = True) -> str:
+            page = extract("https://example.org/a", "https://example.org/a", "text/html", html.encode(), titled)
+            return page.sections[0].text
 
         def full_date_search(html: str) -> str:
             found = trafilatura.bare_extraction(
@@ -95,6 +96,7 @@ def extractors() -> dict[str, Callable[[str], str]]:
             return str(getattr(found, "text", "") or "")
 
         found["trafilatura, as served"] = served
+        found["…, a result's page"] = lambda html: served(html, titled=False)
         found["…, full date search"] = full_date_search
     except ImportError:
         pass

@@ -48,6 +48,9 @@ async def pages(tmp_path):
     )
 
     async def article(request: web.Request) -> web.Response:
+        ARTICLE_READS[f"http://pages.test:{request.url.port}"] = (
+            ARTICLE_READS.get(f"http://pages.test:{request.url.port}", 0) + 1
+        )
         html = f"""<html><head><title>Pilot study of fusion</title></head><body>
         <nav><a href="/">Home</a> Subscribe to our newsletter</nav>
         <article><h1>Pilot study of fusion</h1><p>{ARTICLE}</p></article>
@@ -90,6 +93,7 @@ async def pages(tmp_path):
 
 
 COOKIES_SEEN: dict[str, list[str | None]] = {}  # per fake site: the Cookie header of each request to /cookie
+ARTICLE_READS: dict[str, int] = {}  # per fake site: requests to /article
 
 
 RESOLVER = StaticResolver(
@@ -142,6 +146,24 @@ def test_reading_html_skips_the_extensive_date_search_it_has_no_use_for(monkeypa
         body.decode(), url="https://pages.test/a", include_comments=False, favor_precision=True, with_metadata=True
     )
     assert (page.title, page.sections[0].text) == (full.title, full.text)  # what the default search gave
+
+
+async def test_a_result_with_a_title_has_its_page_read_without_looking_for_one(tmp_path, pages):
+    """A search result has its title: its page is read without trafilatura's metadata pass (a third
+    of an HTML page's reading), the same text. A URL without a title (`source_urls`) gets the page's;
+    a page read for a title serves both from the cache, one read without serves only the titled."""
+    pages_reader = reader(tmp_path)
+    url = f"{pages}/article"
+    try:
+        untitled = await pages_reader.read(url, titled=False)
+        assert untitled.title == "" and not untitled.titled and ARTICLE_READS[pages] == 1
+        titled = await pages_reader.read(url)  # wants the title the cached page has not looked for
+        assert titled.title == "Pilot study of fusion" and ARTICLE_READS[pages] == 2
+        assert titled.sections[0].text == untitled.sections[0].text
+        assert (await pages_reader.read(url, titled=False)) is titled and ARTICLE_READS[pages] == 2
+        assert (await pages_reader.read(url)) is titled and ARTICLE_READS[pages] == 2
+    finally:
+        await pages_reader.close()
 
 
 async def test_a_cookie_a_page_sets_is_never_sent_again(tmp_path, pages):
@@ -242,3 +264,13 @@ async def test_web_results_are_read_and_become_the_evidence(tmp_path, fakes, pag
     )
     report = report_of(frames)
     assert "Finding" in report and "merged the lexical and dense rankings" in report  # the page, not the snippet
+    assert "[1] [Pilot](" in report  # the result's own title, its page read without looking for one
+
+
+async def test_a_source_url_without_a_title_takes_its_pages(tmp_path, fakes, pages, start_server):
+    settings = make_settings(tmp_path, fakes, fetch_pages=True, fetch_allowed_hosts=["pages.test"])
+    server = await start_server(settings, resolver=RESOLVER)
+    async with websockets.connect(server.ws_url) as ws:
+        task = {"task": "reciprocal rank fusion pilot study", "report_source": "static"}
+        frames = await run_task(ws, {**task, "source_urls": [f"{pages}/article"]})
+    assert f"[1] [Pilot study of fusion]({pages}/article)" in report_of(frames)

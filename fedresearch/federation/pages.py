@@ -102,6 +102,7 @@ class Page:
     sections: list[Section]
     kind: str  # html, pdf or text
     elapsed_ms: float = 0.0
+    titled: bool = True  # its title was looked for (an HTML page read without one has "")
 
     @property
     def chars(self) -> int:
@@ -143,11 +144,15 @@ class PageReader:
         if self._session is not None:
             await self._session.close()
 
-    async def read(self, url: str) -> Page:
-        """The page's main text, or PageSkipped saying why it was not read."""
+    async def read(self, url: str, titled: bool = True) -> Page:
+        """The page's main text, and with `titled` its title; or PageSkipped saying why it was not read.
+
+        A page's title is for a source that has none (a URL the user gave): finding it runs
+        trafilatura's metadata pass (authors, sitename, categories, tags, license and a date too),
+        a third of an HTML page's reading."""
         self.check(url)
         cached = self._cache.get(url)
-        if cached is not None and cached[0] > time.monotonic():
+        if cached is not None and cached[0] > time.monotonic() and (cached[1].titled or not titled):
             return cached[1]
         host = (urlsplit(url).hostname or "").lower()
         started = time.perf_counter()
@@ -157,10 +162,9 @@ class PageReader:
                     final_url, content_type, body = await self._fetch(url)
             except TimeoutError:
                 raise PageSkipped(f"no answer within {self.settings.fetch_timeout_s:g} s (FETCH_TIMEOUT_S)") from None
-        page = await asyncio.to_thread(extract, url, final_url, content_type, body)
-        page = Page(
-            url, final_url, page.title, page.sections, page.kind, round((time.perf_counter() - started) * 1000, 1)
-        )
+        page = await asyncio.to_thread(extract, url, final_url, content_type, body, titled)
+        elapsed_ms = round((time.perf_counter() - started) * 1000, 1)
+        page = Page(url, final_url, page.title, page.sections, page.kind, elapsed_ms, page.titled)
         self._remember(url, page)
         return page
 
@@ -224,8 +228,8 @@ async def _capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
         raise PageSkipped(f"more than FETCH_MAX_BYTES ({limit} bytes)") from None
 
 
-def extract(url: str, final_url: str, content_type: str, body: bytes) -> Page:
-    """The main text of an answer (CPU work: run it in a thread)."""
+def extract(url: str, final_url: str, content_type: str, body: bytes, titled: bool = True) -> Page:
+    """The main text of an answer, and with `titled` an HTML page's title (CPU work: run it in a thread)."""
     if content_type == "application/pdf" or body.startswith(b"%PDF-"):
         try:
             sections = pdf_sections(body)
@@ -233,7 +237,7 @@ def extract(url: str, final_url: str, content_type: str, body: bytes) -> Page:
             raise PageSkipped(str(error)) from None
         return Page(url, final_url, "", sections, "pdf")
     if content_type in ("text/html", "application/xhtml+xml"):
-        return _html(url, final_url, body)
+        return _html(url, final_url, body, titled)
     if content_type.startswith("text/"):
         text = body.decode("utf-8", errors="replace").strip()
         if not text:
@@ -248,17 +252,17 @@ def extract(url: str, final_url: str, content_type: str, body: bytes) -> Page:
 _DATE_SEARCH = {"original_date": True, "extensive_search": False}
 
 
-def _html(url: str, final_url: str, body: bytes) -> Page:
+def _html(url: str, final_url: str, body: bytes, titled: bool) -> Page:
     extracted: Any = trafilatura.bare_extraction(
         body.decode("utf-8", errors="replace"),
         url=final_url,
         include_comments=False,
         favor_precision=True,
-        with_metadata=True,
+        with_metadata=titled,
         date_extraction_params=_DATE_SEARCH,
     )
     text = str(getattr(extracted, "text", "") or "").strip() if extracted is not None else ""
     if not text:
         raise PageSkipped("no main text found in the HTML")
     title = str(getattr(extracted, "title", "") or "").strip()
-    return Page(url, final_url, title, [Section(text=text)], "html")
+    return Page(url, final_url, title, [Section(text=text)], "html", titled=titled)

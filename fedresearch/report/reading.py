@@ -69,7 +69,7 @@ async def read_pages(
 
 async def _read(reader: PageReader, source: FusedResult, url: str, emit: Emit) -> Page | None:
     try:
-        page = await reader.read(url)
+        page = await reader.read(url, titled=not source.title)
     except PageSkipped as reason:
         await emit(
             ProgressEvent("fetching", f"⏭️ {url}: {reason}", {"url": url, "status": "skipped", "reason": str(reason)})
