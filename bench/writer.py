@@ -8,10 +8,11 @@ characters each (6x400 is bench/scaling.py's task: two retrievers' three snippet
 search whose results carry long texts); pNxC is N results of 400-character snippets, each with a
 page of C characters read behind it (FETCH_MAX_PAGES is 8 by default), which the writer cuts into
 passages of 120 tokens. Each size is written as the server writes it, report and verification of
-its cited sentences in one call (`write_extractive`, embeddings off), the fastest of `--repeat` (5) in a
-fresh process per checkout and round, the two checkouts alternating, so drift on a shared machine
-hits both. Printed: each size's median CPU time per report (ms) in each checkout and their ratio.
-DIR is another checkout of the project (`git worktree add /tmp/old <commit>`) whose
+its cited sentences in one call (`write_extractive`, embeddings off), the fastest of `--repeat` (5)
+in a fresh process per checkout and round, the texts' terms cache emptied before each (a task
+meets texts no task met before), the two checkouts alternating, so drift on a shared machine hits
+both. Printed: each size's median CPU time per report (ms) in each checkout and their ratio. DIR is
+another checkout of the project (`git worktree add /tmp/old <commit>`) whose
 `fedresearch.report.compose.write_extractive` takes the same arguments (main since the namespace).
 """
 
@@ -35,6 +36,7 @@ _CHILD = """
 import gc, json, sys, time
 from fedresearch.core.models import FusedResult, ReportType
 from fedresearch.library.formats import Section
+from fedresearch.report import evidence as passages
 from fedresearch.report.compose import write_extractive
 from fedresearch.report.writer import Writing
 spec = json.load(sys.stdin)
@@ -48,6 +50,8 @@ for size, evidence in spec["sizes"].items():
     write_extractive(spec["question"], ReportType.research_report, sources, [], writing(), [])  # warm
     spent = []
     for _ in range(spec["repeat"]):
+        # a server's task reads texts no task read before: its terms are not in the cache yet
+        getattr(getattr(passages, "_terms", None), "cache_clear", lambda: None)()
         started = time.process_time()
         write_extractive(spec["question"], ReportType.research_report, sources, [], writing(), [])
         spent.append(time.process_time() - started)

@@ -84,7 +84,9 @@ class Verifier:
         self.passages = dict(passages)
         self.embed = embed
         self.thresholds = thresholds or Thresholds()
-        self._terms = {n: set(terms(text)) for n, text in self.passages.items()}
+        # line by line: a passage here is often its source's passages joined by line breaks, each
+        # through `terms` (cached) when the report ranked them, and no term spans a line break
+        self._terms = {n: set().union(*map(terms, text.split("\n"))) for n, text in self.passages.items()}
         self._numbers = {n: set(_NUMBER.findall(text)) for n, text in self.passages.items()}
         self._vectors: dict[int, np.ndarray] = {}
         if embed is not None and self.passages:
