@@ -16,6 +16,9 @@ from fedresearch.federation.pages import PageReader, PageSkipped, public
 from tests.conftest import logs, make_settings, report_of, run_task
 from tests.pdfs import write_pdf
 
+CHINESE = "".join(
+    f"第{i}项发现：倒数排序融合在我们的试点研究中无需调参即可合并词法与稠密检索的排名。" for i in range(12)
+)
 ARTICLE = " ".join(
     f"Finding {i}: reciprocal rank fusion merged the lexical and dense rankings of our pilot study without tuning."
     for i in range(12)
@@ -71,8 +74,23 @@ async def pages(tmp_path):
         response.set_cookie("visitor", "alice-session", path="/")
         return response
 
+    def encoded(body: str, encoding: str, content_type: str) -> web.Response:
+        return web.Response(body=body.encode(encoding), headers={"Content-Type": content_type})
+
+    chinese = (
+        f"<html><head>{{meta}}<title>融合检索</title></head><body><article><p>{CHINESE}</p></article></body></html>"
+    )
     cookies_seen: list[str | None] = []
     app = web.Application()
+    app.router.add_get("/gbk-header", lambda r: encoded(chinese.format(meta=""), "gbk", "text/html; charset=gb2312"))
+    meta = '<meta charset="gbk">'
+    app.router.add_get("/gbk-meta", lambda r: encoded(chinese.format(meta=meta), "gbk", "text/html"))
+    app.router.add_get("/gbk-undeclared", lambda r: encoded(chinese.format(meta=""), "gb18030", "text/html"))
+    quoted = f"<html><body><article><p>{ARTICLE} \u201cFused\u201d \u2014 caf\u00e9.</p></article></body></html>"
+    app.router.add_get("/cp1252", lambda r: encoded(quoted, "cp1252", "text/html; charset=iso-8859-1"))
+    app.router.add_get(
+        "/sjis.txt", lambda r: encoded("検索拡張生成の報告。" * 5, "shift_jis", "text/plain; charset=shift_jis")
+    )
     app.router.add_get("/article", article)
     app.router.add_get("/cookie", cookie)
     app.router.add_get("/paper.pdf", lambda r: web.FileResponse(pdf, headers={"Content-Type": "application/pdf"}))
@@ -164,6 +182,27 @@ async def test_a_result_with_a_title_has_its_page_read_without_looking_for_one(t
         assert (await pages_reader.read(url)) is titled and ARTICLE_READS[pages] == 2
     finally:
         await pages_reader.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/gbk-header", "倒数排序融合"),  # charset=gb2312 in the header, read as browsers do (GB18030)
+        ("/gbk-meta", "倒数排序融合"),  # <meta charset="gbk"> only
+        ("/gbk-undeclared", "倒数排序融合"),  # nothing declared: not UTF-8, so guessed
+        ("/cp1252", "\u201cFused\u201d \u2014 caf\u00e9"),  # iso-8859-1 declared, windows-1252 sent
+        ("/sjis.txt", "検索拡張生成の報告"),  # a text page in Shift_JIS
+    ],
+)
+async def test_pages_are_read_in_the_encoding_they_declare_or_their_bytes_show(tmp_path, pages, path, expected):
+    """Read as UTF-8 whatever they were, pages in GBK, Shift_JIS or windows-1252 became mojibake."""
+    pages_reader = reader(tmp_path)
+    try:
+        page = await pages_reader.read(f"{pages}{path}")
+    finally:
+        await pages_reader.close()
+    text = page.sections[0].text
+    assert expected in text and "\ufffd" not in text, text[:200]
 
 
 async def test_a_cookie_a_page_sets_is_never_sent_again(tmp_path, pages):

@@ -24,8 +24,10 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+import charset_normalizer
 import trafilatura
 from aiohttp.abc import AbstractResolver, ResolveResult
+from w3lib.encoding import html_to_unicode, read_bom, resolve_encoding
 
 from fedresearch.core.identifiers import split_url
 from fedresearch.core.settings import Settings
@@ -159,10 +161,10 @@ class PageReader:
         async with self._hosts.setdefault(host, asyncio.Semaphore(self.settings.fetch_per_host)):
             try:
                 async with asyncio.timeout(self.settings.fetch_timeout_s):
-                    final_url, content_type, body = await self._fetch(url)
+                    final_url, content_type, charset, body = await self._fetch(url)
             except TimeoutError:
                 raise PageSkipped(f"no answer within {self.settings.fetch_timeout_s:g} s (FETCH_TIMEOUT_S)") from None
-        page = await asyncio.to_thread(extract, url, final_url, content_type, body, titled)
+        page = await asyncio.to_thread(extract, url, final_url, content_type, body, titled, charset)
         elapsed_ms = round((time.perf_counter() - started) * 1000, 1)
         page = Page(url, final_url, page.title, page.sections, page.kind, elapsed_ms, page.titled)
         self._remember(url, page)
@@ -184,7 +186,7 @@ class PageReader:
         if host in _METADATA_HOSTS:
             raise PageSkipped(f"{host} is a cloud metadata host")
 
-    async def _fetch(self, url: str) -> tuple[str, str, bytes]:
+    async def _fetch(self, url: str) -> tuple[str, str, str | None, bytes]:
         for _ in range(_MAX_REDIRECTS + 1):
             try:
                 async with self.session().get(url, allow_redirects=False) as response:
@@ -193,7 +195,8 @@ class PageReader:
                         continue
                     if response.status >= 400:
                         raise PageSkipped(f"HTTP {response.status}")
-                    return url, response.content_type, await _capped(response, self.settings.fetch_max_bytes)
+                    body = await _capped(response, self.settings.fetch_max_bytes)
+                    return url, response.content_type, response.charset, body
             except aiohttp.ClientConnectorError as error:
                 if isinstance(error.os_error, UnsafeAddress):
                     raise PageSkipped(f"{error.os_error} (FETCH_ALLOWED_HOSTS)") from None
@@ -228,8 +231,11 @@ async def _capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
         raise PageSkipped(f"more than FETCH_MAX_BYTES ({limit} bytes)") from None
 
 
-def extract(url: str, final_url: str, content_type: str, body: bytes, titled: bool = True) -> Page:
-    """The main text of an answer, and with `titled` an HTML page's title (CPU work: run it in a thread)."""
+def extract(
+    url: str, final_url: str, content_type: str, body: bytes, titled: bool = True, charset: str | None = None
+) -> Page:
+    """The main text of an answer, and with `titled` an HTML page's title (CPU work: run it in a thread).
+    `charset` is the one the answer's Content-Type names, if any."""
     if content_type == "application/pdf" or body.startswith(b"%PDF-"):
         try:
             sections = pdf_sections(body)
@@ -237,9 +243,9 @@ def extract(url: str, final_url: str, content_type: str, body: bytes, titled: bo
             raise PageSkipped(str(error)) from None
         return Page(url, final_url, "", sections, "pdf")
     if content_type in ("text/html", "application/xhtml+xml"):
-        return _html(url, final_url, body, titled)
+        return _html(url, final_url, decoded(body, charset, html=True), titled)
     if content_type.startswith("text/"):
-        text = body.decode("utf-8", errors="replace").strip()
+        text = decoded(body, charset, html=False).strip()
         if not text:
             raise PageSkipped("an empty text page")
         return Page(url, final_url, "", [Section(text=text)], "text")
@@ -252,9 +258,30 @@ def extract(url: str, final_url: str, content_type: str, body: bytes, titled: bo
 _DATE_SEARCH = {"original_date": True, "extensive_search": False}
 
 
-def _html(url: str, final_url: str, body: bytes, titled: bool) -> Page:
+def decoded(body: bytes, charset: str | None, html: bool) -> str:
+    """A page's text in the encoding it declares (a byte-order mark, its Content-Type's charset or,
+    for HTML, its `<meta charset>`: w3lib, with the names browsers read, gb2312 as GB18030 and
+    latin-1 as windows-1252), else UTF-8 when it decodes as UTF-8, else charset_normalizer's guess.
+    Read as UTF-8 whatever they were, pages in GBK, Shift_JIS or windows-1252 were mojibake."""
+    header = f"text/html; charset={charset}" if charset else None
+    if html:
+        return html_to_unicode(header, body, auto_detect_fun=_undeclared)[1]
+    encoding = read_bom(body)[0] or (resolve_encoding(charset) if charset else None) or _undeclared(body) or "utf-8"
+    return body.decode(encoding, errors="replace").removeprefix("\ufeff")
+
+
+def _undeclared(body: bytes) -> str | None:
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        best = charset_normalizer.from_bytes(body).best()
+        return best.encoding if best is not None else None
+    return "utf-8"
+
+
+def _html(url: str, final_url: str, markup: str, titled: bool) -> Page:
     extracted: Any = trafilatura.bare_extraction(
-        body.decode("utf-8", errors="replace"),
+        markup,
         url=final_url,
         include_comments=False,
         favor_precision=True,
