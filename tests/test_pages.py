@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+from collections.abc import Awaitable, Callable
 
 import pytest
 import websockets
@@ -74,32 +75,44 @@ async def pages(tmp_path):
         response.set_cookie("visitor", "alice-session", path="/")
         return response
 
-    def encoded(body: str, encoding: str, content_type: str) -> web.Response:
-        return web.Response(body=body.encode(encoding), headers={"Content-Type": content_type})
+    def fixed(make: Callable[[], web.StreamResponse]) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """A handler answering what `make` makes (aiohttp deprecates plain functions as handlers)."""
+
+        async def answer(request: web.Request) -> web.StreamResponse:
+            return make()
+
+        return answer
+
+    def encoded(body: str, encoding: str, content_type: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        return fixed(lambda: web.Response(body=body.encode(encoding), headers={"Content-Type": content_type}))
+
+    def redirect(location: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def answer(request: web.Request) -> web.StreamResponse:
+            raise web.HTTPFound(location)
+
+        return answer
 
     chinese = (
         f"<html><head>{{meta}}<title>融合检索</title></head><body><article><p>{CHINESE}</p></article></body></html>"
     )
+    quoted = f"<html><body><article><p>{ARTICLE} \u201cFused\u201d \u2014 caf\u00e9.</p></article></body></html>"
     cookies_seen: list[str | None] = []
     app = web.Application()
-    app.router.add_get("/gbk-header", lambda r: encoded(chinese.format(meta=""), "gbk", "text/html; charset=gb2312"))
-    meta = '<meta charset="gbk">'
-    app.router.add_get("/gbk-meta", lambda r: encoded(chinese.format(meta=meta), "gbk", "text/html"))
-    app.router.add_get("/gbk-undeclared", lambda r: encoded(chinese.format(meta=""), "gb18030", "text/html"))
-    quoted = f"<html><body><article><p>{ARTICLE} \u201cFused\u201d \u2014 caf\u00e9.</p></article></body></html>"
-    app.router.add_get("/cp1252", lambda r: encoded(quoted, "cp1252", "text/html; charset=iso-8859-1"))
-    app.router.add_get(
-        "/sjis.txt", lambda r: encoded("検索拡張生成の報告。" * 5, "shift_jis", "text/plain; charset=shift_jis")
-    )
+    app.router.add_get("/gbk-header", encoded(chinese.format(meta=""), "gbk", "text/html; charset=gb2312"))
+    app.router.add_get("/gbk-meta", encoded(chinese.format(meta='<meta charset="gbk">'), "gbk", "text/html"))
+    app.router.add_get("/gbk-undeclared", encoded(chinese.format(meta=""), "gb18030", "text/html"))
+    app.router.add_get("/cp1252", encoded(quoted, "cp1252", "text/html; charset=iso-8859-1"))
+    app.router.add_get("/sjis.txt", encoded("検索拡張生成の報告。" * 5, "shift_jis", "text/plain; charset=shift_jis"))
     app.router.add_get("/article", article)
     app.router.add_get("/cookie", cookie)
-    app.router.add_get("/paper.pdf", lambda r: web.FileResponse(pdf, headers={"Content-Type": "application/pdf"}))
-    app.router.add_get("/image", lambda r: web.Response(body=b"\x89PNG....", content_type="image/png"))
-    app.router.add_get("/huge", lambda r: web.Response(text="<p>" + "x" * 300_000 + "</p>", content_type="text/html"))
+    app.router.add_get("/paper.pdf", fixed(lambda: web.FileResponse(pdf, headers={"Content-Type": "application/pdf"})))
+    app.router.add_get("/image", fixed(lambda: web.Response(body=b"\x89PNG....", content_type="image/png")))
+    huge = "<p>" + "x" * 300_000 + "</p>"
+    app.router.add_get("/huge", fixed(lambda: web.Response(text=huge, content_type="text/html")))
     app.router.add_get("/slow", slow)
-    app.router.add_get("/to-private", lambda r: web.HTTPFound("http://127.0.0.2/admin"))
-    app.router.add_get("/to-internal-name", lambda r: web.HTTPFound("http://internal.test/"))
-    app.router.add_get("/loop", lambda r: web.HTTPFound("/loop"))
+    app.router.add_get("/to-private", redirect("http://127.0.0.2/admin"))
+    app.router.add_get("/to-internal-name", redirect("http://internal.test/"))
+    app.router.add_get("/loop", redirect("/loop"))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
