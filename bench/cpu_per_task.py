@@ -181,7 +181,7 @@ def main(options: argparse.Namespace) -> None:
         print(f"this: {ROOT}  against: {checkouts['against']}  server pinned to core {server_core}")
         print(f"{'round':>5} {'checkout':>8} {'tasks/s':>8} {'CPU ms/task':>12}")
         for number in range(1, options.rounds + 1):
-            env = start_server_env(fakes.tavily_url, fakes.google_url, fakes.pages_url) | llm
+            env = start_server_env(fakes.tavily_url, fakes.google_url, fakes.pages_hosts) | llm
             # with Redis, a database each: a key's task slots and the answer cache are not shared
             envs = {
                 name: env if redis is None else {**env, "FEDRESEARCH_REDIS_URL": f"{redis.url}?db={index}"}

@@ -2,7 +2,7 @@
 
     python -m bench.scaling [--workers 1,2] [--balance reuseport,shared] [--seconds 8]
                             [--concurrency 64] [--sockets 1000] [--rate 0.5] [--client-procs 1]
-                            [--fake-procs cores/8] [--state redis,cluster] [--pin]
+                            [--fake-procs cores/8] [--state redis,cluster] [--pin] [--pages]
 
 For each worker count N (and each way of sharing the port), `fedresearch serve --workers N` runs
 as in production, with its shared state in a real redis-server started here (N = 1 also runs
@@ -27,6 +27,10 @@ On a 16-core machine: `python -m bench.scaling --workers 1,2,4,8,16 --client-pro
 everything else (clients, fakes, Redis, this script) on the others, so the efficiency says how the
 server scales when the load does not compete with it for cores, as with the load on other
 machines; rows with as many workers as there are cores are skipped.
+
+`--pages`: each task also reads the pages behind its six results, as a task does by default: a
+site in the fakes' processes serves a new set per task (bench/extract.py's `site`, about 10 kB of
+HTML a page), so the overheads include fetching and reading them.
 """
 
 from __future__ import annotations
@@ -64,24 +68,32 @@ from tests.redis_server import RedisServer, start_redis
 TASK = {"headers": {"retrievers": "tavily,google"}}
 
 
+# The pages' site listens on as many loopback addresses (all of 127.0.0.0/8 is the loopback
+# interface): a reader fetches FETCH_PER_HOST pages of a host at a time, and one host for every page
+# made that limit, not the server, the bench's ceiling.
+PAGE_HOSTS = tuple(f"127.0.1.{n}" for n in range(1, 33))
+
+
 def run_upstreams(pipe: Connection, ports: tuple[int, int, int | None]) -> None:
     """The fakes, in a process of their own (so their CPU is not the server's or the clients'),
     sharing their ports with the other fake processes; with a third port, a web site whose pages
-    the fakes' results link to (bench/extract.py's `site`), a set of pages per query."""
+    the fakes' results link to (bench/extract.py's `site`, on each of PAGE_HOSTS), a set of pages
+    per query."""
 
     async def serve() -> None:
         tavily = await FakeTavily().start(ports[0], reuse_port=True)
         google = await FakeGoogle().start(ports[1], reuse_port=True)
-        pages_url = None
+        pages_urls: tuple[str, ...] = ()
         if ports[2] is not None:
             runner = web.AppRunner(site(), access_log=None)
             await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", ports[2], reuse_port=True).start()
-            pages_url = f"http://127.0.0.1:{ports[2]}"
+            for host in PAGE_HOSTS:
+                await web.TCPSite(runner, host, ports[2], reuse_port=True).start()
+            pages_urls = tuple(f"http://{host}:{ports[2]}" for host in PAGE_HOSTS)
         for fake in (tavily, google):
             fake.behaviour.delay_s = UPSTREAM_S
-            fake.behaviour.link_base = pages_url
-        pipe.send((tavily.url, google.url, pages_url))
+            fake.behaviour.link_bases = pages_urls
+        pipe.send((tavily.url, google.url, ",".join(PAGE_HOSTS) if pages_urls else None))
         await asyncio.get_running_loop().run_in_executor(None, pipe.recv)  # until told to stop
 
     asyncio.run(serve())
@@ -91,7 +103,7 @@ def run_upstreams(pipe: Connection, ports: tuple[int, int, int | None]) -> None:
 class Fakes:
     tavily_url: str
     google_url: str
-    pages_url: str | None  # the site the results link to, when pages are read
+    pages_hosts: str | None  # the hosts of the site the results link to (a comma list), when pages are read
     pids: list[int]  # the processes answering both: their CPU says whether the fakes limit a row
 
 
@@ -274,9 +286,9 @@ def wait_for_workers(port: int, workers: int, process: subprocess.Popen[bytes]) 
     return pids
 
 
-def start_server_env(tavily_url: str, google_url: str, pages_url: str | None = None) -> dict[str, str]:
-    """A server's environment for the fakes; with `pages_url`, the pages behind results are read (8 a
-    task at most, as by default), from that site alone."""
+def start_server_env(tavily_url: str, google_url: str, pages_hosts: str | None = None) -> dict[str, str]:
+    """A server's environment for the fakes; with `pages_hosts`, the pages behind results are read
+    (8 a task at most, as by default), from those hosts alone."""
     data_dir = tempfile.mkdtemp(prefix="bench-scaling-")
     # a run leaves thousands of files a second behind; left in place, they slow every later file
     # creation on the same file system (and so the next runs of this bench)
@@ -297,7 +309,7 @@ def start_server_env(tavily_url: str, google_url: str, pages_url: str | None = N
         # without the site the fakes' result URLs are served nowhere: reading them would measure DNS
         # timeouts
         "FETCH_PAGES": "false",
-    } | ({"FETCH_PAGES": "true", "FETCH_ALLOWED_HOSTS": "127.0.0.1"} if pages_url else {})
+    } | ({"FETCH_PAGES": "true", "FETCH_ALLOWED_HOSTS": pages_hosts} if pages_hosts else {})
 
 
 def overheads(latencies: list[float]) -> tuple[float, float]:
@@ -389,10 +401,10 @@ def main(options: argparse.Namespace) -> None:
     raise_fd_limit()
     if shutil.which("redis-server") is None:
         raise SystemExit("bench.scaling needs redis-server (apt-get install redis-server)")
-    with upstreams(options.fake_procs) as fakes:
+    with upstreams(options.fake_procs, pages=options.pages) as fakes:
         redis: RedisServer = start_redis()
         cluster: RedisCluster | None = start_redis_cluster() if "cluster" in options.state else None
-        env = start_server_env(fakes.tavily_url, fakes.google_url)
+        env = start_server_env(fakes.tavily_url, fakes.google_url, fakes.pages_hosts)
         cores = sorted(os.sched_getaffinity(0))
         pinned = "; each row's server on cores of its own (--pin)" if options.pin else ""
         print(
@@ -458,4 +470,5 @@ if __name__ == "__main__":
         "--fake-procs", type=int, default=fake_processes_for_this_machine(), help="processes answering as the fakes"
     )
     parser.add_argument("--pin", action="store_true", help="each row's server on cores of its own, the load on others")
+    parser.add_argument("--pages", action="store_true", help="each task reads the 6 pages behind its results")
     main(parser.parse_args())

@@ -104,7 +104,7 @@ def main(options: argparse.Namespace) -> None:
     if spy is None:
         raise SystemExit("bench.stages needs py-spy (pip install -e '.[dev]')")
     with upstreams(pages=options.pages) as fakes:
-        env = start_server_env(fakes.tavily_url, fakes.google_url, fakes.pages_url)
+        env = start_server_env(fakes.tavily_url, fakes.google_url, fakes.pages_hosts)
         server = start_server(1, "reuseport", env)
         pid, samples = next(iter(server.pids)), Path(tempfile.mkdtemp()) / "samples.txt"
         try:

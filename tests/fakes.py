@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -24,13 +25,15 @@ class Behaviour:
     redirect_to: str | None = None
     echo_credentials: bool = False  # a 401 quotes the Authorization it refused, as one upstream did
     set_cookie: str | None = None  # a Set-Cookie on every answer, as APIs behind a CDN send (`__cf_bm=...`)
-    link_base: str | None = None  # results link to pages under this URL, a set per query (benchmarks)
+    # results link to pages under these URLs, a set per query, each page on one of them (benchmarks)
+    link_bases: tuple[str, ...] = ()
 
     def link(self, query: str, engine: str, number: int) -> str | None:
-        """A result's URL under `link_base`, or None without one."""
-        if self.link_base is None:
+        """A result's URL under one of `link_bases` (chosen by the path), or None without them."""
+        if not self.link_bases:
             return None
-        return f"{self.link_base}/{quote(query, safe='')}/{engine}/{number}"
+        path = f"/{quote(query, safe='')}/{engine}/{number}"
+        return self.link_bases[zlib.crc32(path.encode()) % len(self.link_bases)] + path
 
 
 class FakeUpstream:
