@@ -113,6 +113,15 @@ def fake_processes_for_this_machine() -> int:
     return max(1, (os.cpu_count() or 1) // 8)
 
 
+def _first_word(pipe: Connection, process: multiprocessing.process.BaseProcess) -> Any:
+    """What a fakes' process sends once it listens; SystemExit if it dies first (a dataset missing,
+    a port taken), where waiting on the pipe would wait forever."""
+    while not pipe.poll(0.5):
+        if not process.is_alive():
+            raise SystemExit(f"a fakes' process exited ({process.exitcode}) before it listened (its traceback above)")
+    return pipe.recv()
+
+
 @contextlib.contextmanager
 def upstreams(processes: int = 1, pages: bool = False) -> Iterator[Fakes]:
     """The fakes running in `processes` processes of their own (one port each for Tavily and Google,
@@ -128,7 +137,7 @@ def upstreams(processes: int = 1, pages: bool = False) -> Iterator[Fakes]:
         pipes.append(ours)
         children.append(process)
     try:
-        urls = [pipe.recv() for pipe in pipes]
+        urls = [_first_word(pipe, process) for pipe, process in zip(pipes, children, strict=True)]
         yield Fakes(*urls[0], pids=[process.pid for process in children if process.pid is not None])
     finally:
         for pipe, process in zip(pipes, children, strict=True):
