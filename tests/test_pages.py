@@ -298,7 +298,19 @@ def test_public_addresses():
         assert not public(ipaddress.ip_address(private)), private
 
 
-async def test_web_results_are_read_and_become_the_evidence(tmp_path, fakes, pages, start_server):
+async def test_web_results_are_read_and_become_the_evidence(tmp_path, fakes, pages, start_server, monkeypatch):
+    import threading
+
+    from fedresearch.federation import pages as pages_module
+
+    read_on: list[str] = []
+    real_extract = pages_module.extract
+
+    def extract(*args: object) -> object:
+        read_on.append(threading.current_thread().name)
+        return real_extract(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pages_module, "extract", extract)
     fakes["tavily"].behaviour.items = [
         {"url": f"{pages}/article", "title": "Pilot", "content": "A short snippet about fusion.", "score": 0.9},
         {"url": "http://evil.test/", "title": "Evil", "content": "Another snippet about fusion here.", "score": 0.8},
@@ -317,6 +329,8 @@ async def test_web_results_are_read_and_become_the_evidence(tmp_path, fakes, pag
     report = report_of(frames)
     assert "Finding" in report and "merged the lexical and dense rankings" in report  # the page, not the snippet
     assert "[1] [Pilot](" in report  # the result's own title, its page read without looking for one
+    # on the app's work threads (WORK_THREADS), not asyncio's pool of a thread a core plus four
+    assert len(read_on) == 2 and all(name.startswith("fedresearch-work") for name in read_on), read_on
 
 
 async def test_a_source_url_without_a_title_takes_its_pages(tmp_path, fakes, pages, start_server):

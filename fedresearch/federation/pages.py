@@ -31,6 +31,7 @@ from w3lib.encoding import html_to_unicode, read_bom, resolve_encoding
 
 from fedresearch.core.identifiers import split_url
 from fedresearch.core.settings import Settings
+from fedresearch.core.work import WorkPool, run_on
 from fedresearch.federation.http import BodyTooLarge, read_capped
 from fedresearch.library.formats import Section, UnsupportedFile, pdf_sections
 
@@ -117,6 +118,10 @@ class PageReader:
 
     settings: Settings
     resolver: AbstractResolver | None = None
+    # the threads a page's text is read on: the app's work pool, not asyncio's (a thread a core plus
+    # four), whose extra threads only fought for the GIL: on 2 cores one process read 15% more tasks
+    # with pages a second on the pool's 2 (bench.scaling --pages)
+    work: WorkPool | None = None
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
     _hosts: dict[str, asyncio.Semaphore] = field(default_factory=dict, init=False)
     _cache: OrderedDict[str, tuple[float, Page]] = field(default_factory=OrderedDict, init=False)
@@ -164,7 +169,7 @@ class PageReader:
                     final_url, content_type, charset, body = await self._fetch(url)
             except TimeoutError:
                 raise PageSkipped(f"no answer within {self.settings.fetch_timeout_s:g} s (FETCH_TIMEOUT_S)") from None
-        page = await asyncio.to_thread(extract, url, final_url, content_type, body, titled, charset)
+        page = await run_on(self.work, extract, url, final_url, content_type, body, titled, charset)
         elapsed_ms = round((time.perf_counter() - started) * 1000, 1)
         page = Page(url, final_url, page.title, page.sections, page.kind, elapsed_ms, page.titled)
         self._remember(url, page)

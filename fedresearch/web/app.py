@@ -102,8 +102,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     library = await asyncio.to_thread(open_library, settings)
     connector = aiohttp.TCPConnector(limit=200, limit_per_host=50)
     timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
-    pages = PageReader(settings, resolver=app.get(RESOLVER))
     work = WorkPool(settings.work_threads)
+    pages = PageReader(settings, resolver=app.get(RESOLVER), work=work)
     app[LLM_CLIENTS] = llm = LlmClients()
     # no cookie jar: one session serves every user's upstream calls, and cookies are not our APIs' auth
     jar = aiohttp.DummyCookieJar()
