@@ -4,19 +4,24 @@ A PDF's streams may inflate a thousandfold: a 0.3 MB flate bomb (100 MB of text 
 reading process to 1.5 GB RSS, and a PDF fetched from the web was read inside the server. Here
 pdfium runs in a child whose heap is capped (RLIMIT_DATA): whatever a file decompresses to, the
 child is refused memory past PDF_MEMORY_MB and fails alone, as it does on a crash in the parser.
+It dies with the process that reads through it (core/lineage.py): a worker killed mid-upload leaves
+no reader running on.
 
-`python -m fedresearch.library.pdf PATH` (or `-`: the PDF on stdin) is that child; it prints
-{"pages": [[number, text], ...], "metadata": {...}} or {"error": "..."}.
+`python -m fedresearch.library.pdf PATH PARENT_PID` (PATH `-`: the PDF on stdin) is that child; it
+prints {"pages": [[number, text], ...], "metadata": {...}} or {"error": "..."}.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from fedresearch.core.lineage import die_with
 
 MAX_PDF_PAGES = 5000  # a page tree claiming millions of pages is an attack, not a book
 PDF_MEMORY_MB = 512  # the reader's heap on top of what it holds before opening the file
@@ -30,7 +35,8 @@ class UnreadablePdf(ValueError):
 
 def read_pdf_text(source: Path | bytes) -> tuple[list[tuple[int, str]], dict[str, str]]:
     """(page number, text) of each page with text, and the document's metadata."""
-    command = [sys.executable, "-m", "fedresearch.library.pdf", str(source) if isinstance(source, Path) else "-"]
+    path = str(source) if isinstance(source, Path) else "-"
+    command = [sys.executable, "-m", "fedresearch.library.pdf", path, str(os.getpid())]
     try:
         done = subprocess.run(
             command, input=source if isinstance(source, bytes) else None, capture_output=True, timeout=PDF_TIMEOUT_S
@@ -87,7 +93,8 @@ def _pages(source: str | bytes) -> dict[str, Any]:
         pdf.close()
 
 
-def main(argument: str) -> None:
+def main(argument: str, parent: int) -> None:
+    die_with(parent, cpu_s=PDF_TIMEOUT_S)
     source: str | bytes = sys.stdin.buffer.read() if argument == "-" else argument
     _cap_heap(PDF_MEMORY_MB)
     try:
@@ -100,4 +107,4 @@ def main(argument: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]))

@@ -23,6 +23,7 @@ from aiohttp.typedefs import Handler
 
 from fedresearch.core import collector
 from fedresearch.core.auth import ApiKeys
+from fedresearch.core.lineage import UPLOAD_FOLDERS, remove_abandoned
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.settings import Settings
 from fedresearch.core.shared import SharedRedis
@@ -100,6 +101,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[KNOWLEDGE_BASES] = bases
     app[KEYS] = app[KEYS].with_keys(knowledge_base_keys(bases))
     library = await asyncio.to_thread(open_library, settings)
+    if abandoned := await asyncio.to_thread(remove_abandoned, UPLOAD_FOLDERS):
+        log.info("removed %d upload folders left by server processes that were killed", abandoned)
     connector = aiohttp.TCPConnector(limit=200, limit_per_host=50)
     timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
     work = WorkPool(settings.work_threads)

@@ -21,6 +21,7 @@ from urllib.parse import unquote
 from aiohttp import BodyPartReader, web
 
 from fedresearch.core.auth import Principal
+from fedresearch.core.lineage import UPLOAD_FOLDERS, folder_prefix
 from fedresearch.library.embedded import Library
 from fedresearch.library.formats import READERS, UnsupportedFile, read_file
 from fedresearch.library.locking import IndexBusy
@@ -161,7 +162,7 @@ async def upload(request: web.Request) -> web.Response:
     if kind not in ("highlight", "file", "biblio"):
         raise json_error(web.HTTPBadRequest, "kind must be highlight, file or biblio")
     limit = int(request.app[SETTINGS].ingest_max_file_mb * 1_000_000)
-    with tempfile.TemporaryDirectory(prefix="fedresearch-upload-") as folder:
+    with tempfile.TemporaryDirectory(prefix=folder_prefix(UPLOAD_FOLDERS)) as folder:
         saved, refused = await _receive(request, Path(folder), limit)
         if not saved and not refused:
             raise json_error(web.HTTPBadRequest, "no file in the upload: send each file as a part with a filename")

@@ -13,7 +13,8 @@ as one server does) and SIGKILLs any still running after that and the time to cl
 signal stops them at once. SIGHUP replaces the workers one at a time with fresh processes (new code,
 `.env` read again), each old one retired (SIGHUP: it takes nothing new and lets every running task
 reach its end, TASK_TIMEOUT_S at most, web/stopping.py) once its successor listens, which it tells
-the supervisor through a pipe. Workers watch the supervisor and stop if it dies.
+the supervisor through a pipe. Workers watch the supervisor and stop if it dies. The supervisor
+adopts and reaps its workers' orphans (core/lineage.py), as a container's PID 1 must.
 Each of these events is logged. Workers share state only through Redis (FEDRESEARCH_REDIS_URL).
 """
 
@@ -35,6 +36,14 @@ from typing import Literal
 
 from prometheus_client.multiprocess import mark_process_dead
 
+from fedresearch.core.lineage import (
+    METRICS_FOLDERS,
+    UPLOAD_FOLDERS,
+    adopt_orphans,
+    folder_prefix,
+    reap_orphans,
+    remove_abandoned,
+)
 from fedresearch.core.metrics import MULTIPROCESS_DIR
 
 log = logging.getLogger("fedresearch")
@@ -116,6 +125,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_reload)
+        adopt_orphans()
         while not self.stopping:
             now = time.monotonic()
             for worker in self.workers:
@@ -123,6 +133,7 @@ class Supervisor:
                     self._tend(worker, now)
             self._replace_next(now)
             self._reap_retiring(now)
+            self._reap_orphans()
             time.sleep(_TICK_S)
         return self._stop_all()
 
@@ -151,7 +162,6 @@ class Supervisor:
     def _tend(self, worker: _Worker, now: float) -> None:
         process = worker.process
         if process is not None and process.poll() is not None:
-            self._reaped(process)
             lived = now - worker.started
             worker.young_deaths = worker.young_deaths + 1 if lived < _YOUNG_S else 0
             delay = min(_BACKOFF_S[1], _BACKOFF_S[0] * 2 ** (worker.young_deaths - 1)) if worker.young_deaths else 0.0
@@ -163,6 +173,7 @@ class Supervisor:
                 lived,
                 delay,
             )
+            self._reaped(process)
             worker.process, worker.restart_at = None, now + delay
         if worker.process is None and worker.restart_at is not None and now >= worker.restart_at:
             worker.process = subprocess.Popen(self.command, pass_fds=self.pass_fds, process_group=0, env=self._env())
@@ -263,15 +274,24 @@ class Supervisor:
                 )
                 self.retiring.remove(old)
 
+    def _reap_orphans(self) -> None:
+        """Processes a dead worker left behind (a PDF reader) come to the supervisor when they end."""
+        reaped = reap_orphans({process.pid for _, process in self._processes()})
+        if reaped:
+            log.info("supervisor: reaped %d orphaned process(es) of dead workers: pid %s", len(reaped), reaped)
+
     def _env(self) -> dict[str, str] | None:
         if self.metrics_dir is None:
             return None
         return {**os.environ, MULTIPROCESS_DIR: self.metrics_dir}
 
     def _reaped(self, process: subprocess.Popen[bytes]) -> None:
-        """A worker's process ended: its gauges leave the sums (its counts stay in them)."""
+        """A worker's process ended: its gauges leave the sums (its counts stay in them), and the
+        folders of uploads it was reading go, if it was killed with them."""
         if self.metrics_dir is not None:
             mark_process_dead(process.pid, self.metrics_dir)
+        if removed := remove_abandoned(UPLOAD_FOLDERS):
+            log.info("supervisor: removed %d upload folders left by killed workers", removed)
 
     def _processes(self) -> list[tuple[int, subprocess.Popen[bytes]]]:
         """Every process started and not yet reaped: the workers, a successor, replaced ones."""
@@ -336,7 +356,8 @@ def supervise(
     port = listener.getsockname()[1]
     log.info("supervisor (pid %d): %d workers on http://%s:%d, balanced by %s", os.getpid(), count, host, port, balance)
     fds = (listener.fileno(),) if balance == "shared" else ()
-    metrics_dir = tempfile.mkdtemp(prefix="fedresearch-metrics-")
+    remove_abandoned(METRICS_FOLDERS)  # a supervisor killed before, which could not remove its own
+    metrics_dir = tempfile.mkdtemp(prefix=folder_prefix(METRICS_FOLDERS))
     try:
         command = worker_command(host, port, balance, listener.fileno())
         return Supervisor(command, count, fds, *limits, read_limits=read_limits, metrics_dir=metrics_dir).run()
