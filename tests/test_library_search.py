@@ -10,6 +10,7 @@ import pytest
 
 from fedresearch.library.embedded import Library
 from fedresearch.library.embeddings import load_encoder
+from fedresearch.library.formats import Document, Section
 from fedresearch.library.ingest import ingest
 from fedresearch.library.search import SearchFilters
 from tests.conftest import EXAMPLES
@@ -109,3 +110,37 @@ def test_a_library_built_without_vectors_gets_them_on_the_next_ingest(encoder, l
     assert report.added == 0 and report.unchanged > 0
     query = "merging the ordered outputs of several search systems into one list"
     assert any("Fusion" in t for t in titles(upgraded.search("alice", query, "biblio", 3, mode="dense")))
+
+
+def test_the_vectors_a_process_keeps_are_bounded_in_bytes_least_recently_searched_first(encoder, tmp_path):
+    library = Library(tmp_path / "library", encoder=encoder, vector_cache_mb=1)
+    # 300 passages a user: 0.46 MB of vectors and 10 kB of ids each, so 1 MiB holds two users
+    words = ["marsupial", "wombat", "quokka", "burrow", "night", "grass"]
+    for user in "abcd":
+        notes = [
+            Document("highlight", f"{user}{i}", "", [Section(f"{user} note {i}: {words[i % 6]}")]) for i in range(300)
+        ]
+        library.add_documents(user, notes)
+    cache = library.embedded._vectors
+    assert cache is not None
+    fresh = {user: library.search(user, "a wombat at night", None, 5, "dense") for user in "abcd"}
+    assert cache.users == ["c", "d"]  # a and b went, the oldest first, as c and d came
+    assert cache.held_bytes <= 2**20
+    library.search("c", "quokka", None, 5, "dense")  # c searched again: now d is the older
+    library.search("a", "quokka", None, 5, "dense")
+    assert cache.users == ["c", "a"]
+    for user in "abcd":  # reloaded as needed, the same answers
+        assert library.search(user, "a wombat at night", None, 5, "dense") == fresh[user]
+    assert all(item.text.startswith(f"{user} note") for user in "abcd" for item in fresh[user])
+
+
+def test_a_user_larger_than_the_vector_bound_is_still_searched(encoder, tmp_path):
+    library = Library(tmp_path / "library", encoder=encoder, vector_cache_mb=1)
+    notes = [Document("highlight", f"n{i}", "", [Section(f"note {i} on burrows and wombats")]) for i in range(800)]
+    library.add_documents("alice", notes)  # 1.2 MB of vectors
+    library.add_documents("bob", notes[:10])
+    assert len(library.search("alice", "wombat burrows", None, 5, "dense")) == 5
+    cache = library.embedded._vectors
+    assert cache is not None and cache.users == ["alice"] and cache.held_bytes > 2**20
+    assert len(library.search("bob", "wombat burrows", None, 5, "dense")) == 5
+    assert cache.users == ["bob"]

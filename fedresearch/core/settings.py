@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     # that URL is a pooler in transaction mode (PgBouncer, Supavisor): no prepared statements, and
     # no session settings, as consecutive transactions may run on different server connections
     library_transaction_pooling: bool = Field(False, validation_alias="FEDRESEARCH_LIBRARY_TRANSACTION_POOLING")
+    # the embedded library: how much of its users' passage vectors a process keeps in memory (the
+    # least recently searched user's go first; a user beyond it alone is kept while searched)
+    library_vector_cache_mb: int = Field(512, ge=1, validation_alias="LIBRARY_VECTOR_CACHE_MB")
     default_retrievers: CommaList = Field(["library"], validation_alias="DEFAULT_RETRIEVERS")
     default_user: str | None = Field(None, validation_alias="FEDRESEARCH_DEFAULT_USER")
     retriever_timeout_s: float = Field(10.0, gt=0, validation_alias="RETRIEVER_TIMEOUT_S")

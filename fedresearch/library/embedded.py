@@ -40,7 +40,7 @@ from fedresearch.library.search import (
     fuse_rankings,
 )
 from fedresearch.library.store import Ranking, Store
-from fedresearch.library.vectors import UserVectors, VectorCache
+from fedresearch.library.vectors import VECTOR_CACHE_MB, UserVectors, VectorCache
 
 Progress = Callable[[int], None]
 log = logging.getLogger(__name__)
@@ -59,12 +59,12 @@ class EmbeddedStore:
 
     concurrent_searches = False
 
-    def __init__(self, directory: Path, dims: int | None) -> None:
+    def __init__(self, directory: Path, dims: int | None, vector_cache_mb: int = VECTOR_CACHE_MB) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.records = Records(directory / "library.sqlite3")
         self._lock_file = directory / "write.lock"
         self._write_lock = threading.Lock()
-        self._vectors = VectorCache(dims) if dims is not None else None
+        self._vectors = VectorCache(dims, max_bytes=vector_cache_mb * 2**20) if dims is not None else None
         self.index = self._open_index(directory / "index")
 
     def _open_index(self, directory: Path) -> FullTextIndex:
@@ -156,11 +156,15 @@ class EmbeddedStore:
 
 
 def open_store(
-    location: Path | str, dims: int | None, read_timeout_s: float | None = None, transaction_pooling: bool = False
+    location: Path | str,
+    dims: int | None,
+    read_timeout_s: float | None = None,
+    transaction_pooling: bool = False,
+    vector_cache_mb: int = VECTOR_CACHE_MB,
 ) -> Store:
     """The embedded store in a folder, or PostgreSQL for a `postgresql://` URL (whose reads the
     server ends after `read_timeout_s`; `transaction_pooling`: the URL is a pooler in transaction
-    mode)."""
+    mode). `vector_cache_mb`: the embedded store's bound on the users' vectors it keeps."""
     if isinstance(location, str) and location.startswith(POSTGRES_SCHEMES):
         try:
             from fedresearch.library.postgres import PostgresStore  # psycopg: the optional `postgres` extra
@@ -169,7 +173,7 @@ def open_store(
                 f'the library on PostgreSQL needs the postgres extra: pip install "fedresearch[postgres]" ({error})'
             ) from error
         return PostgresStore(location, dims, read_timeout_s=read_timeout_s, transaction_pooling=transaction_pooling)
-    return EmbeddedStore(Path(location), dims)
+    return EmbeddedStore(Path(location), dims, vector_cache_mb)
 
 
 class Library:
@@ -179,13 +183,15 @@ class Library:
         encoder: Encoder | None = None,
         read_timeout_s: float | None = None,
         transaction_pooling: bool = False,
+        vector_cache_mb: int = VECTOR_CACHE_MB,
     ) -> None:
         """`location`: the embedded library's folder, or a `postgresql://` URL; `read_timeout_s`:
         how long a read may run on PostgreSQL (its callers give up by then: RETRIEVER_TIMEOUT_S);
-        `transaction_pooling`: that URL is a pooler in transaction mode."""
+        `transaction_pooling`: that URL is a pooler in transaction mode; `vector_cache_mb`: how much
+        of the users' vectors the embedded library keeps in memory (LIBRARY_VECTOR_CACHE_MB)."""
         self.encoder = encoder
         dims = encoder.dims if encoder is not None else None
-        self.store = open_store(location, dims, read_timeout_s, transaction_pooling)
+        self.store = open_store(location, dims, read_timeout_s, transaction_pooling, vector_cache_mb)
         # the server's calls to the library run here, not on asyncio's default pool: searches
         # held up by a slow or locked database then never hold up host-name lookups and page reads
         # (as many threads as that pool has)

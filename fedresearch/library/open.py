@@ -22,6 +22,7 @@ def open_library(settings: Settings) -> Library:
         encoder=encoder,
         read_timeout_s=settings.retriever_timeout_s,
         transaction_pooling=settings.library_transaction_pooling,
+        vector_cache_mb=settings.library_vector_cache_mb,
     )
     if isinstance(library.store, EmbeddedStore) and library.index.repaired is not None:
         log.warning("library full-text index: %s; done", library.index.repaired)

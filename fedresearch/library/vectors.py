@@ -4,6 +4,10 @@ A query only ever looks at one user's rows, so brute force over that slice is bo
 (0.33 ms at 10k rows, 4.5 ms at 100k here), with no approximate index to build or tune. The matrix
 is derived from SQLite and reloaded whenever the user's generation counter moves, which every
 write transaction bumps, so it can never drift from the store, even across processes or crashes.
+
+The matrices a process keeps are bounded in bytes (LIBRARY_VECTOR_CACHE_MB), the least recently
+searched user's going first: counted in users alone (64), a worker that had searched 64 users of
+100k passages held 10 GB, and each worker of `serve --workers N` holds its own.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedresearch.library.records import Records
+
+VECTOR_CACHE_MB = 512  # LIBRARY_VECTOR_CACHE_MB's default: 3 users of 100k passages, 340 of 1,000
 
 
 @dataclass(frozen=True)
@@ -39,26 +45,54 @@ class UserVectors:
         return [(int(self.chunk_ids[i]), float(scores[i])) for i in top]
 
 
+def _size(vectors: UserVectors) -> int:
+    """The bytes a user's entry holds (its kinds are pointers to a few shared strings)."""
+    arrays = (vectors.chunk_ids, vectors.document_ids, vectors.kinds, vectors.years, vectors.matrix)
+    return sum(array.nbytes for array in arrays)
+
+
 class VectorCache:
-    def __init__(self, dims: int, max_users: int = 64) -> None:
+    """The users' matrices, least recently searched first, within `max_users` and `max_bytes`
+    (a user larger than `max_bytes` alone is still kept while it is the one searched)."""
+
+    def __init__(self, dims: int, max_users: int = 64, max_bytes: int = VECTOR_CACHE_MB * 2**20) -> None:
         self.dims = dims
         self.max_users = max_users
+        self.max_bytes = max_bytes
         self._users: dict[str, UserVectors] = {}
+        self._bytes = 0
         self._lock = threading.Lock()
+
+    @property
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def users(self) -> list[str]:
+        """The users held, the least recently searched first."""
+        return list(self._users)
 
     def get(self, records: Records, user_id: str) -> UserVectors:
         generation = records.generation(user_id)
         cached = self._users.get(user_id)
         if cached is not None and cached.generation == generation:
+            self._keep(user_id, cached)
             return cached
         loaded = self._catch_up(records, user_id, generation, cached) if cached is not None else None
         loaded = loaded or self._rows(records, user_id, 0, generation)
-        with self._lock:
-            self._users.pop(user_id, None)
-            self._users[user_id] = loaded
-            while len(self._users) > self.max_users:
-                self._users.pop(next(iter(self._users)))
+        self._keep(user_id, loaded)
         return loaded
+
+    def _keep(self, user_id: str, vectors: UserVectors) -> None:
+        """`vectors` as the most recently searched, others dropped, oldest first, past the bounds."""
+        with self._lock:
+            replaced = self._users.pop(user_id, None)
+            if replaced is not None:
+                self._bytes -= _size(replaced)
+            self._users[user_id] = vectors
+            self._bytes += _size(vectors)
+            while len(self._users) > 1 and (len(self._users) > self.max_users or self._bytes > self.max_bytes):
+                self._bytes -= _size(self._users.pop(next(iter(self._users))))
 
     def _rows(self, records: Records, user_id: str, after_id: int, generation: int) -> UserVectors:
         rows = records.vector_rows(user_id, after_id)
