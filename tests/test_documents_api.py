@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+import threading
+from pathlib import Path
+
 import aiohttp
 import pytest
 
+from fedresearch.core.lineage import UPLOAD_FOLDERS
 from tests.conftest import EXAMPLES, make_settings
 
 KEYS = "admin-key:*,alice-key:alice,bob-key:bob"
@@ -93,3 +98,23 @@ async def test_size_limit_and_bad_uploads(api):
     assert "fedresearch-upload" not in answer["files"][0]["reason"]  # no server path leaks
     assert (await api("GET", "/api/documents/abc"))[0] == 404
     assert (await api("GET", params={"limit": "x"}))[0] == 400
+
+
+async def test_an_uploads_folder_is_removed_off_the_event_loop(api, monkeypatch):
+    removed: list[tuple[str, Path]] = []
+    remove = shutil.rmtree
+
+    def spied(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if Path(path).name.startswith(UPLOAD_FOLDERS):
+            removed.append((threading.current_thread().name, Path(path)))
+        remove(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", spied)
+    status, answer = await api("POST", files=[("fusion.md", NOTE)])
+    assert status == 201, answer
+    status, _ = await api("POST", files=[("x.exe", b"MZ")])  # refused: the folder goes all the same
+    assert status == 200
+    assert len(removed) == 2
+    for thread, folder in removed:  # a gigabyte of files takes a quarter second to delete
+        assert thread != threading.main_thread().name
+        assert not folder.exists()
