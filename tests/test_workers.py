@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from fedresearch.cli import parser
+from fedresearch.core.metrics import MULTIPROCESS_DIR
 from fedresearch.core.settings import Settings
 from tests.conftest import run_task
 from tests.fakes import FakeTavily
@@ -295,6 +296,13 @@ async def test_metrics_count_every_worker_whichever_one_a_scrape_reaches(tmp_pat
             seen = await scrape(url)
             assert seen[requests] == 6  # counters never go back: the killed worker's stay counted
             assert seen[sockets] == 1  # its socket is gone with it
+        survivor = next(iter(pids - {victim}))
+        environ = dict(
+            entry.split("=", 1) for entry in Path(f"/proc/{survivor}/environ").read_text().split("\0") if "=" in entry
+        )
+        folder = Path(environ[MULTIPROCESS_DIR])
+        assert not list(folder.glob(f"*_{victim}.db"))  # its counts are in the files of the dead
+        assert {"counter_dead.db", "histogram_dead.db"} <= {path.name for path in folder.iterdir()}
     finally:
         for ws in held.values():
             await ws.close()

@@ -44,7 +44,7 @@ from fedresearch.core.lineage import (
     reap_orphans,
     remove_abandoned,
 )
-from fedresearch.core.metrics import MULTIPROCESS_DIR
+from fedresearch.core.metrics import MULTIPROCESS_DIR, fold_dead_worker
 
 log = logging.getLogger("fedresearch")
 
@@ -286,10 +286,12 @@ class Supervisor:
         return {**os.environ, MULTIPROCESS_DIR: self.metrics_dir}
 
     def _reaped(self, process: subprocess.Popen[bytes]) -> None:
-        """A worker's process ended: its gauges leave the sums (its counts stay in them), and the
-        folders of uploads it was reading go, if it was killed with them."""
+        """A worker's process ended: its gauges leave the sums, its counts stay in them (in the
+        folder's files of the dead), and the folders of uploads it was reading go, if it was killed
+        with them."""
         if self.metrics_dir is not None:
             mark_process_dead(process.pid, self.metrics_dir)
+            fold_dead_worker(self.metrics_dir, process.pid)
         if removed := remove_abandoned(UPLOAD_FOLDERS):
             log.info("supervisor: removed %d upload folders left by killed workers", removed)
 

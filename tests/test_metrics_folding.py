@@ -1,0 +1,97 @@
+"""Under `serve --workers N` a dead worker's counts stay in the sums a scrape reads, but its files
+go: they are added into one file per kind, under a lock no scrape reads through. Real processes
+writing prometheus_client's multiprocess files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from fedresearch.core.metrics import MULTIPROCESS_DIR, Metrics, fold_dead_worker
+
+# a worker's counting, as a retriever's calls count it (core/metrics.py), then it exits
+COUNTS = """
+import os, sys
+from fedresearch.core.metrics import Metrics
+metrics, n = Metrics(), int(sys.argv[1])
+metrics.requests.labels("tavily").inc(n)
+metrics.requests.labels(f"only{n}").inc()
+metrics.failures.labels("google", "timeout").inc(2 * n)
+for seconds in (0.02, 0.3, 4.0)[: 1 + n % 3]:
+    metrics.latency.labels("tavily").observe(seconds)
+metrics.sockets.inc(n)  # a livesum gauge: leaves the sums with its process
+print(os.getpid())
+"""
+
+
+def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def workers_that_counted(folder: Path, count: int) -> list[int]:
+    """The pids of `count` processes that counted into `folder` and ended."""
+    env = {**os.environ, MULTIPROCESS_DIR: str(folder)}
+    pids = []
+    for n in range(1, count + 1):
+        done = subprocess.run([sys.executable, "-c", COUNTS, str(n)], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        pids.append(int(done.stdout))
+    return pids
+
+
+def test_a_dead_workers_counts_stay_summed_and_its_files_go(tmp_path, monkeypatch):
+    pids = workers_that_counted(tmp_path, 3)
+    for pid in pids:  # what the supervisor does first: a dead process's live gauges leave
+        for gauge in tmp_path.glob(f"gauge_live*_{pid}.db"):
+            gauge.unlink()
+    monkeypatch.setenv(MULTIPROCESS_DIR, str(tmp_path))
+    metrics = Metrics()
+    before = samples(metrics)
+    assert before[("fedresearch_retriever_requests_total", (("retriever", "tavily"),))] == 6
+    assert before[("fedresearch_retriever_latency_seconds_bucket", (("le", "0.5"), ("retriever", "tavily")))] == 5
+
+    assert [fold_dead_worker(str(tmp_path), pid) for pid in pids] == [2, 2, 2]  # counter and histogram each
+
+    assert samples(metrics) == before
+    assert sorted(f.name for f in tmp_path.glob("*.db")) == ["counter_dead.db", "histogram_dead.db"]
+    assert fold_dead_worker(str(tmp_path), pids[0]) == 0  # folded once only
+
+
+def test_no_scrape_sees_a_count_twice_or_misses_one_while_workers_are_folded(tmp_path, monkeypatch):
+    counted = workers_that_counted(tmp_path, 1)[0]
+    pids = [counted, *range(4_000_000, 4_000_300)]  # 300 more dead workers' files, copies of its
+    for kind in ("counter", "histogram"):
+        for pid in pids[1:]:
+            shutil.copyfile(tmp_path / f"{kind}_{counted}.db", tmp_path / f"{kind}_{pid}.db")
+    monkeypatch.setenv(MULTIPROCESS_DIR, str(tmp_path))
+    metrics = Metrics()
+    total = ("fedresearch_retriever_requests_total", (("retriever", "tavily"),))
+    seen: list[float | str] = []
+    folding = True
+
+    def scrape() -> None:
+        while folding:
+            try:
+                seen.append(samples(metrics)[total])
+            except Exception as error:  # a file gone between the collector's listing and its read
+                seen.append(repr(error))
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        for pid in pids:
+            fold_dead_worker(str(tmp_path), pid)
+    finally:
+        folding = False
+        scraper.join()
+    assert len(seen) > 1 and set(seen) == {len(pids)}, sorted(set(map(str, seen)))
