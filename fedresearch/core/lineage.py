@@ -2,9 +2,9 @@
 
 A worker killed with SIGKILL (the OOM killer, an operator) in the middle of an upload left the PDF
 reader it had started (library/pdf.py) running on alone: the reader's time limit is kept by the
-worker, so a file that parses slowly, or an input that never ends, kept a process and its memory for as long
-as it took. The reader now dies with the process that started it, and never uses more CPU time
-than a read is allowed.
+worker, so a file that parses slowly, or an input that never ends, kept a process and its memory
+for as long as it took. The reader now dies with the process that started it, and never uses more
+CPU time than a read is allowed.
 
 Whoever adopts such an orphan must also reap it when it ends. In a container the supervisor of
 `serve --workers N` is often PID 1, which adopts every orphan, and it waited only on its own workers:
