@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from fedresearch.core.cores import MB, Memory, auto_workers, cpu_quota, usable_cores, usable_memory
+from fedresearch.core.settings import Settings
+from fedresearch.web.launch import worker_vectors
 
 V1_MOUNTS = "32 31 0:29 {root} {mount} rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
 V1_MEMORY_MOUNTS = "35 31 0:32 {root} {mount} rw,relatime - cgroup cgroup rw,memory\n"
@@ -277,3 +279,35 @@ def _healthz_pid(port: int, server: subprocess.Popen[str]) -> int:
         except OSError:
             time.sleep(0.2)
     raise AssertionError("the server never answered /healthz")
+
+
+def test_auto_counts_the_library_vectors_each_worker_may_hold(tmp_path):
+    """A worker of the embedded library also holds the vectors of the users it searched, up to
+    LIBRARY_VECTOR_CACHE_MB: with a library that large, fewer workers fit."""
+    mount = tmp_path / "memory"
+    group(mount, memory_limit_in_bytes=str(1024 * MB))
+    proc = proc_dir(tmp_path, V1_MEMORY_MOUNTS.format(root="/", mount=mount), "9:memory:/\n")
+    info = meminfo(tmp_path, 8_000)
+    assert auto_workers(True, proc, info).fitting == 2  # (1,024 - 384) // 256
+    holding = auto_workers(True, proc, info, vectors=256 * MB)
+    assert holding.fitting == 1  # (1,024 - 384) // (256 + 256)
+    assert "(about 256 MB a worker with the embedding model, and up to 256 MB of the library's vectors)" in (
+        holding.crowded(4) or ""
+    )
+
+    def settings(**values: object) -> Settings:
+        return Settings(_env_file=None, FEDRESEARCH_DATA_DIR=str(tmp_path / "data"), **values)  # type: ignore[call-arg]
+
+    assert worker_vectors(settings()) == 0  # no library yet
+    store = settings().library_dir / "library.sqlite3"
+    store.parent.mkdir(parents=True)
+    with store.open("wb") as file:  # sparse: only its size is read
+        file.truncate(40 * MB)
+    assert worker_vectors(settings()) == 40 * MB
+    with store.open("wb") as file:
+        file.truncate(3 * 1024 * MB)
+    assert worker_vectors(settings()) == 512 * MB  # the vector cache's bound
+    assert worker_vectors(settings(LIBRARY_VECTOR_CACHE_MB=64)) == 64 * MB
+    assert worker_vectors(settings(FEDRESEARCH_EMBEDDINGS=False)) == 0  # BM25 alone holds no vectors
+    remote = settings(FEDRESEARCH_LIBRARY_URL="postgresql://db/fedresearch")
+    assert worker_vectors(remote) == 0  # pgvector searches in the database

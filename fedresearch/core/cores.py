@@ -18,7 +18,9 @@ with many CPUs and a small memory limit (`docker run --cpus 16 --memory 1g`, a K
 limit) started more workers than fit, and the kernel's OOM killer ended one, then its replacement,
 in a loop. `auto` also counts the workers that fit in the memory available: the machine's
 MemAvailable, capped by the tightest cgroup memory limit above the process (v2 `memory.max`, v1
-`memory.limit_in_bytes`), the same walk as for the CPU quota.
+`memory.limit_in_bytes`), the same walk as for the CPU quota. A worker of the embedded library
+with embeddings also holds the vectors of the users it searched (up to LIBRARY_VECTOR_CACHE_MB):
+`auto` counts them as the library stands at start, at most that bound.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class AutoWorkers:
     cores: Cores
     memory: Memory | None  # None where it cannot be read (not Linux): cores alone decide
     embeddings: bool
+    vectors: int = 0  # bytes of the library's passage vectors a worker may hold (`library_vectors`)
 
     @property
     def fitting(self) -> int | None:
@@ -80,11 +83,12 @@ class AutoWorkers:
         if self.memory is None:
             return None
         room = self.memory.available - RESERVED_BYTES[self.embeddings]
-        return max(1, room // WORKER_BYTES[self.embeddings])
+        return max(1, room // (WORKER_BYTES[self.embeddings] + self.vectors))
 
     def _per_worker(self) -> str:
         model = "with" if self.embeddings else "without"
-        return f"about {WORKER_BYTES[self.embeddings] // MB} MB a worker {model} the embedding model"
+        vectors = f", and up to {self.vectors // MB:,} MB of the library's vectors" if self.vectors else ""
+        return f"about {WORKER_BYTES[self.embeddings] // MB} MB a worker {model} the embedding model{vectors}"
 
     def describe(self) -> str:
         """How many, and why, for the log."""
@@ -107,13 +111,27 @@ class AutoWorkers:
 
 
 def auto_workers(
-    embeddings: bool, proc: Path = Path("/proc/self"), meminfo: Path = Path("/proc/meminfo")
+    embeddings: bool, proc: Path = Path("/proc/self"), meminfo: Path = Path("/proc/meminfo"), vectors: int = 0
 ) -> AutoWorkers:
-    """`FEDRESEARCH_WORKERS=auto`: a worker per usable core, as many as fit in the memory available."""
+    """`FEDRESEARCH_WORKERS=auto`: a worker per usable core, as many as fit in the memory available,
+    each also holding up to `vectors` bytes of the library's passage vectors."""
     cores, memory = usable_cores(proc), usable_memory(proc, meminfo)
-    auto = AutoWorkers(cores.usable, cores, memory, embeddings)
+    auto = AutoWorkers(cores.usable, cores, memory, embeddings, vectors)
     fitting = auto.fitting
-    return auto if fitting is None or fitting >= cores.usable else AutoWorkers(fitting, cores, memory, embeddings)
+    if fitting is None or fitting >= cores.usable:
+        return auto
+    return AutoWorkers(fitting, cores, memory, embeddings, vectors)
+
+
+def library_vectors(store: Path, cache_mb: int) -> int:
+    """The bytes of an embedded library's passage vectors a worker may hold: what its store holds
+    now (its file's size, the vectors and the passages' text: an upper bound), at most the
+    worker's vector cache (LIBRARY_VECTOR_CACHE_MB)."""
+    try:
+        size = store.stat().st_size
+    except OSError:
+        return 0
+    return min(size, cache_mb * MB)
 
 
 def usable_memory(proc: Path = Path("/proc/self"), meminfo: Path = Path("/proc/meminfo")) -> Memory | None:

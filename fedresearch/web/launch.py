@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from fedresearch.core.auth import ApiKeys, check_bind
-from fedresearch.core.cores import auto_workers
+from fedresearch.core.cores import auto_workers, library_vectors
 from fedresearch.core.settings import Settings
 from fedresearch.web import workers as workers_pool
 from fedresearch.web.stopping import retire_s
@@ -33,12 +33,13 @@ def serve(
     host = host or settings.host
     chosen = settings.workers if workers is None else workers
     said = crowded = None
+    vectors = worker_vectors(settings)
     if chosen == "auto":
-        auto = auto_workers(settings.embeddings)
+        auto = auto_workers(settings.embeddings, vectors=vectors)
         count, said = auto.count, f"workers auto: {auto.describe()}"
     else:
         count = chosen
-        crowded = auto_workers(settings.embeddings).crowded(count) if count > 1 else None
+        crowded = auto_workers(settings.embeddings, vectors=vectors).crowded(count) if count > 1 else None
     prepare(settings, host, with_pid=count > 1)  # sets the log up
     if said is not None:
         log.info("%s", said)
@@ -51,6 +52,14 @@ def serve(
     from fedresearch.web.app import serve_one
 
     serve_one(settings, host, port)
+
+
+def worker_vectors(settings: Settings) -> int:
+    """The bytes of passage vectors each worker may hold: the embedded library's, with embeddings on
+    (on PostgreSQL pgvector searches them in the database)."""
+    if not settings.embeddings or settings.library_url is not None:
+        return 0
+    return library_vectors(settings.library_dir / "library.sqlite3", settings.library_vector_cache_mb)
 
 
 def stop_limits(settings: Settings) -> tuple[float, float]:
