@@ -56,9 +56,10 @@ def die_with(parent: int, cpu_s: float) -> None:
 
     The kernel's parent-death signal follows the thread that started this process, which in the
     server is a pool thread alive as long as its process; the CPU limit holds wherever that would
-    not, and a process that lost `parent` before asking exits now."""
+    not, and a process that lost `parent` before asking exits now. (A parent other than `parent`
+    that is alive is a launcher between them: the signal then comes with the launcher's death.)"""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
+    if os.getppid() != parent and not _alive(parent):
         os._exit(1)
     soft, hard = max(1, math.ceil(cpu_s)), resource.getrlimit(resource.RLIMIT_CPU)[1]
     limits = (soft, soft + 5) if hard == resource.RLIM_INFINITY else (min(soft, hard), hard)
