@@ -40,12 +40,14 @@ def running(pid: int) -> bool:
     return bool(state) and not state.startswith(("Z", "X"))
 
 
-def until(condition: Callable[[], bool], seconds: float, what: Callable[[], str]) -> None:
-    """Wait for `condition`; past `seconds`, fail saying `what()` (read then, not when asked)."""
+def eventually(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether `condition` comes true within `seconds`."""
     deadline = time.monotonic() + seconds
     while not condition():
-        assert time.monotonic() < deadline, what()
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.05)
+    return True
 
 
 def parent_of(pid: int) -> str | None:
@@ -80,16 +82,16 @@ def test_a_pdf_reader_dies_with_the_process_that_started_it():
     os.close(held)
     reader = 0
     try:
-        until(lambda: bool(children(parent.pid)), 30, lambda: "the PDF reader never started")
+        assert eventually(lambda: bool(children(parent.pid)), 30), "the PDF reader never started"
         reader = children(parent.pid)[0]
         soft = math.ceil(PDF_TIMEOUT_S)
-        until(lambda: cpu_limit(reader) == f"{soft} {soft + 5}", 30, lambda: f"its CPU limit: {cpu_limit(reader)!r}")
+        assert eventually(lambda: cpu_limit(reader) == f"{soft} {soft + 5}", 30), (
+            f"its CPU limit: {cpu_limit(reader)!r}"
+        )
         parent.kill()
         parent.wait()
-        until(
-            lambda: not running(reader),
-            10,
-            lambda: f"the PDF reader ran on after its parent was killed: {status(reader).get('State')}",
+        assert eventually(lambda: not running(reader), 10), (
+            f"the PDF reader ran on after its parent was killed: {status(reader).get('State')}"
         )
     finally:
         parent.kill()
@@ -123,7 +125,7 @@ def test_the_supervisor_adopts_and_reaps_what_a_killed_worker_leaves_and_removes
     )
     reading = Path()
     try:
-        until(lambda: told.exists() and " " in told.read_text(), 30, lambda: "the worker never said what it left")
+        assert eventually(lambda: told.exists() and " " in told.read_text(), 30), "the worker never said what it left"
         pid, folder = told.read_text().split(" ", 1)
         orphan, reading = int(pid), Path(folder)
         worker = int(status(orphan)["PPid"])
@@ -132,9 +134,9 @@ def test_the_supervisor_adopts_and_reaps_what_a_killed_worker_leaves_and_removes
         told.unlink()
         os.kill(worker, signal.SIGKILL)
         # adopted by the supervisor, not by PID 1 or whatever else is nearest
-        until(lambda: parent_of(orphan) == str(supervisor.pid), 3, lambda: f"adopted by {parent_of(orphan)}")
-        until(lambda: not reading.exists(), 5, lambda: "the killed worker's upload folder stayed")
-        until(lambda: not status(orphan), 15, lambda: f"never reaped: {status(orphan)}")  # zombies are listed
+        assert eventually(lambda: parent_of(orphan) == str(supervisor.pid), 3), f"adopted by {parent_of(orphan)}"
+        assert eventually(lambda: not reading.exists(), 5), "the killed worker's upload folder stayed"
+        assert eventually(lambda: not status(orphan), 15), f"never reaped: {status(orphan)}"  # zombies are listed
     finally:
         supervisor.send_signal(signal.SIGTERM)
         _, log = supervisor.communicate(timeout=60)
