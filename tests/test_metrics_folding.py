@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fedresearch.core.metrics import MULTIPROCESS_DIR, Metrics, fold_dead_worker
+from fedresearch.core.metrics import MULTIPROCESS_DIR, Metrics, count_worker_death, fold_dead_worker
 
 # a worker's counting, as a retriever's calls count it (core/metrics.py), then it exits
 COUNTS = """
@@ -95,3 +95,16 @@ def test_no_scrape_sees_a_count_twice_or_misses_one_while_workers_are_folded(tmp
         folding = False
         scraper.join()
     assert len(seen) > 1 and set(seen) == {len(pids)}, sorted(set(map(str, seen)))
+
+
+def test_the_supervisor_counts_the_workers_that_died_by_how_they_ended(tmp_path, monkeypatch):
+    pids = workers_that_counted(tmp_path, 2)
+    for pid, how in zip(pids, ("SIGKILL", "status 1"), strict=True):
+        fold_dead_worker(str(tmp_path), pid)
+        count_worker_death(str(tmp_path), how)
+    count_worker_death(str(tmp_path), "SIGKILL")
+    monkeypatch.setenv(MULTIPROCESS_DIR, str(tmp_path))
+    found = samples(Metrics())
+    assert found[("fedresearch_worker_deaths_total", (("how", "SIGKILL"),))] == 2
+    assert found[("fedresearch_worker_deaths_total", (("how", "status 1"),))] == 1
+    assert found[("fedresearch_retriever_requests_total", (("retriever", "tavily"),))] == 3  # the workers' own

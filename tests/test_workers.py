@@ -303,6 +303,7 @@ async def test_metrics_count_every_worker_whichever_one_a_scrape_reaches(tmp_pat
         folder = Path(environ[MULTIPROCESS_DIR])
         assert not list(folder.glob(f"*_{victim}.db"))  # its counts are in the files of the dead
         assert {"counter_dead.db", "histogram_dead.db"} <= {path.name for path in folder.iterdir()}
+        assert seen[("fedresearch_worker_deaths_total", (("how", "SIGKILL"),))] == 1
     finally:
         for ws in held.values():
             await ws.close()

@@ -12,7 +12,9 @@ Its counts stay, but not its files: the supervisor adds them into one file per k
 (`counter_dead.db`, `histogram_dead.db`) and removes the dead worker's (`fold_dead_worker`). Every
 worker that ever ran left two files that every scrape read, so a worker dying in a loop at the
 longest backoff (30 s) added 5,760 a day. A scrape and a fold each hold the folder's lock (shared,
-exclusive), so no scrape sees a count twice, or misses one, while it moves.
+exclusive), so no scrape sees a count twice, or misses one, while it moves. The supervisor counts
+the workers that died there too (`fedresearch_worker_deaths_total`, by how they ended), so a worker
+dying in a loop shows in the metrics, not only in the log.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from fedresearch.core.collector import PAUSE_BUCKETS, Pauses
@@ -145,3 +148,21 @@ def fold_dead_worker(directory: str, pid: int) -> int:
             os.unlink(dead)
             folded += 1
     return folded
+
+
+_DEATHS = "fedresearch_worker_deaths"
+
+
+def count_worker_death(directory: str, how: str) -> None:
+    """One more worker that died (and was replaced), `how` it ended ("SIGKILL", "status 1"), in
+    the supervisor's file of the folder, summed by every scrape as a worker's are."""
+    key = mmap_key(
+        _DEATHS, f"{_DEATHS}_total", ["how"], [how], "Workers that died and were replaced, by how they ended"
+    )
+    with _folder_lock(directory, fcntl.LOCK_EX):
+        counts = MmapedDict(os.path.join(directory, "counter_supervisor.db"))
+        try:
+            deaths, _ = counts.read_value(key)
+            counts.write_value(key, deaths + 1, time.time())
+        finally:
+            counts.close()

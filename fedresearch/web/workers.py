@@ -44,7 +44,7 @@ from fedresearch.core.lineage import (
     reap_orphans,
     remove_abandoned,
 )
-from fedresearch.core.metrics import MULTIPROCESS_DIR, fold_dead_worker
+from fedresearch.core.metrics import MULTIPROCESS_DIR, count_worker_death, fold_dead_worker
 
 log = logging.getLogger("fedresearch")
 
@@ -174,6 +174,8 @@ class Supervisor:
                 delay,
             )
             self._reaped(process)
+            if self.metrics_dir is not None:
+                count_worker_death(self.metrics_dir, _death(process.returncode))
             worker.process, worker.restart_at = None, now + delay
         if worker.process is None and worker.restart_at is not None and now >= worker.restart_at:
             worker.process = subprocess.Popen(self.command, pass_fds=self.pass_fds, process_group=0, env=self._env())
@@ -327,12 +329,24 @@ class Supervisor:
         return 0
 
 
+def _death(status: int | None) -> str:
+    """How a worker ended, as a metric's label: its signal's name, or its exit status."""
+    return _signal_name(-status) if status is not None and status < 0 else f"status {status}"
+
+
 def _how_it_ended(status: int | None) -> str:
     if status is None:
         return "is running"
     if status < 0:
-        return f"was killed by {signal.Signals(-status).name}"
+        return f"was killed by {_signal_name(-status)}"
     return f"exited with status {status}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal (SIGRTMIN+n) has no name of its own
+        return f"signal {number}"
 
 
 def worker_command(host: str, port: int, balance: Balance, listen_fd: int | None) -> list[str]:
