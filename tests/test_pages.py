@@ -61,6 +61,10 @@ async def pages(tmp_path):
         <footer>Copyright Example Media. Advertise with us.</footer></body></html>"""
         return web.Response(text=html, content_type="text/html")
 
+    async def words(request: web.Request) -> web.Response:
+        WORDS_READS[request.path] = WORDS_READS.get(request.path, 0) + 1
+        return web.Response(text="fusion " * int(request.match_info["count"]), content_type="text/plain")
+
     async def slow(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/html"})
         await response.prepare(request)
@@ -104,6 +108,7 @@ async def pages(tmp_path):
     app.router.add_get("/cp1252", encoded(quoted, "cp1252", "text/html; charset=iso-8859-1"))
     app.router.add_get("/sjis.txt", encoded("検索拡張生成の報告。" * 5, "shift_jis", "text/plain; charset=shift_jis"))
     app.router.add_get("/article", article)
+    app.router.add_get("/words/{count}", words)
     app.router.add_get("/cookie", cookie)
     app.router.add_get("/paper.pdf", fixed(lambda: web.FileResponse(pdf, headers={"Content-Type": "application/pdf"})))
     app.router.add_get("/image", fixed(lambda: web.Response(body=b"\x89PNG....", content_type="image/png")))
@@ -125,6 +130,7 @@ async def pages(tmp_path):
 
 COOKIES_SEEN: dict[str, list[str | None]] = {}  # per fake site: the Cookie header of each request to /cookie
 ARTICLE_READS: dict[str, int] = {}  # per fake site: requests to /article
+WORDS_READS: dict[str, int] = {}  # requests to each /words/{count}
 
 
 RESOLVER = StaticResolver(
@@ -193,6 +199,32 @@ async def test_a_result_with_a_title_has_its_page_read_without_looking_for_one(t
         assert titled.sections[0].text == untitled.sections[0].text
         assert (await pages_reader.read(url, titled=False)) is titled and ARTICLE_READS[pages] == 2
         assert (await pages_reader.read(url)) is titled and ARTICLE_READS[pages] == 2
+    finally:
+        await pages_reader.close()
+
+
+async def test_the_page_cache_is_bounded_in_characters_least_recently_read_first(tmp_path, pages):
+    """Counted in pages alone (512), the cache held 512 PDFs or text files of FETCH_MAX_BYTES each:
+    gigabytes in every process. Now its text is bounded too (16M characters; 1,000 here)."""
+    pages_reader = reader(tmp_path)
+    pages_reader.cache_chars = 1_000
+    WORDS_READS.clear()
+
+    async def read(count: int) -> int:
+        """Reads /words/{count} (7 characters a word, less the last space); how often the site was asked."""
+        page = await pages_reader.read(f"{pages}/words/{count}")
+        assert page.chars == 7 * count - 1
+        return WORDS_READS[f"/words/{count}"]
+
+    try:
+        assert [await read(40), await read(41), await read(40)] == [1, 1, 1]  # 40 read again: from the cache
+        assert await read(42) == 1 and pages_reader.cached_chars == sum(7 * count - 1 for count in (40, 41, 42))
+        assert await read(43) == 1  # over 1,000: the least recently read, 41, goes
+        assert pages_reader.cached_chars <= 1_000
+        assert [await read(40), await read(42), await read(43)] == [1, 1, 1]
+        assert await read(41) == 2
+        assert await read(200) == 1 and await read(200) == 2  # larger than the whole bound: never kept
+        assert pages_reader.cached_chars <= 1_000
     finally:
         await pages_reader.close()
 

@@ -37,6 +37,9 @@ from fedresearch.library.formats import Section, UnsupportedFile, pdf_sections
 
 _MAX_REDIRECTS = 5
 _CACHE_ENTRIES = 512
+# the page cache's bound in characters of text (16-64 MB): counted in pages alone, 512 PDFs or text
+# files of FETCH_MAX_BYTES each held gigabytes in every process, for as long as none was evicted
+_CACHE_CHARS = 16_000_000
 _METADATA_HOSTS = {"metadata.google.internal", "metadata", "instance-data"}
 _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 _LEGACY_IPV4 = re.compile(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}")
@@ -122,9 +125,11 @@ class PageReader:
     # four), whose extra threads only fought for the GIL: on 2 cores one process read 15% more tasks
     # with pages a second on the pool's 2 (bench.scaling --pages)
     work: WorkPool | None = None
+    cache_chars: int = _CACHE_CHARS  # the page cache's bound in characters of text
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
     _hosts: dict[str, asyncio.Semaphore] = field(default_factory=dict, init=False)
     _cache: OrderedDict[str, tuple[float, Page]] = field(default_factory=OrderedDict, init=False)
+    _cached_chars: int = field(default=0, init=False)
 
     @property
     def allowed(self) -> frozenset[str]:
@@ -160,6 +165,7 @@ class PageReader:
         self.check(url)
         cached = self._cache.get(url)
         if cached is not None and cached[0] > time.monotonic() and (cached[1].titled or not titled):
+            self._cache.move_to_end(url)
             return cached[1]
         host = (urlsplit(url).hostname or "").lower()
         started = time.perf_counter()
@@ -221,10 +227,20 @@ class PageReader:
         return following
 
     def _remember(self, url: str, page: Page) -> None:
+        """`page` cached, the least recently read ones dropped past the cache's bounds (a page
+        larger than the whole bound is not kept)."""
+        replaced = self._cache.pop(url, None)
+        if replaced is not None:
+            self._cached_chars -= replaced[1].chars
         self._cache[url] = (time.monotonic() + self.settings.upstream_cache_ttl_s, page)
-        self._cache.move_to_end(url)
-        while len(self._cache) > _CACHE_ENTRIES:
-            self._cache.popitem(last=False)
+        self._cached_chars += page.chars
+        while self._cache and (len(self._cache) > _CACHE_ENTRIES or self._cached_chars > self.cache_chars):
+            self._cached_chars -= self._cache.popitem(last=False)[1][1].chars
+
+    @property
+    def cached_chars(self) -> int:
+        """The characters of text the page cache holds."""
+        return self._cached_chars
 
 
 async def _capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
