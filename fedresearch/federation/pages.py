@@ -228,13 +228,15 @@ class PageReader:
 
     def _remember(self, url: str, page: Page) -> None:
         """`page` cached, the least recently read ones dropped past the cache's bounds (a page
-        larger than the whole bound is not kept)."""
+        larger than the whole bound is not kept: it would push every other page out)."""
         replaced = self._cache.pop(url, None)
         if replaced is not None:
             self._cached_chars -= replaced[1].chars
+        if page.chars > self.cache_chars:
+            return
         self._cache[url] = (time.monotonic() + self.settings.upstream_cache_ttl_s, page)
         self._cached_chars += page.chars
-        while self._cache and (len(self._cache) > _CACHE_ENTRIES or self._cached_chars > self.cache_chars):
+        while len(self._cache) > _CACHE_ENTRIES or self._cached_chars > self.cache_chars:
             self._cached_chars -= self._cache.popitem(last=False)[1][1].chars
 
     @property
