@@ -7,6 +7,9 @@ import aiohttp
 import pytest
 import websockets
 
+from fedresearch.core.models import SearchResult
+from fedresearch.federation.contract import Hits
+from fedresearch.federation.resilience import UpstreamCache
 from tests.conftest import logs, make_settings, report_of, run_task
 
 LIMITS = {"retriever_timeout_s": 1.5, "upstream_max_bytes": 200_000, "retry_attempts": 2}
@@ -164,3 +167,26 @@ async def test_metrics_count_requests_failures_suspensions_and_cache_hits(tmp_pa
     assert 'fedresearch_retriever_suspensions_total{reason="refused",retriever="google"} 1.0' in text
     assert 'fedresearch_retriever_latency_seconds_count{retriever="tavily"} 2.0' in text
     assert "fedresearch_active_sockets 0.0" in text and "fedresearch_active_tasks 0.0" in text
+
+
+async def test_the_answer_cache_is_bounded_in_characters_least_recently_used_first():
+    """Counted in answers alone (2,048), the cache kept 50 results of 20,000 characters an answer
+    if upstreams sent them: gigabytes. Now its results' text is bounded too (1,000 here)."""
+    cache = UpstreamCache(ttl_s=600, max_chars=1_000)
+
+    def answer(text: str) -> Hits:
+        return Hits([SearchResult(href=f"https://e.org/{text}", body=text * 300, retriever="tavily", rank=1)])
+
+    size = len("a" * 300) + len("https://e.org/a")  # 315 characters an answer
+    for key in "abc":
+        await cache.put((key,), answer(key))
+    assert cache.chars == 3 * size
+    assert await cache.get(("a",)) is not None  # read: now the most recently used
+    await cache.put(("d",), answer("d"))  # over 1,000: b, the least recently used, goes
+    assert cache.chars == 3 * size <= 1_000
+    assert [await cache.get((key,)) is not None for key in "abcd"] == [True, False, True, True]
+    await cache.put(("a",), answer("a"))  # stored again: counted once
+    assert cache.chars == 3 * size
+    await cache.put(("huge",), Hits([SearchResult(href="https://e.org/", body="x" * 5_000, retriever="t", rank=1)]))
+    assert await cache.get(("huge",)) is None  # over the whole bound: not kept, and nothing pushed out
+    assert cache.chars == 3 * size and [await cache.get((key,)) is not None for key in "acd"] == [True] * 3

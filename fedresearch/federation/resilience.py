@@ -39,6 +39,13 @@ class _Abandoned(Exception):
 
 _BACKOFF_S = 0.1
 _CACHE_ENTRIES = 2048
+# and at most this many characters of results (16-64 MB): 2,048 answers of 50 results of
+# RESULT_MAX_CHARS each were gigabytes, held until evicted by count
+_CACHE_CHARS = 16_000_000
+
+
+def _chars(hits: Hits) -> int:
+    return sum(len(result.body) + len(result.title) + len(result.href) for result in hits.results)
 
 
 def failure_reason(failure: RetrieverFailed | None, timed_out: bool = False) -> str:
@@ -146,10 +153,14 @@ class CircuitBreaker:
 class UpstreamCache:
     """Answers of quota-spending upstreams, kept for UPSTREAM_CACHE_TTL_S."""
 
-    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, ttl_s: float, clock: Callable[[], float] = time.monotonic, max_chars: int = _CACHE_CHARS
+    ) -> None:
         self.ttl_s = ttl_s
         self.clock = clock
+        self.max_chars = max_chars
         self._entries: OrderedDict[tuple[object, ...], tuple[float, Hits]] = OrderedDict()
+        self._chars = 0
 
     @staticmethod
     def key(name: str, credential: str, options: SearchOptions) -> tuple[object, ...]:
@@ -164,10 +175,15 @@ class UpstreamCache:
             options.internal_api_base_url,
         )
 
+    @property
+    def chars(self) -> int:
+        """The characters of results held."""
+        return self._chars
+
     async def get(self, key: tuple[object, ...]) -> Hits | None:
         entry = self._entries.get(key)
         if entry is None or entry[0] < self.clock():
-            self._entries.pop(key, None)
+            self._drop(key)
             return None
         self._entries.move_to_end(key)
         return entry[1]
@@ -175,9 +191,19 @@ class UpstreamCache:
     async def put(self, key: tuple[object, ...], hits: Hits) -> None:
         if self.ttl_s <= 0:
             return
+        self._drop(key)
+        size = _chars(hits)
+        if size > self.max_chars:  # kept, it would push every other answer out
+            return
         self._entries[key] = (self.clock() + self.ttl_s, hits)
-        while len(self._entries) > _CACHE_ENTRIES:
-            self._entries.popitem(last=False)
+        self._chars += size
+        while len(self._entries) > _CACHE_ENTRIES or self._chars > self.max_chars:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: tuple[object, ...]) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._chars -= _chars(entry[1])
 
 
 @dataclass
