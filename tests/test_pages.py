@@ -4,6 +4,7 @@ public unless allow-listed, redirects re-checked, bodies and time capped), again
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import socket
 from collections.abc import Awaitable, Callable
@@ -61,6 +62,15 @@ async def pages(tmp_path):
         <footer>Copyright Example Media. Advertise with us.</footer></body></html>"""
         return web.Response(text=html, content_type="text/html")
 
+    async def pause(request: web.Request) -> web.Response:
+        PAUSED["now"] += 1
+        PAUSED["most"] = max(PAUSED["most"], PAUSED["now"])
+        await asyncio.sleep(0.2)
+        PAUSED["now"] -= 1
+        return web.Response(
+            text=f"<html><body><article><p>{ARTICLE}</p></article></body></html>", content_type="text/html"
+        )
+
     async def words(request: web.Request) -> web.Response:
         WORDS_READS[request.path] = WORDS_READS.get(request.path, 0) + 1
         return web.Response(text="fusion " * int(request.match_info["count"]), content_type="text/plain")
@@ -109,6 +119,7 @@ async def pages(tmp_path):
     app.router.add_get("/sjis.txt", encoded("検索拡張生成の報告。" * 5, "shift_jis", "text/plain; charset=shift_jis"))
     app.router.add_get("/article", article)
     app.router.add_get("/words/{count}", words)
+    app.router.add_get("/pause/{number}", pause)
     app.router.add_get("/cookie", cookie)
     app.router.add_get("/paper.pdf", fixed(lambda: web.FileResponse(pdf, headers={"Content-Type": "application/pdf"})))
     app.router.add_get("/image", fixed(lambda: web.Response(body=b"\x89PNG....", content_type="image/png")))
@@ -131,6 +142,7 @@ async def pages(tmp_path):
 COOKIES_SEEN: dict[str, list[str | None]] = {}  # per fake site: the Cookie header of each request to /cookie
 ARTICLE_READS: dict[str, int] = {}  # per fake site: requests to /article
 WORDS_READS: dict[str, int] = {}  # requests to each /words/{count}
+PAUSED = {"now": 0, "most": 0}  # requests to /pause/{number} being answered, and the most at once
 
 
 RESOLVER = StaticResolver(
@@ -199,6 +211,20 @@ async def test_a_result_with_a_title_has_its_page_read_without_looking_for_one(t
         assert titled.sections[0].text == untitled.sections[0].text
         assert (await pages_reader.read(url, titled=False)) is titled and ARTICLE_READS[pages] == 2
         assert (await pages_reader.read(url)) is titled and ARTICLE_READS[pages] == 2
+    finally:
+        await pages_reader.close()
+
+
+async def test_a_hosts_cap_holds_while_its_reads_run_and_goes_with_them(tmp_path, pages):
+    """FETCH_PER_HOST reads of a host at once; the cap was kept for every host ever read, so it
+    grew with every site a search result or a client's URL named."""
+    pages_reader = reader(tmp_path, fetch_per_host=2)
+    PAUSED.update(now=0, most=0)
+    try:
+        read = await asyncio.gather(*(pages_reader.read(f"{pages}/pause/{number}") for number in range(6)))
+        assert len(read) == 6 and PAUSED["most"] == 2
+        gc.collect()
+        assert len(pages_reader._hosts) == 0
     finally:
         await pages_reader.close()
 

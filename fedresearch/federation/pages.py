@@ -18,6 +18,7 @@ import ipaddress
 import re
 import socket
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,7 +128,11 @@ class PageReader:
     work: WorkPool | None = None
     cache_chars: int = _CACHE_CHARS  # the page cache's bound in characters of text
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
-    _hosts: dict[str, asyncio.Semaphore] = field(default_factory=dict, init=False)
+    # a host's cap lives while one of its reads runs: kept for every host ever read, they grew with
+    # every site a search result or a client's URL named
+    _hosts: weakref.WeakValueDictionary[str, asyncio.Semaphore] = field(
+        default_factory=weakref.WeakValueDictionary, init=False
+    )
     _cache: OrderedDict[str, tuple[float, Page]] = field(default_factory=OrderedDict, init=False)
     _cached_chars: int = field(default=0, init=False)
 
@@ -169,7 +174,10 @@ class PageReader:
             return cached[1]
         host = (urlsplit(url).hostname or "").lower()
         started = time.perf_counter()
-        async with self._hosts.setdefault(host, asyncio.Semaphore(self.settings.fetch_per_host)):
+        cap = self._hosts.get(host)
+        if cap is None:
+            cap = self._hosts[host] = asyncio.Semaphore(self.settings.fetch_per_host)
+        async with cap:
             try:
                 async with asyncio.timeout(self.settings.fetch_timeout_s):
                     final_url, content_type, charset, body = await self._fetch(url)
