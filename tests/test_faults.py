@@ -8,8 +8,8 @@ import pytest
 import websockets
 
 from fedresearch.core.models import SearchResult
-from fedresearch.federation.contract import Hits
-from fedresearch.federation.resilience import UpstreamCache
+from fedresearch.federation.contract import Hits, RetrieverFailed, RetrieverSkipped
+from fedresearch.federation.resilience import CircuitBreaker, UpstreamCache
 from tests.conftest import logs, make_settings, report_of, run_task
 
 LIMITS = {"retriever_timeout_s": 1.5, "upstream_max_bytes": 200_000, "retry_attempts": 2}
@@ -190,3 +190,16 @@ async def test_the_answer_cache_is_bounded_in_characters_least_recently_used_fir
     await cache.put(("huge",), Hits([SearchResult(href="https://e.org/", body="x" * 5_000, retriever="t", rank=1)]))
     assert await cache.get(("huge",)) is None  # over the whole bound: not kept, and nothing pushed out
     assert cache.chars == 3 * size and [await cache.get((key,)) is not None for key in "acd"] == [True] * 3
+
+
+async def test_the_breakers_circuits_are_bounded_the_oldest_forgotten(tmp_path):
+    """A circuit is per credential and per client-supplied base URL: clients sending a new refused
+    key each time made one each, kept for good. At most 4,096 now; the oldest is forgotten."""
+    breaker = CircuitBreaker(make_settings(tmp_path))
+    refused = RetrieverFailed("Tavily refused the key (HTTP 401)", status=401)
+    for number in range(4_100):
+        await breaker.failed(("tavily", f"key-{number}"), refused)
+    assert len(breaker._circuits) == 4_096
+    await breaker.check(("tavily", "key-0"))  # forgotten: its upstream is tried again
+    with pytest.raises(RetrieverSkipped):
+        await breaker.check(("tavily", "key-4099"))

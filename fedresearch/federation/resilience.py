@@ -42,6 +42,9 @@ _CACHE_ENTRIES = 2048
 # and at most this many characters of results (16-64 MB): 2,048 answers of 50 results of
 # RESULT_MAX_CHARS each were gigabytes, held until evicted by count
 _CACHE_CHARS = 16_000_000
+# circuits are per credential and per client-supplied base URL, so clients sending a new failing
+# key or URL each time made one each, kept for good: at most this many, the oldest forgotten
+_CIRCUITS = 4096
 
 
 def _chars(hits: Hits) -> int:
@@ -141,6 +144,8 @@ class CircuitBreaker:
         if not upstream_fault(failure):
             return None
         circuit = self._circuits.setdefault(key, _Circuit())
+        if len(self._circuits) > _CIRCUITS:  # the oldest forgotten: its upstream is tried again
+            del self._circuits[next(iter(self._circuits))]
         circuit.failures += 1
         seconds = suspension(failure, circuit.failures, self.settings)
         if seconds <= 0:
