@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fedresearch.core.metrics import MULTIPROCESS_DIR, Metrics, count_worker_death, fold_dead_worker
@@ -108,3 +110,21 @@ def test_the_supervisor_counts_the_workers_that_died_by_how_they_ended(tmp_path,
     assert found[("fedresearch_worker_deaths_total", (("how", "SIGKILL"),))] == 2
     assert found[("fedresearch_worker_deaths_total", (("how", "status 1"),))] == 1
     assert found[("fedresearch_retriever_requests_total", (("retriever", "tavily"),))] == 3  # the workers' own
+
+
+def test_an_unreadable_dead_workers_file_is_set_aside_and_scrapes_read_again(tmp_path, monkeypatch):
+    """A file no scrape can read (a disk that filled while a worker wrote it) made every scrape
+    fail for as long as it was there: folding sets it aside, and the rest stays counted."""
+    good = workers_that_counted(tmp_path, 1)[0]
+    broken = tmp_path / "counter_999999.db"
+    broken.write_bytes(struct.pack("i", 4096) + b"\0" * 4 + b"\xff\xff\xff\x7f" + b"junk" * 100)
+    monkeypatch.setenv(MULTIPROCESS_DIR, str(tmp_path))
+    metrics = Metrics()
+    with pytest.raises(RuntimeError, match="corrupted"):
+        metrics.exposition()
+
+    assert fold_dead_worker(str(tmp_path), 999_999) == 0
+    assert fold_dead_worker(str(tmp_path), good) == 2
+
+    assert samples(metrics)[("fedresearch_retriever_requests_total", (("retriever", "tavily"),))] == 1
+    assert (tmp_path / "counter_999999.db.unreadable").exists() and not broken.exists()

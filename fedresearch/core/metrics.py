@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from fedresearch.core.collector import PAUSE_BUCKETS, Pauses
 
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+log = logging.getLogger("fedresearch")
 
 
 class Metrics:
@@ -135,8 +137,12 @@ def fold_dead_worker(directory: str, pid: int) -> int:
         for kind in _SUMMED_KINDS:
             dead = os.path.join(directory, f"{kind}_{pid}.db")
             try:
-                values = MmapedDict.read_all_values_from_file(dead)
+                values = list(MmapedDict.read_all_values_from_file(dead))  # read whole before anything is added
             except FileNotFoundError:
+                continue
+            except Exception as error:  # every scrape would fail on it: set aside, its counts lost
+                os.replace(dead, f"{dead}.unreadable")
+                log.warning("metrics: %s of a dead worker is unreadable (%r), set aside", dead, error)
                 continue
             kept = MmapedDict(os.path.join(directory, f"{kind}_dead.db"))
             try:

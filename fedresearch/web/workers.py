@@ -173,9 +173,7 @@ class Supervisor:
                 lived,
                 delay,
             )
-            self._reaped(process)
-            if self.metrics_dir is not None:
-                count_worker_death(self.metrics_dir, _death(process.returncode))
+            self._reaped(process, death=_death(process.returncode))
             worker.process, worker.restart_at = None, now + delay
         if worker.process is None and worker.restart_at is not None and now >= worker.restart_at:
             worker.process = subprocess.Popen(self.command, pass_fds=self.pass_fds, process_group=0, env=self._env())
@@ -287,13 +285,18 @@ class Supervisor:
             return None
         return {**os.environ, MULTIPROCESS_DIR: self.metrics_dir}
 
-    def _reaped(self, process: subprocess.Popen[bytes]) -> None:
-        """A worker's process ended: its gauges leave the sums, its counts stay in them (in the
-        folder's files of the dead), and the folders of uploads it was reading go, if it was killed
-        with them."""
+    def _reaped(self, process: subprocess.Popen[bytes], death: str | None = None) -> None:
+        """A worker's process ended (`death`: how, when it died rather than stopped as asked): its
+        gauges leave the sums, its counts stay in them (in the folder's files of the dead), and the
+        folders of uploads it was reading go, if it was killed with them."""
         if self.metrics_dir is not None:
-            mark_process_dead(process.pid, self.metrics_dir)
-            fold_dead_worker(self.metrics_dir, process.pid)
+            try:
+                if death is not None:
+                    count_worker_death(self.metrics_dir, death)
+                mark_process_dead(process.pid, self.metrics_dir)
+                fold_dead_worker(self.metrics_dir, process.pid)
+            except Exception as error:  # the metrics folder failing (a full disk) is never the supervisor's end
+                log.warning("supervisor: the metrics of worker pid %d were not folded: %r", process.pid, error)
         if removed := remove_abandoned(UPLOAD_FOLDERS):
             log.info("supervisor: removed %d upload folders left by killed workers", removed)
 
