@@ -161,6 +161,7 @@ def test_only_the_folders_of_processes_that_are_gone_are_removed(tmp_path):
         "another namespace's": f"{UPLOAD_FOLDERS}00000000-{gone}-x4",
         "named before pids were": f"{UPLOAD_FOLDERS}k3j4h5x5",
         "of another kind": f"{METRICS_FOLDERS}{namespace}-{gone}-x6",
+        "no pid": f"{UPLOAD_FOLDERS}{namespace}-{'9' * 30}-x7",  # os.kill would overflow on it
     }
     for name in names.values():
         (tmp_path / name).mkdir()

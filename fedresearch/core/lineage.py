@@ -112,7 +112,7 @@ def folder_prefix(kind: str) -> str:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # gone, or no pid at all
         return False
     except PermissionError:  # another user's
         return True
@@ -122,7 +122,7 @@ def _alive(pid: int) -> bool:
 def remove_abandoned(kind: str, directory: str | None = None) -> int:
     """Remove the temporary folders of `kind` whose processes (of this pid namespace) are gone;
     how many. Folders of live processes, of other namespaces and of other names are left."""
-    mine = re.compile(re.escape(f"{kind}{_namespace()}-") + r"(\d+)-")
+    mine = re.compile(re.escape(f"{kind}{_namespace()}-") + r"([1-9]\d{0,9})-")  # a pid: at most 2^22 on Linux
     removed = 0
     try:
         entries = list(os.scandir(directory or tempfile.gettempdir()))
