@@ -20,6 +20,7 @@ every server process as it starts (after a restart, its predecessor's).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -131,7 +132,8 @@ def remove_abandoned(kind: str, directory: str | None = None) -> int:
     for entry in entries:
         owner = mine.match(entry.name)
         gone = owner is not None and int(owner.group(1)) != os.getpid() and not _alive(int(owner.group(1)))
-        if gone and entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed += 1
+        with contextlib.suppress(OSError):  # removed meanwhile, or not ours to read
+            if gone and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed += 1
     return removed
