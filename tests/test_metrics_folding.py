@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
 from fedresearch.core.metrics import MULTIPROCESS_DIR, Metrics, count_worker_death, fold_dead_worker
@@ -125,6 +126,11 @@ def test_an_unreadable_dead_workers_file_is_set_aside_and_scrapes_read_again(tmp
 
     assert fold_dead_worker(str(tmp_path), 999_999) == 0
     assert fold_dead_worker(str(tmp_path), good) == 2
+    garbled = MmapedDict(str(tmp_path / "counter_888888.db"))  # whole, but a key no scrape can parse
+    garbled.write_value('["fedresearch_retriever_requests", ', 1.0, 0.0)
+    garbled.close()
+    assert fold_dead_worker(str(tmp_path), 888_888) == 0  # set aside, not added to the counts kept
 
     assert samples(metrics)[("fedresearch_retriever_requests_total", (("retriever", "tavily"),))] == 1
     assert (tmp_path / "counter_999999.db.unreadable").exists() and not broken.exists()
+    assert (tmp_path / "counter_888888.db.unreadable").exists()

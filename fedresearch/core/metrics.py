@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import time
@@ -138,6 +139,8 @@ def fold_dead_worker(directory: str, pid: int) -> int:
             dead = os.path.join(directory, f"{kind}_{pid}.db")
             try:
                 values = list(MmapedDict.read_all_values_from_file(dead))  # read whole before anything is added
+                for key, *_ in values:
+                    json.loads(key)  # as a scrape reads it: a broken key kept would break every scrape
             except FileNotFoundError:
                 continue
             except Exception as error:  # every scrape would fail on it: set aside, its counts lost
