@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -12,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from fedresearch.core.lineage import process_space
 from fedresearch.core.work import WorkPool
 from fedresearch.report import jobs as jobs_module
 from fedresearch.report.jobs import (
@@ -71,6 +74,46 @@ async def test_finished_jobs_survive_a_restart_and_running_ones_are_marked_faile
     assert [job.research_id for job in await again.list("alice")] == [_id(2), _id(1)]
     assert await again.list("bob") == []
     assert await again.wait("nope", 0) is False
+
+
+async def test_a_job_running_in_a_live_sibling_worker_is_left_to_it_at_load(tmp_path: Path) -> None:
+    """`serve --workers N` without Redis: the workers share the jobs folder, and a worker replaced
+    (a crash, a reload) marked its siblings' running jobs failed, in their files, while they ran on.
+    Now a running job whose worker is alive on this machine is left to it; one whose worker is gone,
+    or ran elsewhere, is failed as before."""
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    space = process_space()
+    try:
+        first = LocalJobStore(tmp_path)
+        await first.create(
+            Job(_id(1), "alice", "runs on", status=JobStatus.running, runner=f"{'a' * 32}@{space}:{sibling.pid}")
+        )
+        await first.create(
+            Job(
+                _id(2), "alice", "elsewhere", status=JobStatus.running, runner=f"{'b' * 32}@other/pid:[1]:{sibling.pid}"
+            )
+        )
+        await first.create(
+            Job(_id(3), "alice", "mine, earlier", status=JobStatus.running)
+        )  # this pid: an earlier process's
+        assert (await first.get(_id(3))).runner == first.runner  # type: ignore[union-attr]
+
+        replaced = LocalJobStore(tmp_path)
+        assert await replaced.load() == 3
+        assert await replaced.get(_id(1)) is None  # its worker lists and ends it
+        assert (await replaced.get(_id(2))).status is JobStatus.failed  # type: ignore[union-attr]
+        assert (await replaced.get(_id(3))).status is JobStatus.failed  # type: ignore[union-attr]
+        states = [
+            json.loads(line)["job"]["status"]
+            for line in Path(f"{tmp_path}/{_id(1)}.job.jsonl").read_text().splitlines()
+        ]
+        assert states == ["running"]  # its file untouched (before: "failed" appended)
+    finally:
+        sibling.kill()
+        sibling.wait()
+    later = LocalJobStore(tmp_path)
+    await later.load()
+    assert (await later.get(_id(1))).status is JobStatus.failed  # type: ignore[union-attr]  # its worker is gone
 
 
 async def test_retention_deletes_old_and_surplus_jobs_with_their_reports(tmp_path: Path) -> None:

@@ -13,9 +13,10 @@ import pytest
 import websockets
 from pydantic import SecretStr
 
+from fedresearch.core.lineage import process_space
 from fedresearch.core.shared import SharedDown, SharedRedis, connect
-from fedresearch.report.jobs import Job, JobStatus, follow
-from fedresearch.report.redis_jobs import RedisJobStore, _died_here, _process_space, _runner_id
+from fedresearch.report.jobs import Job, JobStatus, died_here, follow, runner_id
+from fedresearch.report.redis_jobs import RedisJobStore
 from fedresearch.web.keys import JOBS
 from fedresearch.web.reports import saved_reports
 from tests.conftest import make_settings, report_of
@@ -394,14 +395,14 @@ async def _all_frames(store: RedisJobStore, research_id: str) -> list[dict]:
 
 
 def test_a_worker_on_this_machine_is_known_dead_by_its_pid() -> None:
-    space = _process_space()
+    space = process_space()
     assert space, "Linux gives a boot id and a PID namespace"
     gone = subprocess.Popen(["true"])
     gone.wait()  # a process that was, and is reaped
-    assert _died_here(f"{'a' * 32}@{space}:{gone.pid}", space)
-    assert not _died_here(_runner_id(space), space)  # this process
-    assert not _died_here(f"{'a' * 32}@another-machine/pid:[1]:{gone.pid}", space)  # elsewhere: its key decides
-    assert not _died_here("a" * 32, space) and not _died_here(f"{'a' * 32}@{space}:{gone.pid}", "")
+    assert died_here(f"{'a' * 32}@{space}:{gone.pid}", space)
+    assert not died_here(runner_id(space), space)  # this process
+    assert not died_here(f"{'a' * 32}@another-machine/pid:[1]:{gone.pid}", space)  # elsewhere: its key decides
+    assert not died_here("a" * 32, space) and not died_here(f"{'a' * 32}@{space}:{gone.pid}", "")
 
 
 async def test_a_job_naming_no_worker_is_ended_once_no_task_could_still_run(redis_target) -> None:

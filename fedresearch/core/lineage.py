@@ -60,7 +60,7 @@ def die_with(parent: int, cpu_s: float) -> None:
     not, and a process that lost `parent` before asking exits now. (A parent other than `parent`
     that is alive is a launcher between them: the signal then comes with the launcher's death.)"""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent and not _alive(parent):
+    if os.getppid() != parent and not alive(parent):
         os._exit(1)
     soft, hard = max(1, math.ceil(cpu_s)), resource.getrlimit(resource.RLIMIT_CPU)[1]
     limits = (soft, soft + 5) if hard == resource.RLIM_INFINITY else (min(soft, hard), hard)
@@ -91,18 +91,20 @@ def reap_orphans(own: set[int]) -> list[int]:
         reaped.append(ended.si_pid)
 
 
-def _namespace() -> str:
-    """This boot's pid namespace, in 8 characters: a pid names a process only within one, and
-    containers (or hosts) sharing a temporary directory each have their own."""
+def process_space() -> str:
+    """This machine's boot and this process's PID namespace (Linux), '' elsewhere: a pid names a
+    process only within one, and containers (or hosts) sharing a folder or a Redis each have theirs."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        space = os.readlink("/proc/self/ns/pid")
     except OSError:
-        boot = ""
-    try:
-        pids = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        pids = 0
-    return hashlib.sha256(f"{boot}:{pids}".encode()).hexdigest()[:8]
+        return ""
+    return f"{boot}/{space}"
+
+
+def _namespace() -> str:
+    """`process_space` in 8 characters, for a folder's name."""
+    return hashlib.sha256(process_space().encode()).hexdigest()[:8]
 
 
 def folder_prefix(kind: str) -> str:
@@ -110,14 +112,15 @@ def folder_prefix(kind: str) -> str:
     return f"{kind}{_namespace()}-{os.getpid()}-"
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process `pid` of this PID namespace exists (a zombie too, until reaped)."""
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):  # gone, or no pid at all
         return False
-    except PermissionError:  # another user's
+    except OSError:  # there, another user's
         return True
-    return True  # a zombie too: its folder goes at the next sweep after it is reaped
+    return True
 
 
 def remove_abandoned(kind: str, directory: str | None = None) -> int:
@@ -131,7 +134,7 @@ def remove_abandoned(kind: str, directory: str | None = None) -> int:
         return 0
     for entry in entries:
         owner = mine.match(entry.name)
-        gone = owner is not None and int(owner.group(1)) != os.getpid() and not _alive(int(owner.group(1)))
+        gone = owner is not None and int(owner.group(1)) != os.getpid() and not alive(int(owner.group(1)))
         with contextlib.suppress(OSError):  # removed meanwhile, or not ours to read
             if gone and entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)

@@ -39,12 +39,14 @@ import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from fedresearch.core.lineage import alive, process_space
 from fedresearch.core.work import QuickWrites, WorkPool, run_on
 from fedresearch.report.store import delete_report, write_atomic
 
@@ -203,6 +205,34 @@ async def follow(store: JobStore, research_id: str, start: int = 0) -> AsyncGene
         await store.wait(research_id, seen)
 
 
+def runner_id(space: str) -> str:
+    """A worker as the jobs it runs name it: a token, and where `space` (core/lineage.py) allows,
+    its space and pid, so that a worker of the same space tells a dead one by its pid at once (the
+    supervisor replaces a killed worker within a second)."""
+    token = uuid.uuid4().hex
+    return f"{token}@{space}:{os.getpid()}" if space else token
+
+
+def _pid_in(runner: str | None, space: str) -> int | None:
+    """The pid of the worker `runner` names, when it ran in `space` (else no pid of ours)."""
+    where, _, pid = (runner or "").partition("@")[2].rpartition(":")
+    return int(pid) if space and where == space and pid.isdigit() else None
+
+
+def died_here(runner: str, space: str) -> bool:
+    """Whether the worker `runner` names ran in `space` and its process is gone (a pid reused since
+    reads as alive)."""
+    pid = _pid_in(runner, space)
+    return pid is not None and not alive(pid)
+
+
+def sibling_runs(runner: str | None, space: str) -> bool:
+    """Whether `runner` names another process of `space` that is alive (this process's own pid in it
+    names an earlier process that had the pid: a server restarted as a container's PID 1)."""
+    pid = _pid_in(runner, space)
+    return pid is not None and pid != os.getpid() and alive(pid)
+
+
 @dataclass
 class _Entry:
     job: Job
@@ -245,16 +275,23 @@ class LocalJobStore:
         self.frames_kept_s = 2.0
         self._entries: dict[str, _Entry] = {}
         self._writing = asyncio.Lock()  # one write at a time, so an older state never lands last
+        self._space = process_space()
+        self.runner = runner_id(self._space)  # this process, as the jobs it runs name it
 
     def __contains__(self, research_id: object) -> bool:
         return research_id in self._entries
 
     async def load(self) -> int:
-        """Read the jobs saved by earlier runs; returns how many."""
+        """Read the jobs saved by earlier runs; returns how many. A job still running in another
+        live worker of this machine (`serve --workers N` without Redis, whose workers share the
+        folder) is left to it: a worker replaced or reloaded marked its siblings' running jobs
+        failed, in their files, while they ran on."""
         if self.directory is None:
             return 0
         found = await asyncio.to_thread(_read_saved, self.directory)
         for job in found:
+            if not job.status.finished and sibling_runs(job.runner, self._space):
+                continue  # another worker's (serve --workers N without Redis), running: it ends it
             cut_short = not job.status.finished
             if cut_short:
                 job = replace(job, status=JobStatus.failed, error="the server stopped while this job ran")
@@ -266,6 +303,8 @@ class LocalJobStore:
     async def create(self, job: Job) -> None:
         if job.research_id in self._entries:
             raise ValueError(f"job {job.research_id} exists")
+        if job.runner is None:
+            job = job.evolve(runner=self.runner)
         self._entries[job.research_id] = _Entry(job, [])
         await self._write_meta(job)
 

@@ -34,16 +34,24 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from fedresearch.core.lineage import process_space
 from fedresearch.core.shared import PREFIX, SharedDown, SharedRedis, cancelled, failures
-from fedresearch.report.jobs import Frame, Job, JobStatus, LocalJobStore, error_frames, frame_text
+from fedresearch.report.jobs import (
+    Frame,
+    Job,
+    JobStatus,
+    LocalJobStore,
+    died_here,
+    error_frames,
+    frame_text,
+    runner_id,
+)
 from fedresearch.report.store import save_report
 
 T = TypeVar("T")
@@ -145,38 +153,6 @@ def _runner_key(runner: str) -> str:
     return f"{PREFIX}runner:{runner}"
 
 
-def _process_space() -> str:
-    """This machine's boot and this process's PID namespace (Linux), '' elsewhere: a worker's id ends
-    with its space and pid, so that a worker in the same space tells a dead one by its pid at once
-    (the supervisor replaces a killed worker within a second) rather than when its key lapses."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        space = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
-    return f"{boot}/{space}"
-
-
-def _runner_id(space: str) -> str:
-    token = uuid.uuid4().hex
-    return f"{token}@{space}:{os.getpid()}" if space else token
-
-
-def _died_here(runner: str, space: str) -> bool:
-    """Whether the worker `runner` names ran in `space` and its process is gone (a pid reused since
-    reads as alive: its key decides)."""
-    where, _, pid = runner.partition("@")[2].rpartition(":")
-    if not space or where != space or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # there, another user's
-    return False
-
-
 _STRANDED = "the worker running this task stopped before it ended (killed, or its host lost): start it again"
 # research id -> when it was deleted, for a day and at most the newest 100,000: a host away longer
 # (or behind by more) keeps the files of those it missed, served to their owners as before
@@ -204,8 +180,8 @@ class RedisJobStore:
     ) -> None:
         self.shared = shared
         self.redis = shared.client
-        self._space = _process_space()
-        self.runner = _runner_id(self._space)  # this worker, as its jobs name it
+        self._space = process_space()
+        self.runner = runner_id(self._space)  # this worker, as its jobs name it
         self._runner_lease_ms = max(1, int(runner_lease_s * 1000))
         self._renewing: asyncio.Task[None] | None = None
         self._starting = asyncio.Lock()
@@ -333,7 +309,7 @@ class RedisJobStore:
         unnamed_dead = {job.research_id for job in unfinished if job.runner is None and job.created_at < cutoff}
         running = {job.runner for job in unfinished if job.runner is not None}
         now = time.monotonic()
-        gone = {runner for runner in running if _died_here(runner, self._space)}
+        gone = {runner for runner in running if died_here(runner, self._space)}
         unsure = [runner for runner in running if runner not in gone and self._alive_until.get(runner, 0.0) < now]
         if unsure:
             keys = await self._mget([_runner_key(runner) for runner in unsure])
