@@ -150,9 +150,11 @@ RESOLVER = StaticResolver(
 )
 
 
-def reader(tmp_path, **settings) -> PageReader:
+def reader(tmp_path, cache_chars: int | None = None, **settings) -> PageReader:
     values = {"fetch_allowed_hosts": ["pages.test"], "fetch_timeout_s": 2.0, "fetch_max_bytes": 100_000, **settings}
-    return PageReader(make_settings(tmp_path, **values), resolver=RESOLVER)
+    if cache_chars is None:
+        return PageReader(make_settings(tmp_path, **values), resolver=RESOLVER)
+    return PageReader(make_settings(tmp_path, **values), resolver=RESOLVER, cache_chars=cache_chars)
 
 
 async def test_main_text_of_html_and_pdf(tmp_path, pages):
@@ -232,8 +234,7 @@ async def test_a_hosts_cap_holds_while_its_reads_run_and_goes_with_them(tmp_path
 async def test_the_page_cache_is_bounded_in_characters_least_recently_read_first(tmp_path, pages):
     """Counted in pages alone (512), the cache held 512 PDFs or text files of FETCH_MAX_BYTES each:
     gigabytes in every process. Now its text is bounded too (16M characters; 1,000 here)."""
-    pages_reader = reader(tmp_path)
-    pages_reader.cache_chars = 1_000
+    pages_reader = reader(tmp_path, cache_chars=1_000)
     WORDS_READS.clear()
 
     async def read(count: int) -> int:

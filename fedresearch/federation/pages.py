@@ -19,7 +19,6 @@ import re
 import socket
 import time
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -32,15 +31,14 @@ from w3lib.encoding import html_to_unicode, read_bom, resolve_encoding
 
 from fedresearch.core.identifiers import split_url
 from fedresearch.core.settings import Settings
+from fedresearch.core.timed_cache import TimedCache
 from fedresearch.core.work import WorkPool, run_on
 from fedresearch.federation.http import BodyTooLarge, read_capped
 from fedresearch.library.formats import Section, UnsupportedFile, pdf_sections
 
 _MAX_REDIRECTS = 5
 _CACHE_ENTRIES = 512
-# the page cache's bound in characters of text (16-64 MB): counted in pages alone, 512 PDFs or text
-# files of FETCH_MAX_BYTES each held gigabytes in every process, for as long as none was evicted
-_CACHE_CHARS = 16_000_000
+_CACHE_CHARS = 16_000_000  # of text, 16-64 MB (core/timed_cache.py)
 _METADATA_HOSTS = {"metadata.google.internal", "metadata", "instance-data"}
 _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 _LEGACY_IPV4 = re.compile(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}")
@@ -133,8 +131,11 @@ class PageReader:
     _hosts: weakref.WeakValueDictionary[str, asyncio.Semaphore] = field(
         default_factory=weakref.WeakValueDictionary, init=False
     )
-    _cache: OrderedDict[str, tuple[float, Page]] = field(default_factory=OrderedDict, init=False)
-    _cached_chars: int = field(default=0, init=False)
+    _cache: TimedCache[str, Page] = field(init=False)
+
+    def __post_init__(self) -> None:
+        ttl_s = self.settings.upstream_cache_ttl_s
+        self._cache = TimedCache(ttl_s, _CACHE_ENTRIES, self.cache_chars, lambda page: page.chars)
 
     @property
     def allowed(self) -> frozenset[str]:
@@ -169,9 +170,8 @@ class PageReader:
         a third of an HTML page's reading."""
         self.check(url)
         cached = self._cache.get(url)
-        if cached is not None and cached[0] > time.monotonic() and (cached[1].titled or not titled):
-            self._cache.move_to_end(url)
-            return cached[1]
+        if cached is not None and (cached.titled or not titled):
+            return cached
         host = (urlsplit(url).hostname or "").lower()
         started = time.perf_counter()
         cap = self._hosts.get(host)
@@ -186,7 +186,7 @@ class PageReader:
         page = await run_on(self.work, extract, url, final_url, content_type, body, titled, charset)
         elapsed_ms = round((time.perf_counter() - started) * 1000, 1)
         page = Page(url, final_url, page.title, page.sections, page.kind, elapsed_ms, page.titled)
-        self._remember(url, page)
+        self._cache.put(url, page)
         return page
 
     def check(self, url: str) -> None:
@@ -234,23 +234,10 @@ class PageReader:
             raise PageSkipped(f"redirected to {following}, refused: {refused}") from None
         return following
 
-    def _remember(self, url: str, page: Page) -> None:
-        """`page` cached, the least recently read ones dropped past the cache's bounds (a page
-        larger than the whole bound is not kept: it would push every other page out)."""
-        replaced = self._cache.pop(url, None)
-        if replaced is not None:
-            self._cached_chars -= replaced[1].chars
-        if page.chars > self.cache_chars:
-            return
-        self._cache[url] = (time.monotonic() + self.settings.upstream_cache_ttl_s, page)
-        self._cached_chars += page.chars
-        while len(self._cache) > _CACHE_ENTRIES or self._cached_chars > self.cache_chars:
-            self._cached_chars -= self._cache.popitem(last=False)[1][1].chars
-
     @property
     def cached_chars(self) -> int:
         """The characters of text the page cache holds."""
-        return self._cached_chars
+        return self._cache.held
 
 
 async def _capped(response: aiohttp.ClientResponse, limit: int) -> bytes:

@@ -21,12 +21,12 @@ import hashlib
 import itertools
 import random
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from fedresearch.core.settings import Settings
+from fedresearch.core.timed_cache import TimedCache
 from fedresearch.federation.contract import Hits, RetrieverFailed, RetrieverSkipped, SearchOptions
 
 _REFUSED = {401, 403, 432, 433}
@@ -39,9 +39,7 @@ class _Abandoned(Exception):
 
 _BACKOFF_S = 0.1
 _CACHE_ENTRIES = 2048
-# and at most this many characters of results (16-64 MB): 2,048 answers of 50 results of
-# RESULT_MAX_CHARS each were gigabytes, held until evicted by count
-_CACHE_CHARS = 16_000_000
+_CACHE_CHARS = 16_000_000  # of results' text, titles and links, 16-64 MB (core/timed_cache.py)
 # circuits are per credential and per client-supplied base URL, so clients sending a new failing
 # key or URL each time made one each, kept for good: at most this many, the oldest forgotten
 _CIRCUITS = 4096
@@ -161,11 +159,9 @@ class UpstreamCache:
     def __init__(
         self, ttl_s: float, clock: Callable[[], float] = time.monotonic, max_chars: int = _CACHE_CHARS
     ) -> None:
-        self.ttl_s = ttl_s
-        self.clock = clock
-        self.max_chars = max_chars
-        self._entries: OrderedDict[tuple[object, ...], tuple[float, Hits]] = OrderedDict()
-        self._chars = 0
+        self._answers: TimedCache[tuple[object, ...], Hits] = TimedCache(
+            ttl_s, _CACHE_ENTRIES, max_chars, _chars, clock
+        )
 
     @staticmethod
     def key(name: str, credential: str, options: SearchOptions) -> tuple[object, ...]:
@@ -183,32 +179,13 @@ class UpstreamCache:
     @property
     def chars(self) -> int:
         """The characters of results held."""
-        return self._chars
+        return self._answers.held
 
     async def get(self, key: tuple[object, ...]) -> Hits | None:
-        entry = self._entries.get(key)
-        if entry is None or entry[0] < self.clock():
-            self._drop(key)
-            return None
-        self._entries.move_to_end(key)
-        return entry[1]
+        return self._answers.get(key)
 
     async def put(self, key: tuple[object, ...], hits: Hits) -> None:
-        if self.ttl_s <= 0:
-            return
-        self._drop(key)
-        size = _chars(hits)
-        if size > self.max_chars:  # kept, it would push every other answer out
-            return
-        self._entries[key] = (self.clock() + self.ttl_s, hits)
-        self._chars += size
-        while len(self._entries) > _CACHE_ENTRIES or self._chars > self.max_chars:
-            self._drop(next(iter(self._entries)))
-
-    def _drop(self, key: tuple[object, ...]) -> None:
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self._chars -= _chars(entry[1])
+        self._answers.put(key, hits)
 
 
 @dataclass
