@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import shutil
 import subprocess
 import sys
+import threading
 
 import aiohttp
 import pytest
@@ -42,6 +45,7 @@ def test_a_damaged_index_is_rebuilt_from_sqlite_at_open(tmp_path, damage):
     assert _bm25_top(library) == "10.48550/arxiv.2104.08663"
     expected = library.records.indexed_chunk_count()
     del library
+    gc.collect()  # its tantivy reader, on a cycle, would recreate its lock file in the folder damaged next
     damage(tmp_path / "lib" / "index")
     reopened = Library(tmp_path / "lib")
     assert reopened.index.repaired is not None and "rebuilding it from SQLite" in reopened.index.repaired
@@ -52,8 +56,38 @@ def test_a_damaged_index_is_rebuilt_from_sqlite_at_open(tmp_path, damage):
     assert Library(tmp_path / "lib").index.repaired is None  # whole now: nothing more to do
 
 
+def test_an_index_another_reader_holds_is_rebuilt_while_its_lock_file_comes_back(tmp_path):
+    # A tantivy reader open on the folder (another worker's) recreates .tantivy-meta.lock by path
+    # whenever meta.json changes; this thread does the same without pause, as that reader would at
+    # the worst moment, while opening finds the index short and rebuilds it.
+    library = Library(tmp_path / "lib")
+    ingest(library, "alice", [EXAMPLES])
+    del library
+    gc.collect()
+    shutil.rmtree(tmp_path / "lib" / "index")
+    lock = tmp_path / "lib" / "index" / ".tantivy-meta.lock"
+    stop = threading.Event()
+
+    def recreate_lock() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(FileNotFoundError):
+                lock.touch()
+
+    reader = threading.Thread(target=recreate_lock)
+    reader.start()
+    try:
+        reopened = Library(tmp_path / "lib")
+    finally:
+        stop.set()
+        reader.join()
+    assert reopened.index.repaired is not None and "holds 0 of" in reopened.index.repaired
+    assert _bm25_top(reopened) == "10.48550/arxiv.2104.08663"
+    assert not list((tmp_path / "lib").glob("index.discarded-*"))
+
+
 def test_library_check_reports_and_repairs(tmp_path):
     ingest(Library(tmp_path / "data" / "library"), "alice", [EXAMPLES])
+    gc.collect()
     shutil.rmtree(tmp_path / "data" / "library" / "index")
     env = {"FEDRESEARCH_DATA_DIR": str(tmp_path / "data"), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(

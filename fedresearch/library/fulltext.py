@@ -8,8 +8,10 @@ query, so matching starts inside one user's slice rather than filtering after it
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +89,14 @@ class FullTextIndex:
         return None
 
     def _reset(self, records: Records, problem: str) -> None:
-        if self.directory.is_dir():
-            shutil.rmtree(self.directory)
+        if self.directory.is_dir() and not self.directory.is_symlink():
+            # Renamed first: a reader another Library or worker holds on this folder recreates its
+            # lock file here by path when meta.json changes, which made rmtree in place fail with
+            # "Directory not empty"; after the rename its late file lands in the new index, harmless.
+            suffix = f"discarded-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            discarded = self.directory.with_name(f"{self.directory.name}.{suffix}")
+            self.directory.rename(discarded)
+            shutil.rmtree(discarded)
         elif self.directory.exists() or self.directory.is_symlink():
             self.directory.unlink()
         records.mark_all_unindexed()  # derived data: rebuilt from SQLite by catch_up
