@@ -199,6 +199,39 @@ def test_reading_html_skips_the_extensive_date_search_it_has_no_use_for(monkeypa
     assert (page.title, page.sections[0].text) == (full.title, full.text)  # what the default search gave
 
 
+def test_trafilaturas_fallback_runs_only_where_its_own_pass_found_little(monkeypatch):
+    """Its fallback (readability and jusText compared with its own answer) costs a third of a read
+    and matters where its own pass found little: an article is read in one pass; a page whose text
+    sits in bare nested divs, where the own pass finds nothing, is read whole by the fallback."""
+    import trafilatura
+
+    from fedresearch.federation import pages as pages_module
+
+    passes: list[bool] = []
+    real = trafilatura.bare_extraction
+
+    def bare_extraction(*args: object, **options: object) -> object:
+        passes.append(bool(options.get("fast")))
+        return real(*args, **options)
+
+    monkeypatch.setattr(trafilatura, "bare_extraction", bare_extraction)
+    article = (
+        "<html><head><title>Pilot study of fusion</title></head><body><nav>Home News</nav>"
+        f"<article><h1>Pilot study of fusion</h1><p>{ARTICLE}</p></article></body></html>"
+    ).encode()
+    page = pages_module.extract("https://pages.test/a", "https://pages.test/a", "text/html", article)
+    assert passes == [True]
+    assert page.title == "Pilot study of fusion" and "Finding 11" in page.sections[0].text
+    passes.clear()
+    bare = "<html><head><title>Notes</title></head><body><div class='x'>" + "".join(
+        f"<div>{sentence}.</div>" for sentence in ARTICLE.split(". ")
+    )
+    page = pages_module.extract("https://pages.test/b", "https://pages.test/b", "text/html", (bare + "</div>").encode())
+    assert passes == [True, False]
+    assert "Finding 0" in page.sections[0].text and "Finding 11" in page.sections[0].text
+    assert page.title == "Notes"
+
+
 async def test_a_result_with_a_title_has_its_page_read_without_looking_for_one(tmp_path, pages):
     """A search result has its title: its page is read without trafilatura's metadata pass (a third
     of an HTML page's reading), the same text. A URL without a title (`source_urls`) gets the page's;

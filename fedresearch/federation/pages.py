@@ -297,17 +297,35 @@ def _undeclared(body: bytes) -> str | None:
     return "utf-8"
 
 
+# trafilatura's fallback (readability's and jusText's answers compared with its own) is over a third
+# of a read's CPU and changes what is read mostly where its own pass found little: on trafilatura's
+# evaluation corpus (990 real pages, `bench.extract --eval-corpus`) the fallback only under this
+# length gave the F1 of always (0.922, the same titles) for 23% less CPU; never, recall fell from
+# 0.920 to 0.892.
+_FALLBACK_BELOW_CHARS = 1_000
+
+
 def _html(url: str, final_url: str, markup: str, titled: bool) -> Page:
+    text, title = _main_text(markup, final_url, titled, fast=True)
+    if len(text) < _FALLBACK_BELOW_CHARS:
+        # a first pass that found too little to keep returned no title either
+        text, found_title = _main_text(markup, final_url, titled and not title, fast=False)
+        title = title or found_title
+    if not text:
+        raise PageSkipped("no main text found in the HTML")
+    return Page(url, final_url, title, [Section(text=text)], "html", titled=titled)
+
+
+def _main_text(markup: str, final_url: str, titled: bool, fast: bool) -> tuple[str, str]:
     extracted: Any = trafilatura.bare_extraction(
         markup,
         url=final_url,
+        fast=fast,
         include_comments=False,
         favor_precision=True,
         with_metadata=titled,
         date_extraction_params=_DATE_SEARCH,
     )
-    text = str(getattr(extracted, "text", "") or "").strip() if extracted is not None else ""
-    if not text:
-        raise PageSkipped("no main text found in the HTML")
-    title = str(getattr(extracted, "title", "") or "").strip()
-    return Page(url, final_url, title, [Section(text=text)], "html", titled=titled)
+    if extracted is None:
+        return "", ""
+    return str(getattr(extracted, "text", "") or "").strip(), str(getattr(extracted, "title", "") or "").strip()
