@@ -401,7 +401,7 @@ async def test_web_results_are_read_and_become_the_evidence(tmp_path, fakes, pag
     real_extract = pages_module.extract
 
     def extract(*args: object) -> object:
-        read_on.append(threading.current_thread().name)
+        read_on.append((str(args[0]).rsplit("/", 1)[-1], threading.current_thread().name))
         return real_extract(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(pages_module, "extract", extract)
@@ -423,8 +423,11 @@ async def test_web_results_are_read_and_become_the_evidence(tmp_path, fakes, pag
     report = report_of(frames)
     assert "Finding" in report and "merged the lexical and dense rankings" in report  # the page, not the snippet
     assert "[1] [Pilot](" in report  # the result's own title, its page read without looking for one
-    # on the app's work threads (WORK_THREADS), not asyncio's pool of a thread a core plus four
-    assert len(read_on) == 2 and all(name.startswith("fedresearch-work") for name in read_on), read_on
+    # HTML on the app's work threads (WORK_THREADS), not asyncio's pool of a thread a core plus four;
+    # a PDF, read by a child process, on asyncio's pool: waiting for it never holds a work thread
+    threads = dict(read_on)
+    assert len(read_on) == 2 and threads["article"].startswith("fedresearch-work"), read_on
+    assert not threads["paper.pdf"].startswith("fedresearch-work"), read_on
 
 
 async def test_a_source_url_without_a_title_takes_its_pages(tmp_path, fakes, pages, start_server):

@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from fedresearch.core.work import QuickWrites, WorkPool, run_on
+from fedresearch.core.work import QuickWrites, WorkPool, run_on, work_threads
+from fedresearch.web.keys import DEPS
+from tests.conftest import make_settings
 
 REQUEST = contextvars.ContextVar("request", default="none")
 
@@ -68,3 +70,14 @@ async def test_a_failed_write_on_the_loop_raises_to_its_caller() -> None:
     with pytest.raises(OSError, match="No space left"):
         await writes.run(full)
     assert writes.on_loop
+
+
+async def test_one_work_thread_without_the_embedding_model_two_with_it_or_as_set(tmp_path, start_server) -> None:
+    # two threads of GIL-bound Python only hand the GIL back and forth; the model's inference lets go
+    # of it, and there a second thread writes meanwhile
+    assert (work_threads(None, with_model=False), work_threads(None, with_model=True)) == (1, 2)
+    assert work_threads(3, with_model=False) == 3
+    server = await start_server(make_settings(tmp_path, embeddings=False))
+    assert server.app[DEPS].work.threads == 1
+    server = await start_server(make_settings(tmp_path / "set", embeddings=False, work_threads=3))
+    assert server.app[DEPS].work.threads == 3

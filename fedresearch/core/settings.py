@@ -34,8 +34,9 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", validation_alias="FEDRESEARCH_HOST")
     port: int = Field(8000, validation_alias="FEDRESEARCH_PORT")
     workers: int | Literal["auto"] = Field(1, validation_alias="FEDRESEARCH_WORKERS")
-    # threads per process that write reports and save files (core/work.py says why so few)
-    work_threads: int = Field(2, ge=1, le=64, validation_alias="WORK_THREADS")
+    # threads per process that write reports, read pages' text and save files (core/work.py says why
+    # so few); unset: 1, or 2 with the embedding model
+    work_threads: int | None = Field(None, ge=1, le=64, validation_alias="WORK_THREADS")
     redis_url: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_REDIS_URL")
     # that URL is one node of a Redis or Valkey Cluster (managed ones in cluster mode included)
     redis_cluster: bool = Field(False, validation_alias="FEDRESEARCH_REDIS_CLUSTER")
@@ -183,6 +184,7 @@ class Settings(BaseSettings):
         "llm_base_url",
         "llm_model",
         "model_cache_dir",
+        "work_threads",
         mode="before",
     )
     @classmethod

@@ -183,7 +183,9 @@ class PageReader:
                     final_url, content_type, charset, body = await self._fetch(url)
             except TimeoutError:
                 raise PageSkipped(f"no answer within {self.settings.fetch_timeout_s:g} s (FETCH_TIMEOUT_S)") from None
-        page = await run_on(self.work, extract, url, final_url, content_type, body, titled, charset)
+        # a PDF is read by a child process: a wait of up to minutes, kept off the few work threads
+        pool = None if is_pdf(content_type, body) else self.work
+        page = await run_on(pool, extract, url, final_url, content_type, body, titled, charset)
         elapsed_ms = round((time.perf_counter() - started) * 1000, 1)
         page = Page(url, final_url, page.title, page.sections, page.kind, elapsed_ms, page.titled)
         self._cache.put(url, page)
@@ -249,12 +251,16 @@ async def _capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
         raise PageSkipped(f"more than FETCH_MAX_BYTES ({limit} bytes)") from None
 
 
+def is_pdf(content_type: str, body: bytes) -> bool:
+    return content_type == "application/pdf" or body.startswith(b"%PDF-")
+
+
 def extract(
     url: str, final_url: str, content_type: str, body: bytes, titled: bool = True, charset: str | None = None
 ) -> Page:
     """The main text of an answer, and with `titled` an HTML page's title (CPU work: run it in a thread).
     `charset` is the one the answer's Content-Type names, if any."""
-    if content_type == "application/pdf" or body.startswith(b"%PDF-"):
+    if is_pdf(content_type, body):
         try:
             sections = pdf_sections(body)
         except UnsupportedFile as error:

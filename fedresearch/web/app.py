@@ -27,7 +27,7 @@ from fedresearch.core.lineage import UPLOAD_FOLDERS, remove_abandoned
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.settings import Settings
 from fedresearch.core.shared import SharedRedis
-from fedresearch.core.work import WorkPool
+from fedresearch.core.work import WorkPool, work_threads
 from fedresearch.federation.pages import PageReader
 from fedresearch.federation.registry import AdapterFactory, build_registry
 from fedresearch.federation.runner import Deps
@@ -105,7 +105,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         log.info("removed %d upload folders left by server processes that were killed", abandoned)
     connector = aiohttp.TCPConnector(limit=200, limit_per_host=50)
     timeout = aiohttp.ClientTimeout(total=settings.retriever_timeout_s, connect=min(5.0, settings.retriever_timeout_s))
-    work = WorkPool(settings.work_threads)
+    work = WorkPool(work_threads(settings.work_threads, library.encoder is not None))
     pages = PageReader(settings, resolver=app.get(RESOLVER), work=work)
     app[LLM_CLIENTS] = llm = LlmClients()
     # no cookie jar: one session serves every user's upstream calls, and cookies are not our APIs' auth
