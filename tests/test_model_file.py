@@ -172,3 +172,45 @@ def test_a_new_key_replaces_the_old_graph_and_clears_what_a_dead_builder_left(tm
     assert not old.parent.exists() and not abandoned.exists()
     assert building.exists()  # another process may be writing it right now
     assert model_file(cache, "n3w", lambda: pytest.fail("built again")) == new
+
+
+def test_the_int8_graph_is_written_beside_the_float_one_once_and_ranks_as_it_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoder: Encoder
+) -> None:
+    cache = tmp_path / "models"
+    first = load_encoder(cache_dir=cache)
+    assert first is not None
+    texts = [*TEXTS, "Dense retrievers trained on one corpus lose accuracy on another.", "Cookie settings"]
+    exact = encoder.encode(texts)
+    quick = first.encode(texts, int8=True)
+    assert np.allclose(np.linalg.norm(quick, axis=1), 1.0, atol=1e-5)
+    assert np.abs(quick - exact).max() > 1e-4  # another graph, not the float one again
+    assert float((quick * exact).sum(axis=1).min()) > 0.98
+    # the same order of likeness to the question as the float vectors give
+    assert list(np.argsort(-(quick[1:] @ quick[0]))) == list(np.argsort(-(exact[1:] @ exact[0])))
+    names = sorted(path.name for path in cache.glob("minilm-*"))
+    assert len(names) == 2 and names[1] == names[0] + "-int8"
+    first_int8 = (cache / names[1] / "model.onnx").stat().st_mtime_ns
+
+    def quantize_again(*args: Any) -> onnx.ModelProto:
+        raise AssertionError("the int8 graph was built again")
+
+    monkeypatch.setattr(onnx_graph, "quantized", quantize_again)
+    second = load_encoder(cache_dir=cache)
+    assert second is not None
+    second.prepare_int8()
+    assert np.abs(second.encode(texts, int8=True) - quick).max() < 1e-6
+    assert (cache / names[1] / "model.onnx").stat().st_mtime_ns == first_int8
+    assert sorted(path.name for path in cache.glob("minilm-*")) == names  # neither removes the other
+
+
+def test_without_an_int8_graph_the_float_one_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    def broken(*args: Any) -> onnx.ModelProto:
+        raise ValueError("no quantizer here")
+
+    monkeypatch.setattr(onnx_graph, "quantized", broken)
+    loaded = load_encoder(cache_dir=tmp_path / "models")
+    assert loaded is not None
+    with caplog.at_level(logging.WARNING):
+        assert np.abs(loaded.encode(TEXTS, int8=True) - loaded.encode(TEXTS)).max() < 1e-6
+    assert any("no int8 graph" in record.getMessage() for record in caplog.records)

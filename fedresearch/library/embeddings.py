@@ -102,9 +102,12 @@ def length_batches(lengths: list[int], batch_size: int, padding_share: float = _
     return batches
 
 
-def _onnx_session(model_dir: Path, config: dict[str, Any], threads: int, cache_dir: Path | None) -> Any | None:
-    """An ONNX Runtime session over the same weights, or None when onnxruntime is not installed;
-    with `cache_dir`, over the graph's file there (model_file.py), built first if need be."""
+def _onnx_session(
+    model_dir: Path, config: dict[str, Any], threads: int, cache_dir: Path | None, int8: bool = False
+) -> Any | None:
+    """An ONNX Runtime session over the same weights (with `int8`, quantized: onnx_graph.quantized),
+    or None when onnxruntime is not installed; with `cache_dir`, over the graph's file there
+    (model_file.py), built first if need be."""
     try:
         import onnxruntime
 
@@ -121,11 +124,13 @@ def _onnx_session(model_dir: Path, config: dict[str, Any], threads: int, cache_d
     options.inter_op_num_threads = 1
 
     def build() -> Any:
-        return onnx_graph.build_model(load_file(str(model_dir / "model.safetensors")), config)
+        graph = onnx_graph.build_model(load_file(str(model_dir / "model.safetensors")), config)
+        return onnx_graph.quantized(graph) if int8 else graph
 
     providers = ["CPUExecutionProvider"]
     if cache_dir is not None:
-        graph = model_file(cache_dir, model_key(model_dir, Path(onnx_graph.__file__)), build)
+        key = model_key(model_dir, Path(onnx_graph.__file__))
+        graph = model_file(cache_dir, key, build, variant="-int8" if int8 else "")
         if graph is not None:
             try:
                 return onnxruntime.InferenceSession(str(graph), options, providers=providers)
@@ -181,6 +186,9 @@ class Encoder:
         self.tokenizer.enable_truncation(self.max_tokens)
         self.tokenizer.no_padding()  # we pad per batch ourselves; padded ids change the pooled vectors
         self._session = _onnx_session(model_dir, config, threads, cache_dir) if backend != "numpy" else None
+        self._int8_session: Any = None  # built at its first use: only a server's writer asks for it
+        self._int8_args = (model_dir, config, threads, cache_dir)
+        self._int8_lock = threading.Lock()
         if self._session is None and backend == "onnxruntime":
             raise RuntimeError("onnxruntime is not installed: pip install 'fedresearch[fast]'")
         self.backend = "onnxruntime" if self._session is not None else "numpy"
@@ -232,10 +240,10 @@ class Encoder:
             )
         return out
 
-    def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        if self._session is not None:
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, session: Any) -> np.ndarray:
+        if session is not None:
             feed = {"input_ids": ids, "attention_mask": mask.astype(np.int64)}
-            vectors: np.ndarray = self._session.run(None, feed)[0]
+            vectors: np.ndarray = session.run(None, feed)[0]
             return vectors
         return self._numpy_forward(ids, mask)
 
@@ -263,36 +271,58 @@ class Encoder:
         pooled = (x * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
         return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
 
-    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+    def encode(self, texts: list[str], batch_size: int = 32, int8: bool = False) -> np.ndarray:
+        """Unit vectors of `texts`. With `int8`, by the quantized graph where ONNX Runtime runs
+        (1.6x faster, cosines within about 0.01 of the float ones): only for vectors compared with
+        each other, never with the library's stored ones or its queries'."""
         if not texts:
             return np.zeros((0, self.dims), dtype=np.float32)
+        session = self._int8() if int8 else self._session
         encodings = self.tokenizer.encode_batch(texts)
         ids = [encoding.ids for encoding in encodings]
         batches = length_batches([len(tokens) for tokens in ids], batch_size, self.padding_share)
         out = np.zeros((len(texts), self.dims), dtype=np.float32)
         passes: Iterator[np.ndarray]
         if self._pool is not None and len(batches) > 1:
-            passes = self._pool.map(lambda batch: self._pass([ids[i] for i in batch]), batches)
+            passes = self._pool.map(lambda batch: self._pass([ids[i] for i in batch], session), batches)
         else:
-            passes = (self._pass([ids[i] for i in batch]) for batch in batches)
+            passes = (self._pass([ids[i] for i in batch], session) for batch in batches)
         for batch, vectors in zip(batches, passes, strict=True):
             out[batch] = vectors
         if sum(len(batch) * max(len(ids[i]) for i in batch) for batch in batches) > _RELEASE_TOKENS:
-            self._release()
+            self._release(session)
         return out
 
-    def _release(self) -> None:
+    def prepare_int8(self) -> None:
+        """Build or map the quantized graph now (a server at start) rather than in a first call."""
+        self._int8()
+
+    def _int8(self) -> Any:
+        """The quantized session, built (or mapped from the host's file) at its first use; the float
+        one if it cannot be, and numpy's path (None) without ONNX Runtime."""
+        if self._session is None or self._int8_session is not None:
+            return self._int8_session or self._session
+        with self._int8_lock:
+            if self._int8_session is None:
+                try:
+                    self._int8_session = _onnx_session(*self._int8_args, int8=True) or self._session
+                except Exception as error:  # the quantizer's and ONNX Runtime's errors share no base class
+                    log.warning("embedding model: no int8 graph (%s); the float one ranks evidence", error)
+                    self._int8_session = self._session
+        return self._int8_session
+
+    def _release(self, session: Any) -> None:
         """The arena's memory no pass is using back to the system: a pass of one empty text, run
         with the option that shrinks the arena once it ends."""
-        if self._session is None:
+        if session is None:
             return  # numpy's arrays are freed as they go
         empty = np.array([self.tokenizer.encode("").ids], dtype=np.int64)
         with self._running:
-            self._session.run(None, {"input_ids": empty, "attention_mask": np.ones_like(empty)}, self._releasing)
+            session.run(None, {"input_ids": empty, "attention_mask": np.ones_like(empty)}, self._releasing)
         if _MALLOC_TRIM is not None:
             _MALLOC_TRIM(0)
 
-    def _pass(self, texts: list[list[int]]) -> np.ndarray:
+    def _pass(self, texts: list[list[int]], session: Any) -> np.ndarray:
         """One forward pass over token ids, padded to the longest."""
         length = max(len(tokens) for tokens in texts)
         ids = np.zeros((len(texts), length), dtype=np.int64)
@@ -302,9 +332,9 @@ class Encoder:
             mask[row, : len(tokens)] = True
         with self._running:
             if self._host is None:
-                return self._forward(ids, mask)
+                return self._forward(ids, mask, session)
             with self._host.slot():
-                return self._forward(ids, mask)
+                return self._forward(ids, mask, session)
 
 
 def load_encoder(

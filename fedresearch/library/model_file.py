@@ -46,10 +46,11 @@ def model_key(model_dir: Path, builder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def model_file(cache_dir: Path, key: str, build: Callable[[], onnx.ModelProto]) -> Path | None:
+def model_file(cache_dir: Path, key: str, build: Callable[[], onnx.ModelProto], variant: str = "") -> Path | None:
     """The graph's file in `cache_dir`, built by `build` when no process has built it yet; None
-    (and why, in the log) when the folder cannot be written."""
-    final = cache_dir / f"{_PREFIX}{key}"
+    (and why, in the log) when the folder cannot be written. A `variant` (the int8 graph) is a
+    folder of its own beside the graph of the same key."""
+    final = cache_dir / f"{_PREFIX}{key}{variant}"
     if (final / GRAPH).is_file():
         return final / GRAPH
     try:
@@ -59,7 +60,7 @@ def model_file(cache_dir: Path, key: str, build: Callable[[], onnx.ModelProto]) 
         with exclusive(cache_dir / ".lock", wait_s=_BUILD_WAIT_S):
             if (final / GRAPH).is_file():
                 return final / GRAPH
-            return _build(cache_dir, final, build)
+            return _build(cache_dir, final, build, keep=f"{_PREFIX}{key}")
     except IndexBusy:
         log.warning(
             "embedding model: another process has been writing %s for over %g s; this one holds its own copy",
@@ -71,7 +72,7 @@ def model_file(cache_dir: Path, key: str, build: Callable[[], onnx.ModelProto]) 
     return None
 
 
-def _build(cache_dir: Path, final: Path, build: Callable[[], onnx.ModelProto]) -> Path:
+def _build(cache_dir: Path, final: Path, build: Callable[[], onnx.ModelProto], keep: str) -> Path:
     started = time.perf_counter()
     if final.exists():  # a folder emptied by hand: it would refuse the rename below at every start
         shutil.rmtree(final)
@@ -104,7 +105,7 @@ def _build(cache_dir: Path, final: Path, build: Callable[[], onnx.ModelProto]) -
         shutil.rmtree(building, ignore_errors=True)  # nothing is left there after the rename
     took = time.perf_counter() - started
     log.info("embedding model: graph written to %s in %.1f s, mapped by every process", final, took)
-    _remove_others(cache_dir, keep=final.name)
+    _remove_others(cache_dir, keep)
     return final / GRAPH
 
 
@@ -115,10 +116,11 @@ def forget(graph: Path) -> None:
 
 def _remove_others(cache_dir: Path, keep: str) -> None:
     # graphs of other keys belong to a model or a builder no longer installed; a process still
-    # running on one keeps its mapping after the unlink
+    # running on one keeps its mapping after the unlink. `keep` is this key's folder name, which
+    # its variants' names begin with.
     now = time.time()
     for entry in cache_dir.iterdir():
-        if entry.name == keep:
+        if entry.name.startswith(keep):
             continue
         if entry.name.startswith(_PREFIX) or (entry.name.startswith(_BUILDING) and now - _mtime(entry) > _ABANDONED_S):
             shutil.rmtree(entry, ignore_errors=True)

@@ -49,7 +49,9 @@ class ResearchOutcome:
 
 def writing_for(request: ResearchRequest, deps: Deps, pages: dict[str, list[Section]] | None = None) -> Writing:
     encoder = deps.library.encoder if deps.library is not None else None
-    embed = (lambda texts: encoder.encode(texts, batch_size=16)) if encoder is not None else None
+    # int8: the writer's vectors are compared only with each other (passages, its question, its
+    # sentences), and its ranking is nearly all of a task's CPU with the model (bench.evidence)
+    embed = (lambda texts: encoder.encode(texts, batch_size=16, int8=True)) if encoder is not None else None
     threshold = deps.settings.report_support_threshold
     return Writing(
         pages=pages or {}, embed=embed, language=request.language, support_threshold=threshold, work=deps.work

@@ -101,6 +101,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[KNOWLEDGE_BASES] = bases
     app[KEYS] = app[KEYS].with_keys(knowledge_base_keys(bases))
     library = await asyncio.to_thread(open_library, settings)
+    if library.encoder is not None:  # the writer's graph (report/task.py), once per host, not in a first task
+        await asyncio.to_thread(library.encoder.prepare_int8)
     if abandoned := await asyncio.to_thread(remove_abandoned, UPLOAD_FOLDERS):
         log.info("removed %d upload folders left by server processes that were killed", abandoned)
     connector = aiohttp.TCPConnector(limit=200, limit_per_host=50)
