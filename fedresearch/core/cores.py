@@ -37,9 +37,10 @@ T = TypeVar("T")
 MB = 1 << 20
 # What `auto` allows a worker, from peaks measured at stop 30 on 2 workers (VmHWM): 183-184 MB with
 # the model after an upload, 97-138 MB without; the supervisor 53 MB; the first process on a fresh
-# data dir writes the model's graph and peaks at 478 MB once.
+# data dir writes the model's graphs, the float one and the int8 one the writer ranks with, and peaks
+# at 686 MB once (479 with the float graph alone); 8 research tasks at once with pages, 329-337 MB.
 WORKER_BYTES = {True: 256 * MB, False: 128 * MB}  # keyed by embeddings on
-RESERVED_BYTES = {True: (64 + 320) * MB, False: 64 * MB}
+RESERVED_BYTES = {True: (64 + 448) * MB, False: 64 * MB}
 
 
 @dataclass(frozen=True)

@@ -309,6 +309,8 @@ class Encoder:
                 except Exception as error:  # the quantizer's and ONNX Runtime's errors share no base class
                     log.warning("embedding model: no int8 graph (%s); the float one ranks evidence", error)
                     self._int8_session = self._session
+                if _MALLOC_TRIM is not None:  # quantizing, where it ran, left a few hundred MB of free heap
+                    _MALLOC_TRIM(0)
         return self._int8_session
 
     def _release(self, session: Any) -> None:
