@@ -7,8 +7,8 @@ puts first (the writer's own lexical score over the whole collection) stand for 
 results, each with its document read as the page behind it: the writer gathers them as it gathers
 pages (passages of 120 tokens) and ranks them (`report.evidence.rank`) with the embedding model
 scoring the first N passages of the lexical order (`_EMBEDDED_PASSAGES`, 48 as shipped; 0 is
-lexical alone). Printed per N: nDCG@10 of the documents in the order their passages come (graded
-judgments, as pytrec_eval computes it) and the CPU time of the ranking per question. The model runs
+lexical alone). Printed per N: nDCG@10 of the documents in the order their passages come
+(pytrec_eval, as bench.quality scores the library) and the CPU time of the ranking per question. The model runs
 as the writer runs it, on its int8 graph in passes of 4 (`Encoder.encode(int8=True)`); `--float`
 adds each N's row with the float graph in passes of 16, as the writer ran it before.
 """
@@ -16,22 +16,15 @@ adds each N's row with the float graph in passes of 16, as the writer ran it bef
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 from pathlib import Path
 
-from bench.quality import DEFAULT_DATASETS, load_collection
+from bench.quality import DEFAULT_DATASETS, load_collection, measure
 from fedresearch.core.models import FusedResult
 from fedresearch.library.embeddings import load_encoder
 from fedresearch.library.formats import Section
 from fedresearch.report import evidence
-
-
-def ndcg_at_10(order: list[str], judged: dict[str, int]) -> float:
-    gain = sum((2 ** judged.get(key, 0) - 1) / math.log2(rank + 2) for rank, key in enumerate(order[:10]))
-    ideal = sum((2**grade - 1) / math.log2(rank + 2) for rank, grade in enumerate(sorted(judged.values())[::-1][:10]))
-    return gain / ideal if ideal else 0.0
 
 
 def result(key: str, rank: int) -> FusedResult:
@@ -52,7 +45,7 @@ def main(options: argparse.Namespace) -> None:
         corpus, questions, judgments = load_collection(options.datasets / name)
         texts = {document["_id"]: document["text"] for document in corpus if document.get("text")}
         whole = [evidence.Evidence(text, result(key, 1), "page") for key, text in texts.items()]
-        scores: dict[tuple[int, str], list[float]] = {run: [] for run in runs}
+        rankings: dict[tuple[int, str], dict[str, dict[str, float]]] = {run: {} for run in runs}
         spent: dict[tuple[int, str], float] = dict.fromkeys(runs, 0.0)
         counted = []
         for question_id, question in questions.items():
@@ -68,13 +61,14 @@ def main(options: argparse.Namespace) -> None:
                 ranked = evidence.rank(question, passages, graphs[graph] if head else None)
                 spent[head, graph] += time.process_time() - started
                 order = list(dict.fromkeys(item.evidence.source.key for item in ranked))
-                scores[head, graph].append(ndcg_at_10(order, judgments[question_id]))
+                rankings[head, graph][question_id] = {key: float(len(order) - at) for at, key in enumerate(order)}
         evidence._EMBEDDED_PASSAGES = shipped
         print(f"{name}: {len(questions)} questions, {statistics.mean(counted):.0f} passages each on average")
         for head, graph in runs:
             mark = "  (as shipped)" if head == shipped and graph == "int8" else ""
             print(
-                f"  dense on the first {head:>3} ({graph:>5}): nDCG@10 {statistics.mean(scores[head, graph]):.4f}"
+                f"  dense on the first {head:>3} ({graph:>5}): "
+                f"nDCG@10 {measure(judgments, rankings[head, graph])['ndcg@10']:.4f}"
                 f"  CPU {1000 * spent[head, graph] / len(questions):7.1f} ms a question{mark}",
                 flush=True,
             )
