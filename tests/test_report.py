@@ -275,3 +275,60 @@ def test_a_saved_reports_sentences_are_the_evidence_of_the_sources_they_cite():
     first, second = report_sources(markdown)
     claim = "Rank fusion combines lexical and dense retrieval well."
     assert first.body == claim and second.body == claim + " Reciprocal rank fusion sums 1/(k + rank)."
+
+
+def test_remembered_vectors_are_the_encoders_each_text_encoded_once():
+    import numpy as np
+
+    from fedresearch.report.evidence import RememberedEmbed
+
+    asked: list[list[str]] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        asked.append(list(texts))
+        return np.array([[float(len(text)), float(ord(text[0]))] for text in texts])
+
+    remembered = RememberedEmbed(embed, limit=3)
+    assert remembered(["ab", "c", "ab"]).tolist() == [[2, 97], [1, 99], [2, 97]]
+    assert remembered(["c", "def"]).tolist() == [[1, 99], [3, 100]]
+    assert asked == [["ab", "c"], ["def"]]  # within a call and across calls, each text once
+    remembered(["gh"])  # a fourth text: the oldest ("ab") is forgotten
+    remembered(["ab", "c"])
+    assert asked[-1] == ["ab"]
+    assert remembered([]).shape[0] == 0 and remembered(["ab", "c"]).shape == (2, 2)
+
+
+def test_a_reports_chat_encodes_only_what_it_has_not_seen(tmp_path, encoder, monkeypatch):
+    """Each chat message about a report ranked the report's passages with the model again: half a
+    second of a core a message for 48 passages, of which only the message was new."""
+    from fedresearch.core.models import ResearchRequest
+    from fedresearch.federation.runner import Deps
+    from fedresearch.library.embedded import Library
+    from fedresearch.library.formats import Section
+    from fedresearch.report import chat, writer
+    from fedresearch.report.task import writing_for
+
+    encoded: list[str] = []
+    real = encoder.encode
+
+    def counted(texts: list[str], batch_size: int = 32, int8: bool = False):
+        encoded.extend(texts)
+        return real(texts, batch_size, int8)
+
+    monkeypatch.setattr(encoder, "encode", counted)
+    deps = Deps(session=None, settings=make_settings(tmp_path), library=Library(tmp_path / "lib", encoder=encoder))  # type: ignore[arg-type]
+    results = fuse(sample_results())
+    prose = "Reciprocal rank fusion sums one over k plus rank {}. Dense retrieval embeds passage {}. "
+    pages = {r.key: [Section("".join(prose.format(n, i) for i in range(60)))] for n, r in enumerate(results)}
+    writing = writing_for(ResearchRequest(task="rank fusion"), deps, pages)
+    writer._claims("rank fusion", results, writing, budget=24)
+    passages = len(encoded)
+    assert passages > 10
+    message = "What constant k does fusion use?"
+    answer = chat._claims(message, results, writing)
+    assert encoded[passages:] == [message]  # the passages' vectors were remembered
+    again = chat._claims("And dense retrieval?", results, writing)
+    assert encoded[passages + 1 :] == ["And dense retrieval?"]
+    fresh = writing_for(ResearchRequest(task="rank fusion"), deps, pages)
+    assert [c.text for c in chat._claims(message, results, fresh)] == [c.text for c in answer]
+    assert again

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,37 @@ _EMBEDDED_PASSAGES = 48
 _PAGE_PASSAGE_TOKENS = 120
 
 Embed = Callable[[list[str]], np.ndarray]  # texts -> unit vectors (the library's encoder)
+
+
+class RememberedEmbed:
+    """`embed` that encodes a text once and then answers from memory, up to `limit` texts (the
+    oldest forgotten first; 384 floats a text: 2,048 of them are 3 MB).
+
+    A report's passages are ranked again for each part of a detailed report and for each chat
+    message about it, each time with the model: 48 passages, half a second of a core, for a chat
+    message whose own text was the only new one. One lives as long as its report's `Writing`, so
+    what one user's report read is never remembered for another's."""
+
+    def __init__(self, embed: Embed, limit: int = 2048) -> None:
+        self._embed = embed
+        self._limit = limit
+        self._vectors: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()  # a report's chat may rank on one thread while another writes
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        with self._lock:
+            known = {text: self._vectors[text] for text in texts if text in self._vectors}
+        missing = list(dict.fromkeys(text for text in texts if text not in known))
+        if not texts or len(missing) > self._limit:
+            return self._embed(texts)
+        if missing:
+            found = dict(zip(missing, self._embed(missing), strict=True))
+            known.update(found)
+            with self._lock:
+                self._vectors.update(found)
+                for oldest in list(self._vectors)[: max(0, len(self._vectors) - self._limit)]:
+                    del self._vectors[oldest]
+        return np.stack([known[text] for text in texts])
 
 
 @functools.lru_cache(maxsize=1 << 16)  # a report's vocabulary is small and every passage repeats it

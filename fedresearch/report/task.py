@@ -20,6 +20,7 @@ from fedresearch.federation.runner import Deps, federate
 from fedresearch.library.formats import Section
 from fedresearch.report.citations import Reference
 from fedresearch.report.compose import Composed, SendReport, compose
+from fedresearch.report.evidence import RememberedEmbed
 from fedresearch.report.llm import LlmClients, LlmConfig, failure_reason, llm_config
 from fedresearch.report.planner import SubQuestion, model_sub_questions, sub_questions
 from fedresearch.report.reading import read_pages, url_sources
@@ -54,7 +55,9 @@ def writing_for(request: ResearchRequest, deps: Deps, pages: dict[str, list[Sect
     # passes of 4: the int8 graph's intermediates (int32 products, their float casts) are 3x the float
     # graph's, and 2 passes of 16 took a process to 546 MB at its peak against 327 for the float
     # graph; passes of 4, 253 MB, and a quarter less CPU than passes of 16 (their tensors stay in cache)
-    embed = (lambda texts: encoder.encode(texts, batch_size=4, int8=True)) if encoder is not None else None
+    embed = None
+    if encoder is not None:  # remembered: the report's parts and its chat rank the same passages again
+        embed = RememberedEmbed(lambda texts: encoder.encode(texts, batch_size=4, int8=True))
     threshold = deps.settings.report_support_threshold
     return Writing(
         pages=pages or {}, embed=embed, language=request.language, support_threshold=threshold, work=deps.work
