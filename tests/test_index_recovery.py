@@ -113,3 +113,22 @@ async def test_the_server_starts_on_a_broken_index_and_says_what_it_did(tmp_path
         assert response.status == 200, await response.text()
         answer = await response.json()
     assert "2104.08663" in str(answer)
+
+
+def test_an_index_linked_to_another_disk_is_rebuilt_there(tmp_path):
+    """An operator's link from the data dir to an index folder elsewhere survives a rebuild: the
+    index is rebuilt behind the link, not in a new folder on the data dir's disk."""
+    library = Library(tmp_path / "lib")
+    ingest(library, "alice", [EXAMPLES])
+    del library
+    gc.collect()
+    elsewhere = tmp_path / "other-disk" / "index"
+    elsewhere.parent.mkdir()
+    shutil.move(tmp_path / "lib" / "index", elsewhere)
+    (tmp_path / "lib" / "index").symlink_to(elsewhere, target_is_directory=True)
+    (elsewhere / "meta.json").write_text("garbage")
+    reopened = Library(tmp_path / "lib")
+    assert reopened.index.repaired is not None
+    assert _bm25_top(reopened) == "10.48550/arxiv.2104.08663"
+    assert (tmp_path / "lib" / "index").is_symlink() and (elsewhere / "meta.json").read_text() != "garbage"
+    assert sorted(p.name for p in elsewhere.parent.iterdir()) == ["index"]  # the damaged one removed

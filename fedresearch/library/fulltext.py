@@ -89,16 +89,19 @@ class FullTextIndex:
         return None
 
     def _reset(self, records: Records, problem: str) -> None:
-        if self.directory.is_dir() and not self.directory.is_symlink():
+        # a link to a folder (an operator's index on another disk) stays: its folder is rebuilt there
+        folder = self.directory.resolve() if self.directory.is_symlink() else self.directory
+        if folder.is_dir():
             # Renamed first: a reader another Library or worker holds on this folder recreates its
             # lock file here by path when meta.json changes, which made rmtree in place fail with
             # "Directory not empty"; after the rename its late file lands in the new index, harmless.
-            suffix = f"discarded-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            discarded = self.directory.with_name(f"{self.directory.name}.{suffix}")
-            self.directory.rename(discarded)
+            discarded = folder.with_name(f"{folder.name}.discarded-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            folder.rename(discarded)
             shutil.rmtree(discarded)
+            if folder != self.directory:
+                folder.mkdir()
         elif self.directory.exists() or self.directory.is_symlink():
-            self.directory.unlink()
+            self.directory.unlink()  # a file, or a link to nothing: rebuilt in a folder of its own here
         records.mark_all_unindexed()  # derived data: rebuilt from SQLite by catch_up
         self.repaired = f"{problem}: rebuilding it from SQLite"
 
