@@ -34,6 +34,7 @@ import numpy as np
 
 from fedresearch.core.text import split_sentences
 from fedresearch.report.evidence import terms
+from fedresearch.report.task import RANKING_TOKENS
 from fedresearch.report.verify import Thresholds, Verification, Verifier, strip_markers, verify_paragraph
 
 DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
@@ -215,19 +216,20 @@ def report_figures(pairs: list[dict[str, Any]], embed: Any, reports: int, thresh
 
 def cached_encoder(encoder: Any, pairs: list[dict[str, Any]], int8: bool = True) -> Any:
     """The library's encoder with every text of the set encoded once, in large batches; on its int8
-    graph, as a server's writer runs it (report/task.py), unless `int8` is False."""
+    graph and cut to `RANKING_TOKENS` word pieces, as a server's writer runs it (report/task.py),
+    unless `int8` is False."""
     texts = sorted(
         {p["sentence"] for p in pairs}
         | {s[:1000] for p in pairs for s in (split_sentences(p["passage"]) or [p["passage"]])}
     )
     started = time.perf_counter()
-    cache = dict(zip(texts, encoder.encode(texts, batch_size=64, int8=int8), strict=True))
+    cache = dict(zip(texts, encoder.encode(texts, 64, int8, RANKING_TOKENS if int8 else None), strict=True))
     print(f"encoded {len(texts)} texts in {time.perf_counter() - started:.0f} s", flush=True)
 
     def embed(batch: list[str]) -> np.ndarray:
         missing = [t for t in batch if t not in cache]
         if missing:
-            cache.update(zip(missing, encoder.encode(missing, batch_size=16, int8=int8), strict=True))
+            cache.update(zip(missing, encoder.encode(missing, 16, int8, RANKING_TOKENS if int8 else None), strict=True))
         return np.stack([cache[t] for t in batch])
 
     return embed

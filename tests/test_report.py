@@ -311,9 +311,9 @@ def test_a_reports_chat_encodes_only_what_it_has_not_seen(tmp_path, encoder, mon
     encoded: list[str] = []
     real = encoder.encode
 
-    def counted(texts: list[str], batch_size: int = 32, int8: bool = False):
+    def counted(texts: list[str], batch_size: int = 32, int8: bool = False, max_tokens: int | None = None):
         encoded.extend(texts)
-        return real(texts, batch_size, int8)
+        return real(texts, batch_size, int8, max_tokens)
 
     monkeypatch.setattr(encoder, "encode", counted)
     deps = Deps(session=None, settings=make_settings(tmp_path), library=Library(tmp_path / "lib", encoder=encoder))  # type: ignore[arg-type]
