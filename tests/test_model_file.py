@@ -207,6 +207,8 @@ def test_the_int8_graph_is_written_beside_the_float_one_once_and_ranks_as_it_doe
 def test_a_cut_to_fewer_word_pieces_is_the_tokenizers_own_cut(encoder: Encoder) -> None:
     """The writer's vectors see 128 word pieces of a text (report.task.RANKING_TOKENS): cut as the
     tokenizer cuts, its closing [SEP] kept; texts within the limit are untouched."""
+    from tokenizers import Tokenizer
+
     from fedresearch.report.task import RANKING_TOKENS
 
     texts = [*TEXTS, "Reciprocal rank fusion sums one over k plus rank for each engine's list. " * 12]
@@ -217,8 +219,6 @@ def test_a_cut_to_fewer_word_pieces_is_the_tokenizers_own_cut(encoder: Encoder) 
     assert np.abs(cut[2] - whole[2]).max() > 1e-4
     by_hand = encoder.tokenizer.encode(texts[2]).ids
     by_hand = by_hand[: RANKING_TOKENS - 1] + by_hand[-1:]
-    from tokenizers import Tokenizer
-
     tokenizer = Tokenizer.from_str(encoder.tokenizer.to_str())
     tokenizer.enable_truncation(RANKING_TOKENS)
     assert tokenizer.encode(texts[2]).ids == by_hand

@@ -30,8 +30,8 @@ from fedresearch.report.writer import Part, Writing
 log = logging.getLogger("fedresearch")
 
 # the word pieces of a text the writer's vectors see: the model was fine-tuned on 128 (its limit is
-# 256), and a passage of 120 words runs to 140-190; cut there, MED's and CISI's passages ranked as
-# well (bench.evidence: nDCG@10 0.746 against 0.745, 0.375 against 0.378) for a third less CPU on MED
+# 256), and a passage of 120 words runs to 140-190; cut there, MED's and CISI's passages rank as well
+# (bench.evidence: nDCG@10 0.746 against 0.744, 0.365 against 0.371, noise) for 38% less CPU on MED
 RANKING_TOKENS = 128
 # retrievers must leave part of the task's time for reading pages, writing and saving the report
 _RETRIEVAL_SHARE = 0.8
