@@ -1,7 +1,7 @@
 """The server's CPU per research task: this checkout against another, side by side in one run.
 
     python -m bench.cpu_per_task --against DIR [--rounds 3] [--seconds 10] [--concurrency 32]
-                                 [--together] [--redis] [--llm] [--this-env KEY=VALUE ...]
+                                 [--together | --rate R] [--redis] [--llm] [--this-env KEY=VALUE ...]
 
 DIR is another checkout of the project (`git worktree add /tmp/old <commit>`), started with the
 interpreter running this bench (`python -m fedresearch serve`, or `python server.py` for checkouts
@@ -21,6 +21,12 @@ server's side of the model's calls. `--pages`: each task also reads the pages be
 results, as a task does by default (a site in the fakes' processes, a new set of pages of about 10
 kB per task: bench/extract.py's `site`), so what is measured includes reading their main text and
 writing from it.
+`--rate R`: each server in turn gets R tasks a second on `--concurrency` open sockets (bench.scaling's
+steady load) instead of a closed loop, so both run at the same load. A closed loop runs each as fast
+as it goes, and `--together` splits the core by thread, so a change that moves work between threads
+also moves the load, and a task costs more at a lower load (a busier loop takes more events a
+wake-up): the writer on the event loop instead of its thread read 1.04-1.05 `--together` with 132
+against 189 tasks/s, and the same at 200 tasks/s; choose R below both servers' capacity.
 `--this-env KEY=VALUE` (repeatable): this checkout's server
 runs with that in its environment too, e.g. `PROMETHEUS_MULTIPROC_DIR=DIR` as the workers of `serve
 --workers N` do (their metrics in files every worker reads, core/metrics.py).
@@ -47,7 +53,7 @@ from typing import Any
 from redis import Redis
 
 from bench.load import ROOT, cpu_seconds, free_port, raise_fd_limit
-from bench.scaling import closed_loop, start_server_env, upstreams
+from bench.scaling import closed_loop, start_server_env, steady, upstreams
 from tests.fake_openai import Answer, FakeOpenAI, passages_of
 from tests.redis_server import start_redis
 
@@ -120,13 +126,18 @@ def measure(checkout: Path, env: dict[str, str], core: int | None, options: argp
         url = f"ws://127.0.0.1:{port}/ws"
         asyncio.run(closed_loop(url, 8, 2.0, "warm"))
         before, started = cpu_seconds(process.pid), time.perf_counter()
-        latencies, errors = asyncio.run(closed_loop(url, options.concurrency, options.seconds, checkout.name))
+        if options.rate:
+            load = steady(url, options.concurrency, options.rate, options.seconds, checkout.name)
+        else:
+            load = closed_loop(url, options.concurrency, options.seconds, checkout.name)
+        latencies, errors = asyncio.run(load)
         wall, used = time.perf_counter() - started, cpu_seconds(process.pid) - before
     finally:
         process.terminate()
         process.wait(30)
     if errors:
-        raise SystemExit(f"{errors} tasks failed on {checkout}")
+        why = " or found no idle socket: raise --concurrency or lower --rate" if options.rate else ""
+        raise SystemExit(f"{errors} tasks failed on {checkout}{why}")
     return len(latencies) / wall, 1000 * used / max(1, len(latencies))
 
 
@@ -223,4 +234,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--together", action="store_true", help="load both servers at once on one core, not one after the other"
     )
-    main(parser.parse_args())
+    parser.add_argument("--rate", type=float, default=0.0, help="tasks a second to each server in turn (steady)")
+    arguments = parser.parse_args()
+    if arguments.together and arguments.rate:
+        parser.error("--rate loads one server at a time: not with --together")
+    main(arguments)
