@@ -25,8 +25,7 @@ writing from it.
 steady load) instead of a closed loop, so both run at the same load. A closed loop runs each as fast
 as it goes, and `--together` splits the core by thread, so a change that moves work between threads
 also moves the load, and a task costs more at a lower load (a busier loop takes more events a
-wake-up): the writer on the event loop instead of its thread read 1.04-1.05 `--together` with 132
-against 189 tasks/s, and the same at 200 tasks/s; choose R below both servers' capacity.
+wake-up). Choose R below both servers' capacity.
 `--this-env KEY=VALUE` (repeatable): this checkout's server
 runs with that in its environment too, e.g. `PROMETHEUS_MULTIPROC_DIR=DIR` as the workers of `serve
 --workers N` do (their metrics in files every worker reads, core/metrics.py).
