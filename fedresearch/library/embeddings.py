@@ -284,8 +284,9 @@ class Encoder:
         self, texts: list[str], batch_size: int = 32, int8: bool = False, max_tokens: int | None = None
     ) -> np.ndarray:
         """Unit vectors of `texts`. With `int8`, by the quantized graph where ONNX Runtime runs
-        (1.6x faster, cosines within about 0.01 of the float ones): only for vectors compared with
-        each other, never with the library's stored ones or its queries'. `max_tokens` cuts each
+        (2.0-2.1x faster in passes of 4, 1.9x in 16, cosines within about 0.01 of the float ones):
+        only for vectors compared with each other, never with the library's stored ones or its
+        queries'. `max_tokens` cuts each
         text to fewer word pieces than the model's limit (its closing [SEP] kept, as the tokenizer
         cuts): the same, for vectors compared with each other only."""
         if not texts:
