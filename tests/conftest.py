@@ -111,6 +111,14 @@ async def start_server() -> AsyncIterator[Callable[[Settings], Any]]:
         await runner.cleanup()
 
 
+async def saved_record(server: RunningServer, frames: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON record of the report a task's `path` frame names, fetched as a client fetches it."""
+    async with aiohttp.ClientSession() as session, session.get(f"{server.url}/{frames[-1]['output']['json']}") as got:
+        assert got.status == 200, await got.text()
+        record: dict[str, Any] = json.loads(await got.read())
+        return record
+
+
 async def run_task(ws: Any, task: dict[str, Any], prefix: str = "start ") -> list[dict[str, Any]]:
     """Send one task and collect frames up to its `path` frame, or a bad frame's `error` frame.
 

@@ -337,13 +337,13 @@ async def test_a_jobs_appends_run_on_the_event_loop_not_on_the_work_threads(
 ) -> None:
     """Each trip to a thread cost more CPU than the write: a sixth of a process's CPU per task."""
     threads: list[str] = []
-    append = jobs_module._append_record
+    append = jobs_module._append
 
     def seen(*args: Any) -> None:
         threads.append(threading.current_thread().name)
         append(*args)
 
-    monkeypatch.setattr(jobs_module, "_append_record", seen)
+    monkeypatch.setattr(jobs_module, "_append", seen)
     pool = WorkPool(1)
     try:
         store = LocalJobStore(tmp_path, pool)
@@ -387,3 +387,30 @@ async def test_a_follower_behind_when_its_job_ends_catches_up_from_memory_not_th
     assert len(read_back) == 1
     await store.finish(_id(1), JobStatus.completed)  # a second end writes no frame twice
     assert [frame["n"] for frame in await store.frames(_id(1))] == [0, 1, 2, 3]
+
+
+async def test_a_jobs_report_is_kept_in_its_file_and_read_back_by_any_store_of_the_folder(tmp_path: Path) -> None:
+    store = LocalJobStore(tmp_path)
+    record = record_bytes("# q\n\nline\u2028one\n", {"owner": "alice", "id": _id(1)})
+    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+    await store.append(_id(1), {"type": "report", "output": "# q"})
+    await store.keep_report(_id(1), record)  # announced (`path`), not yet finished
+    sibling = LocalJobStore(tmp_path)  # another worker of the host: nothing of the job in memory
+    assert await sibling.records([_id(1), _id(2), "../x"]) == {_id(1): record}
+    await store.finish(_id(1), JobStatus.completed, record=record)
+    assert (tmp_path / f"{_id(1)}.job.jsonl").read_bytes().count(b'{"report": ') == 1  # not again at the end
+    assert await store.records([_id(1)]) == {_id(1): record}
+
+    # cancelled between its report's writing and its announcement: the end keeps the report
+    await store.create(Job(_id(2), "alice", "q", status=JobStatus.running))
+    await store.finish(_id(2), JobStatus.cancelled, record=record)
+    # a crash mid-write tore its report's line: no report, the job's state before it stands
+    await store.create(Job(_id(3), "alice", "q", status=JobStatus.running))
+    with (tmp_path / f"{_id(3)}.job.jsonl").open("ab") as file:
+        file.write(b'{"report": ' + record[:40])
+    again = LocalJobStore(tmp_path)
+    assert await again.load() == 3
+    assert await again.records([_id(1), _id(2), _id(3)]) == {_id(1): record, _id(2): record}
+    assert await again.frames(_id(1)) == [{"type": "report", "output": "# q"}]
+    await again.delete(_id(1))
+    assert await again.records([_id(1)]) == {}

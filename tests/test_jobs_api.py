@@ -387,3 +387,32 @@ async def test_an_idle_server_still_expires_old_reports(tmp_path, fakes, start_s
             break
         await asyncio.sleep(0.02)
     assert await store.get(old) is None and await store.get(recent) is not None
+
+
+async def test_a_report_lives_in_its_jobs_file_and_every_worker_of_the_host_serves_it(tmp_path, fakes, start_server):
+    """One file a job, its report's record in it: a task writes no file to the reports directory
+    (each file a task creates and retention deletes costs an inode, which ext4 without a journal
+    pays for at the next allocations); the report is written there when first asked for, by any
+    worker of the host, which read the same jobs folder."""
+    settings = job_settings(tmp_path, fakes)
+    server, sibling = await start_server(settings), await start_server(settings)
+    task = {**TASK, "headers": {"retrievers": "tavily"}}
+    async with websockets.connect(server.ws_url, additional_headers=ALICE) as ws:
+        frames = await run_task(ws, task)
+    files = frames[-1]["output"]
+    research_id = Path(files["json"]).stem
+    assert not settings.reports_dir.exists() or not list(settings.reports_dir.iterdir())
+    assert [path.name for path in settings.jobs_dir.iterdir()] == [f"{research_id}.job.jsonl"]
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{sibling.url}/{files['md']}", headers=BOB) as response:
+            assert response.status == 404  # not bob's, on the worker that did not run it either
+        async with session.get(f"{sibling.url}/{files['md']}", headers=ALICE) as response:
+            assert response.status == 200 and await response.text() == report_of(frames)
+        async with session.get(f"{server.url}/{files['json']}", headers=ALICE) as response:
+            record = json.loads(await response.read())
+        assert record["owner"] == "alice" and record["report"] == report_of(frames)
+        async with session.delete(f"{server.url}/api/reports/{research_id}", headers=ALICE) as response:
+            assert response.status == 200
+        async with session.get(f"{sibling.url}/{files['json']}", headers=ALICE) as response:
+            assert response.status == 404
+    assert not list(settings.reports_dir.iterdir()) and not list(settings.jobs_dir.iterdir())

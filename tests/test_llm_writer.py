@@ -228,12 +228,9 @@ def test_verifier_scores_a_figure_the_passage_does_not_state_down() -> None:
 async def test_over_the_websocket_the_report_streams_and_its_json_keeps_every_sentence(
     tmp_path: Any, fakes: Any, start_server: Any
 ) -> None:
-    import json
-    from pathlib import Path
-
     import websockets
 
-    from tests.conftest import logs, make_settings, report_of, run_task
+    from tests.conftest import logs, make_settings, report_of, run_task, saved_record
 
     fake = await FakeOpenAI().start()
     try:
@@ -256,7 +253,7 @@ async def test_over_the_websocket_the_report_streams_and_its_json_keeps_every_se
     assert len([f for f in frames if f.get("type") == "report"]) >= 3  # streamed as it was written
     verification = logs(frames, "verification")[0]["metadata"]
     assert verification["checked"] >= 1
-    record = json.loads((settings.reports_dir / Path(frames[-1]["output"]["json"]).name).read_text())
+    record = await saved_record(server, frames)
     assert record["report"] == report and record["writer"]["kind"] == "llm"
     assert record["verification"]["sentences"][0]["support"] >= 0.5
     assert record["verification"]["sentences"][0]["citations"] == [1]

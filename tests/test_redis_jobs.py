@@ -171,7 +171,7 @@ async def test_a_report_is_kept_in_redis_read_here_from_its_announcement_and_on_
     record = json.dumps({"owner": "alice", "report": "# 文献\n"}).encode()
     try:
         await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-        store.keep_report(_id(1), record)  # announced (`path`), not yet finished
+        await store.keep_report(_id(1), record)  # announced (`path`), not yet finished
         assert await store.records([_id(1), _id(2)]) == {_id(1): record}
         assert await elsewhere.records([_id(1)]) == {}
         await store.finish(_id(1), JobStatus.completed, record=record)
@@ -186,7 +186,7 @@ async def test_a_report_is_kept_in_redis_read_here_from_its_announcement_and_on_
         store = RedisJobStore(shared, reports_dir=tmp_path)
         await store.create(Job(_id(3), "alice", "q", status=JobStatus.running))
         await store.append(_id(3), {"type": "logs"})
-        store.keep_report(_id(3), record)
+        await store.keep_report(_id(3), record)
         server_of_redis.stop()  # the job's end, its report with it, cannot reach Redis
         job = await store.finish(_id(3), JobStatus.completed, record=record)
         assert job is not None and job.status is JobStatus.completed
@@ -204,7 +204,7 @@ async def test_a_report_stays_readable_here_when_the_task_finishing_its_job_is_c
     record = json.dumps({"owner": "alice", "report": "# q\n"}).encode()
     try:
         await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-        store.keep_report(_id(1), record)
+        await store.keep_report(_id(1), record)
         await shared.client.execute_command("CLIENT", "PAUSE", 5000, "WRITE")  # the last batch waits
         finishing = asyncio.create_task(store.finish(_id(1), JobStatus.completed, record=record))
         await asyncio.sleep(0.2)
@@ -319,7 +319,7 @@ async def test_a_job_whose_writes_redis_failed_midway_is_written_whole_with_its_
             await store.append(_id(1), {"type": "logs", "content": f"step {number}"})
         await store._written(_id(1))
         path.up()
-        store.keep_report(_id(1), record)
+        await store.keep_report(_id(1), record)
         await store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"}, record=record)
         frames = await asyncio.wait_for(_all_frames(elsewhere, _id(1)), 10)  # paid by the worker's upkeep
         assert [frame["content"] for frame in frames] == ["starting_research", "step 0", "step 1", "step 2"]
@@ -356,7 +356,7 @@ async def test_a_job_run_while_redis_failed_is_written_whole_once_it_answers(red
         await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))  # Redis away
         for number in range(3):
             await store.append(_id(1), {"type": "logs", "content": f"step {number}"})
-        store.keep_report(_id(1), record)
+        await store.keep_report(_id(1), record)
         finishing = asyncio.create_task(
             store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"}, record=record)
         )

@@ -10,7 +10,7 @@ from fedresearch.core.models import ReportType, SearchResult
 from fedresearch.federation.fusion import fuse
 from fedresearch.report.chat import report_sources
 from fedresearch.report.writer import write_report
-from tests.conftest import make_settings, report_of, run_task
+from tests.conftest import make_settings, report_of, run_task, saved_record
 
 CITATION = re.compile(r"\[(\d+)\]")
 
@@ -108,10 +108,7 @@ async def test_one_doi_from_three_retrievers_is_one_reference(tmp_path, fakes, s
     references = check_invariants(markdown)
     assert len(references) == 1
     assert next(iter(references.values())).endswith(f"(https://doi.org/{doi})")
-    import json
-    from pathlib import Path
-
-    record = json.loads((settings.reports_dir / Path(frames[-1]["output"]["json"]).name).read_text())
+    record = await saved_record(server, frames)
     assert sorted(record["sources"][0]["retrievers"]) == ["google", "internal_biblio", "tavily"]
 
 

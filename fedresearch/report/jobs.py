@@ -13,14 +13,13 @@ The state lives behind `JobStore`, a small async protocol, so it can be kept in 
   finished (at once if either is already true); False when there is no such job.
 - `finish(research_id, status, error=None, files=None, record=None) -> Job | None`: the job ends in
   `status` (completed, failed or cancelled); waiters wake, and no frame is appended after it.
-  `record` is its saved report's JSON. A store in this process has it in the reports directory
-  already (the writer saved it there). A store shared by several hosts (`shares_reports`) keeps it
-  with the job instead, which `records(ids)` reads back on any host and deleting the job deletes,
-  and a host writes it to its reports directory only when the report is asked for there (or when
-  the store cannot take it: Redis failing); `keep_report(id, record)`, called before the report is
-  announced, makes it readable through `records` at once, before `finish` has written it. Such a
-  store remembers deletions for a day (`was_deleted(id)`, `deleted_since(t)`), so that every host
-  drops the files it kept of them.
+  `record` is its saved report's JSON. A store that `keeps_reports` keeps it with the job, which
+  `records(ids)` reads back and deleting the job deletes, and the reports directory gets it only
+  when the report is asked for (web/reports.py); a store that does not (one in memory alone) leaves
+  it to the writer, which saves it there. `keep_report(id, record)`, awaited before the report is
+  announced, makes it readable through `records` at once, before `finish` has written the job's
+  end. A store shared by several hosts (`shares_reports`) remembers deletions for a day
+  (`was_deleted(id)`, `deleted_since(t)`), so that every host drops the files it kept of them.
 - `get(research_id) -> Job | None`, `list(owner, everyone=False, skip=0) -> list[Job]` (newest
   first; the jobs of `owner`, or every job when `everyone`; after the newest `skip`),
   `delete(research_id) -> bool`.
@@ -48,7 +47,7 @@ from typing import Any, Protocol
 
 from fedresearch.core.lineage import alive, process_space
 from fedresearch.core.work import QuickWrites, WorkPool, run_on
-from fedresearch.report.store import delete_report, write_atomic
+from fedresearch.report.store import drop_reports, write_atomic
 
 log = logging.getLogger("fedresearch")
 
@@ -154,6 +153,7 @@ class JobStore(Protocol):
 
     async def wait(self, research_id: str, seen: int) -> bool: ...
 
+    keeps_reports: bool
     shares_reports: bool
 
     async def finish(
@@ -165,7 +165,7 @@ class JobStore(Protocol):
         record: bytes | None = None,
     ) -> Job | None: ...
 
-    def keep_report(self, research_id: str, record: bytes) -> None: ...
+    async def keep_report(self, research_id: str, record: bytes) -> None: ...
 
     async def records(self, research_ids: Sequence[str]) -> dict[str, bytes]: ...
 
@@ -239,6 +239,8 @@ class _Entry:
     frames: list[Frame] | None  # None: a finished job's frames, on disk only (LocalJobStore.frames_kept_s)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     frames_saved: bool = False  # its frames are in its file (and kept in memory a moment longer)
+    report: bytes | None = None  # its saved report's record, while its frames are in memory too
+    report_saved: bool = False  # the record is in its file
 
     def wake(self) -> None:
         self.changed.set()
@@ -247,27 +249,34 @@ class _Entry:
     def forget_frames(self) -> None:
         if self.frames_saved:
             self.frames = None
+            if self.report_saved:
+                self.report = None
 
 
 class LocalJobStore:
     """Jobs in this process, each written to one file in `directory`, `<id>.job.jsonl`: a line with
-    the job's state when it is created, and when it finishes its frames and its final state appended
-    in one write (a line is `{"job": state}` or `{"frame": frame}`; the last state line wins), so
-    listing and replaying survive a restart. A job that was running when the process died is found
-    failed at `load`.
+    the job's state when it is created, its saved report's record before the report is announced,
+    and when it finishes its frames and its final state appended in one write (a line is
+    `{"job": state}`, `{"report": record}` or `{"frame": frame}`; the last state line wins), so
+    listing, replaying and reading its report survive a restart. A job that was running when the
+    process died is found failed at `load`. The workers of `serve --workers N` without Redis share
+    the folder, so each reads the others' reports from it.
 
-    One file a job, only ever appended to: every file created is an inode allocated and every file
-    replaced or deleted one freed, and ext4 without a journal skips each inode freed in the last
-    30 s one by one when it allocates the next. Written as a state file replaced at the end plus a
-    frames file, a job cost three allocations and a free; with the report's two files and retention
-    deleting them all, inode allocation took a fifth of the server's CPU in one profiled run (README).
+    One file a job, only ever appended to, its report in it: every file created is an inode
+    allocated and every file replaced or deleted one freed, and ext4 without a journal skips each
+    inode freed in the last minute one by one when it allocates the next. Written as a state file
+    replaced at the end plus a frames file, a job cost three allocations and a free; with the
+    report's two files and retention deleting them all, inode allocation took a fifth of the
+    server's CPU in one profiled run (README); with the report's record in a file of its own, 13%.
+    The reports directory gets the record when the report is first asked for (web/reports.py).
     Directories written by earlier versions (`<id>.json` and `<id>.frames.jsonl`) are converted at
     `load`."""
 
-    shares_reports = False  # its workers share one host, and so the reports directory
+    shares_reports = False  # its workers share one host, and so the jobs and reports directories
 
     def __init__(self, directory: Path | None, work: WorkPool | None = None) -> None:
         self.directory = directory
+        self.keeps_reports = directory is not None  # in memory alone, the writer saves them as files
         self.work = work  # the threads its files are removed on (None: asyncio's default pool)
         self._appends = QuickWrites(work)  # on the loop while the disk is quick
         # how long a finished job's frames stay in memory as well: its followers, often a few frames
@@ -361,7 +370,9 @@ class LocalJobStore:
         files = files or entry.job.files
         entry.job = entry.job.evolve(status=status, error=error, files=files, progress=progress, updated_at=time.time())
         if self.directory is not None and entry.frames is not None and not entry.frames_saved:
-            await self._write_meta(entry.job, entry.frames)
+            # a report never announced (its job cancelled meanwhile) is kept all the same
+            report = record if record and not entry.report_saved else None
+            await self._write_meta(entry.job, entry.frames, report=report)
             entry.frames_saved = True
             # on disk now; memory holds running jobs' frames and those of jobs that just finished
             asyncio.get_running_loop().call_later(self.frames_kept_s, entry.forget_frames)
@@ -370,11 +381,33 @@ class LocalJobStore:
         entry.wake()
         return entry.job
 
-    def keep_report(self, research_id: str, record: bytes) -> None:
-        pass  # the writer saved it to the reports directory, where every worker of this host reads
+    async def keep_report(self, research_id: str, record: bytes) -> None:
+        """The record goes into the job's file before the report is announced: a client that reads
+        `path` may ask any worker of this host for it at once."""
+        entry = self._entries.get(research_id)
+        if entry is None or self.directory is None:
+            return
+        entry.report = record
+        async with self._writing:
+            if self._entries.get(research_id) is not entry:
+                return  # deleted meanwhile: writing it now would bring it back
+            await self._appends.run(_append, self.directory, research_id, _report_line(record))
+        entry.report_saved = True
 
     async def records(self, research_ids: Sequence[str]) -> dict[str, bytes]:
-        return {}  # the reports directory has them all
+        """The records of these jobs' reports: from memory for a job that just ended here, else
+        from the jobs' files (this worker's or another's of this host), in one trip to a thread."""
+        found: dict[str, bytes] = {}
+        unread = []
+        for research_id in research_ids:
+            entry = self._entries.get(research_id)
+            if entry is not None and entry.report is not None:
+                found[research_id] = entry.report
+            elif JOB_ID.fullmatch(research_id):
+                unread.append(research_id)
+        if unread and self.directory is not None:
+            found |= await asyncio.to_thread(_read_reports, self.directory, unread)
+        return found
 
     async def was_deleted(self, research_id: str) -> bool:
         return False  # its reports are deleted with it, here
@@ -406,21 +439,31 @@ class LocalJobStore:
         return gone
 
     async def _write_meta(
-        self, job: Job, frames: builtins.list[Frame] | None = None, *, fresh_line: bool = False
+        self,
+        job: Job,
+        frames: builtins.list[Frame] | None = None,
+        *,
+        report: bytes | None = None,
+        fresh_line: bool = False,
     ) -> None:
-        """Append the job's latest state, and with `frames` its frames before it (one write)."""
+        """Append the job's latest state, and with `frames` its frames before it, and with `report`
+        its report's record before them (one write)."""
         if self.directory is None:
             return
         async with self._writing:
             entry = self._entries.get(job.research_id)
             if entry is None:
                 return  # deleted meanwhile: writing it now would bring it back
-            meta = entry.job.to_json()  # the latest state
-            await self._appends.run(_append_record, self.directory, job.research_id, meta, frames, fresh_line)
+            lines = _record_lines(entry.job.to_json(), frames).encode()
+            data = (b"\n" if fresh_line else b"") + (_report_line(report) if report else b"") + lines
+            await self._appends.run(_append, self.directory, job.research_id, data)
+            if report is not None:
+                entry.report, entry.report_saved = report, True
 
 
 _JOB_SUFFIX = ".job.jsonl"
 _STATE_LINE = b'{"job":'
+_REPORT_LINE = b'{"report": '
 # where a job's latest state is looked for: its file's last 4 KiB (a state line is about 600 bytes),
 # then 64 KiB, then all of it; a finished job's frames come before it and are not read at start-up
 _TAILS = (4 * 1024, 64 * 1024)
@@ -431,6 +474,11 @@ def _job_path(directory: Path, research_id: str) -> str:
     return f"{directory}/{research_id}{_JOB_SUFFIX}"
 
 
+def _report_line(record: bytes) -> bytes:
+    # the record's JSON as it is: json.dumps escapes newlines, so it is one line
+    return b"%s%s}\n" % (_REPORT_LINE, record)
+
+
 def _record_lines(meta: dict[str, Any], frames: list[Frame] | None) -> str:
     # frames before the state that says the job finished, which promises them
     lines = [f'{{"frame": {frame_text(frame)}}}' for frame in frames or ()]
@@ -438,10 +486,7 @@ def _record_lines(meta: dict[str, Any], frames: list[Frame] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _append_record(
-    directory: Path, research_id: str, meta: dict[str, Any], frames: list[Frame] | None, fresh_line: bool
-) -> None:
-    data = (("\n" if fresh_line else "") + _record_lines(meta, frames)).encode()
+def _append(directory: Path, research_id: str, data: bytes) -> None:
     path, flags = _job_path(directory, research_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT
     try:
         descriptor = os.open(path, flags, 0o644)
@@ -547,6 +592,25 @@ def _read_frames(path: Path) -> list[Frame]:
     return frames
 
 
+def _read_reports(directory: Path, research_ids: Sequence[str]) -> dict[str, bytes]:
+    found = {}
+    for research_id in research_ids:
+        try:
+            data = Path(_job_path(directory, research_id)).read_bytes()
+        except FileNotFoundError:
+            continue
+        for line in data.split(b"\n"):
+            if line.startswith(_REPORT_LINE):
+                record = line[len(_REPORT_LINE) : -1]
+                try:
+                    json.loads(record)
+                except ValueError:
+                    continue  # torn by a crash mid-write
+                found[research_id] = record
+                break
+    return found
+
+
 def _remove(directory: Path, research_ids: Sequence[str]) -> None:
     for research_id in research_ids:
         with contextlib.suppress(FileNotFoundError):
@@ -596,16 +660,11 @@ async def enforce_retention(
 
 
 async def _delete(store: JobStore, reports_dir: Path, doomed: list[str]) -> list[str]:
-    if doomed:  # files first: a job that is no longer listed has none left behind
-        await asyncio.to_thread(_delete_reports, reports_dir, doomed)
+    if doomed:  # the jobs first: a store that keeps reports would give a report's record back
         await store.delete_many(doomed)
+        await asyncio.to_thread(drop_reports, reports_dir, doomed)
         log.info("retention: deleted %d finished jobs and their reports", len(doomed))
     return doomed
-
-
-def _delete_reports(reports_dir: Path, research_ids: list[str]) -> None:
-    for research_id in research_ids:
-        delete_report(reports_dir, research_id)
 
 
 class RetentionPace:

@@ -8,7 +8,7 @@ frame after it. Owners' job lists are sorted sets scored by creation time. A fin
 report (its JSON record) is a value beside it: Redis is where reports are kept, and a host writes one
 to its reports directory only when it is asked for there (a job's files are inodes allocated and,
 at retention, freed: on ext4 without a journal each allocation skips one by one the inodes freed in
-the last 30 s, and a `discard` mount trims at each deletion), or when Redis fails to take it. Deleted
+the last minute, and a `discard` mount trims at each deletion), or when Redis fails to take it. Deleted
 jobs are remembered for a day in a sorted set scored by the time of deletion, so that hosts drop
 their files of them (web/reports.py).
 
@@ -167,6 +167,7 @@ class RedisJobStore:
     finished job's saved report (its JSON record) is kept beside it; `reports_dir` is where a job
     run here keeps its record should Redis fail to take it."""
 
+    keeps_reports = True
     shares_reports = True
 
     def __init__(
@@ -539,7 +540,7 @@ class RedisJobStore:
             await asyncio.to_thread(save_report, self.reports_dir, research_id, record)
         self._reports_here.pop(research_id, None)
 
-    def keep_report(self, research_id: str, record: bytes) -> None:
+    async def keep_report(self, research_id: str, record: bytes) -> None:
         if research_id in self.here:
             self._reports_here[research_id] = record
 

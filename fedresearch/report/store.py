@@ -39,8 +39,10 @@ def save_report(directory: Path, report_id: str, data: bytes) -> dict[str, str]:
     """Write the JSON record (`data`, from record_bytes); return every format's name relative to the
     reports directory. The Markdown file, like the exports, is written when first fetched: every
     file created is an inode allocated, and on ext4 without a journal each allocation skips one by
-    one the inodes retention freed in the last 30 s, while most clients never fetch the Markdown
-    file (the report reaches them in frames)."""
+    one the inodes retention freed in the last minute (six, while their block of the inode table
+    is not yet written back), while most clients never fetch the Markdown file (the report reaches
+    them in frames). Where the job store keeps the records (jobs.py), the record too is written
+    only when first asked for."""
     try:
         write_atomic(f"{directory}/{report_id}.json", data)
     except FileNotFoundError:  # no folder yet: made on the first report, not checked at every one
@@ -85,6 +87,13 @@ def export(directory: Path, report_id: str, kind: str) -> Path | None:
     title = next((line[2:].strip() for line in markdown.splitlines() if line.startswith("# ")), "Report")
     write_atomic(path, RENDERERS[kind](markdown, title))
     return path
+
+
+def drop_reports(directory: Path, report_ids: list[str]) -> int:
+    """`delete_report` for each report with a file here; how many had. A stat each, not five
+    unlinks: where the job store keeps the records, most reports never get a file."""
+    here = [i for i in report_ids if any(os.path.exists(f"{directory}/{i}.{kind}") for kind in ("json", "md"))]
+    return sum(delete_report(directory, report_id) for report_id in here)
 
 
 def delete_report(directory: Path, report_id: str) -> bool:

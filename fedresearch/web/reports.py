@@ -1,14 +1,15 @@
 """Saved reports, fetched over HTTP under /reports/: each readable by its owner and by admins only;
 exports are rendered on first request.
 
-A report is saved as a JSON record in the reports directory of the host whose worker ran its job.
-With the jobs in Redis (several workers or hosts), the job store keeps the record with the job,
-and a host fetches it into its own directory when first asked for it and renders exports from it
-there. The worker running a job sends `path` before the job's end, the record with it, reaches
-Redis, and the client asks at once, often another worker: a report asked for while its job runs
-on is waited for a moment. A job deleted on one host (by its owner, or by retention) takes its
-report from every host: the store remembers deletions for a day, and each host drops the files it
-keeps of them within a minute (at once should one be asked for).
+A report's JSON record is kept with its job by the job store: in the job's file (the workers of
+one host share the jobs directory) or in Redis (several workers or hosts). A host fetches it into
+its own reports directory when first asked for it and renders exports from it there; records
+written there by earlier versions are read as they are. With Redis, the worker running a job
+sends `path` before the job's end, the record with it, reaches Redis, and the client asks at once,
+often another worker: a report asked for while its job runs on is waited for a moment. A job
+deleted on one host (by its owner, or by retention) takes its report from every host: the store
+remembers deletions for a day, and each host drops the files it keeps of them within a minute (at
+once should one be asked for).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from fedresearch.core.shared import SharedDown
 from fedresearch.report.exports import EXPORTS
 from fedresearch.report.jobs import Job, JobStore
 from fedresearch.report.redis_jobs import KEEP_DELETED_S
-from fedresearch.report.store import REPORT_NAME, delete_report, export, report_markdown, write_atomic
+from fedresearch.report.store import REPORT_NAME, delete_report, drop_reports, export, report_markdown, write_atomic
 from fedresearch.web.auth import principal_of
 from fedresearch.web.keys import JOBS, SETTINGS
 from fedresearch.web.tasks import may_see
@@ -55,9 +56,9 @@ class SavedReports:
 
     async def fetch(self, research_ids: Sequence[str]) -> list[str]:
         """Copy into this host's directory the records it lacks that the job store keeps (one trip
-        to Redis for them all); while Redis fails, what this host has is what there is. Returns
-        the ids it still lacks, when the job store shares reports."""
-        if not self.jobs.shares_reports or not research_ids:
+        to Redis, or to a thread for the jobs' files, for them all); while Redis fails, what this
+        host has is what there is. Returns the ids it still lacks, when the job store keeps reports."""
+        if not self.jobs.keeps_reports or not research_ids:
             return []
         missing = await asyncio.to_thread(self._missing, research_ids)
         if not missing:
@@ -118,9 +119,10 @@ class SavedReports:
         return record if isinstance(record, dict) else None
 
     async def readable(self, principal: Principal, research_id: str) -> bool:
-        """Whether `principal` may read this report (and it exists). With jobs shared by several
-        hosts, its job says whose it is; a job deleted on another host (by its owner or by
-        retention) leaves this host's copy behind, which goes now rather than at the next sweep."""
+        """Whether `principal` may read this report (and it exists): its record says whose it is,
+        fetched from the job store first. With jobs shared by several hosts, its job says so too; a
+        job deleted on another host (by its owner or by retention) leaves this host's copy behind,
+        which goes now rather than at the next sweep."""
         record = self.directory / f"{research_id}.json"
         if self.jobs.shares_reports:
             with contextlib.suppress(SharedDown):  # Redis away: this host's own record decides
@@ -132,6 +134,8 @@ class SavedReports:
                 elif await self.jobs.was_deleted(research_id):
                     await asyncio.to_thread(delete_report, self.directory, research_id)
                     return False
+        else:
+            await self.fetch([research_id])  # whose it is, the record says
         return await asyncio.to_thread(may_read, principal, record)
 
     async def sweep(self, since: float) -> tuple[int, float]:
@@ -147,8 +151,7 @@ class SavedReports:
 
     def _drop(self, research_ids: list[str]) -> int:
         # a deletion is read again on the sweeps within the clock margin: a stat, not five unlinks
-        here = [i for i in research_ids if any(os.path.exists(f"{self.directory}/{i}.{k}") for k in ("json", "md"))]
-        return sum(delete_report(self.directory, research_id) for research_id in here)
+        return drop_reports(self.directory, research_ids)
 
 
 def saved_reports(app: web.Application) -> SavedReports:

@@ -159,7 +159,7 @@ class JobRun:
             await self.send_report(chunk)
         files = {kind: f"reports/{name}" for kind, name in saved.items()}
         if self.record is not None:  # readable from the moment `path` names it, on this worker too
-            self.app[JOBS].keep_report(self.research_id, self.record)
+            await self.app[JOBS].keep_report(self.research_id, self.record)
         metadata = {"files": files, "research_id": self.research_id}
         await self.log_event(ProgressEvent("report_written", message, metadata))
         if self.slot is not None:
@@ -183,7 +183,7 @@ class JobRun:
         }
         directory = self.app[SETTINGS].reports_dir
         self.record = record_bytes(markdown, record)
-        if self.app[JOBS].shares_reports:
+        if self.app[JOBS].keeps_reports:
             saved = report_files(self.research_id)
         else:
             saved = await run_on(self.app[DEPS].work, save_report, directory, self.research_id, self.record)
@@ -229,7 +229,7 @@ class JobRun:
                     owner,
                     self.research_id,
                     self.app[LLM_CLIENTS],
-                    write_file=not self.app[JOBS].shares_reports,
+                    write_file=not self.app[JOBS].keeps_reports,
                 )
         except TimeoutError:
             late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"
