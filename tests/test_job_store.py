@@ -414,3 +414,16 @@ async def test_a_jobs_report_is_kept_in_its_file_and_read_back_by_any_store_of_t
     assert await again.frames(_id(1)) == [{"type": "report", "output": "# q"}]
     await again.delete(_id(1))
     assert await again.records([_id(1)]) == {}
+
+
+async def test_a_store_in_memory_alone_keeps_its_jobs_reports_in_memory() -> None:
+    """An app given a job store without a folder: no file is written for a report, and its record is
+    still there to read, as its frames are."""
+    store = LocalJobStore(None)
+    record = record_bytes("# q\n", {"owner": "alice"})
+    for n in (1, 2):
+        await store.create(Job(_id(n), "alice", "q", status=JobStatus.running))
+    await store.keep_report(_id(1), record)
+    await store.finish(_id(1), JobStatus.completed, record=record)
+    await store.finish(_id(2), JobStatus.cancelled, record=record)  # never announced
+    assert await store.records([_id(1), _id(2), _id(3)]) == {_id(1): record, _id(2): record}

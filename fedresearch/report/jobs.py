@@ -13,13 +13,12 @@ The state lives behind `JobStore`, a small async protocol, so it can be kept in 
   finished (at once if either is already true); False when there is no such job.
 - `finish(research_id, status, error=None, files=None, record=None) -> Job | None`: the job ends in
   `status` (completed, failed or cancelled); waiters wake, and no frame is appended after it.
-  `record` is its saved report's JSON. A store that `keeps_reports` keeps it with the job, which
-  `records(ids)` reads back and deleting the job deletes, and the reports directory gets it only
-  when the report is asked for (web/reports.py); a store that does not (one in memory alone) leaves
-  it to the writer, which saves it there. `keep_report(id, record)`, awaited before the report is
-  announced, makes it readable through `records` at once, before `finish` has written the job's
-  end. A store shared by several hosts (`shares_reports`) remembers deletions for a day
-  (`was_deleted(id)`, `deleted_since(t)`), so that every host drops the files it kept of them.
+  `record` is its saved report's JSON, which the store keeps with the job: `records(ids)` reads it
+  back, deleting the job deletes it, and the reports directory gets it only when the report is
+  asked for (web/reports.py). `keep_report(id, record)`, awaited before the report is announced,
+  makes it readable through `records` at once, before `finish` has written the job's end. A store
+  shared by several hosts (`shares_reports`) remembers deletions for a day (`was_deleted(id)`,
+  `deleted_since(t)`), so that every host drops the files it kept of them.
 - `get(research_id) -> Job | None`, `list(owner, everyone=False, skip=0) -> list[Job]` (newest
   first; the jobs of `owner`, or every job when `everyone`; after the newest `skip`),
   `delete(research_id) -> bool`.
@@ -153,7 +152,6 @@ class JobStore(Protocol):
 
     async def wait(self, research_id: str, seen: int) -> bool: ...
 
-    keeps_reports: bool
     shares_reports: bool
 
     async def finish(
@@ -276,7 +274,6 @@ class LocalJobStore:
 
     def __init__(self, directory: Path | None, work: WorkPool | None = None) -> None:
         self.directory = directory
-        self.keeps_reports = directory is not None  # in memory alone, the writer saves them as files
         self.work = work  # the threads its files are removed on (None: asyncio's default pool)
         self._appends = QuickWrites(work)  # on the loop while the disk is quick
         # how long a finished job's frames stay in memory as well: its followers, often a few frames
@@ -369,9 +366,10 @@ class LocalJobStore:
         progress = 1.0 if status is JobStatus.completed else entry.job.progress
         files = files or entry.job.files
         entry.job = entry.job.evolve(status=status, error=error, files=files, progress=progress, updated_at=time.time())
+        if record and entry.report is None:
+            entry.report = record  # a report never announced (its job cancelled meanwhile) is kept all the same
         if self.directory is not None and entry.frames is not None and not entry.frames_saved:
-            # a report never announced (its job cancelled meanwhile) is kept all the same
-            report = record if record and not entry.report_saved else None
+            report = entry.report if not entry.report_saved else None
             await self._write_meta(entry.job, entry.frames, report=report)
             entry.frames_saved = True
             # on disk now; memory holds running jobs' frames and those of jobs that just finished
@@ -385,9 +383,11 @@ class LocalJobStore:
         """The record goes into the job's file before the report is announced: a client that reads
         `path` may ask any worker of this host for it at once."""
         entry = self._entries.get(research_id)
-        if entry is None or self.directory is None:
+        if entry is None:
             return
         entry.report = record
+        if self.directory is None:
+            return  # in memory alone, as its frames are
         async with self._writing:
             if self._entries.get(research_id) is not entry:
                 return  # deleted meanwhile: writing it now would bring it back

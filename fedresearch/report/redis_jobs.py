@@ -167,7 +167,6 @@ class RedisJobStore:
     finished job's saved report (its JSON record) is kept beside it; `reports_dir` is where a job
     run here keeps its record should Redis fail to take it."""
 
-    keeps_reports = True
     shares_reports = True
 
     def __init__(

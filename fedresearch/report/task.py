@@ -24,7 +24,7 @@ from fedresearch.report.evidence import RememberedEmbed
 from fedresearch.report.llm import LlmClients, LlmConfig, failure_reason, llm_config
 from fedresearch.report.planner import SubQuestion, model_sub_questions, sub_questions
 from fedresearch.report.reading import read_pages, url_sources
-from fedresearch.report.store import record_bytes, report_files, save_report
+from fedresearch.report.store import record_bytes, report_files
 from fedresearch.report.writer import Part, Writing
 
 log = logging.getLogger("fedresearch")
@@ -138,14 +138,13 @@ async def run_research(
     owner: str | None = None,
     report_id: str | None = None,
     llm: LlmClients | None = None,
-    write_file: bool = True,
 ) -> ResearchOutcome:
-    """The task, start to saved report; with `send`, the report goes out paragraph by paragraph as written.
+    """The task, start to report; with `send`, the report goes out paragraph by paragraph as written.
     `owner`: the user whose key asked, the only one (with admins) who may read the saved report;
     `report_id`: the name it is saved under (a job's research_id), new when not given; `llm`: the
-    app's clients of the model endpoint (without them, a client per call); `write_file`: False when
-    a job store shared by several hosts keeps the record (the outcome's `record`), which a host
-    writes to its reports directory only when one asks for the report there."""
+    app's clients of the model endpoint (without them, a client per call). The saved report is the
+    outcome's `record` (its JSON, made in the writer's thread trip), which the job store keeps and
+    a host writes to its reports directory only when one asks for the report there."""
     settings: Settings = deps.settings
     started = time.perf_counter()
     await _announce(request, plan, emit)
@@ -169,7 +168,7 @@ async def run_research(
         nonlocal saved
         record = {"owner": owner} | _record(report_id, request, composed, outcomes, retrieval_ms)
         saved = record_bytes(composed.markdown, record)
-        return save_report(settings.reports_dir, report_id, saved) if write_file else report_files(report_id)
+        return report_files(report_id)
 
     composed = await compose(
         request.task, request.report_type, sources, outcomes, writing, parts, config, emit, send, save

@@ -57,8 +57,8 @@ class SavedReports:
     async def fetch(self, research_ids: Sequence[str]) -> list[str]:
         """Copy into this host's directory the records it lacks that the job store keeps (one trip
         to Redis, or to a thread for the jobs' files, for them all); while Redis fails, what this
-        host has is what there is. Returns the ids it still lacks, when the job store keeps reports."""
-        if not self.jobs.keeps_reports or not research_ids:
+        host has is what there is. Returns the ids it still lacks."""
+        if not research_ids:
             return []
         missing = await asyncio.to_thread(self._missing, research_ids)
         if not missing:

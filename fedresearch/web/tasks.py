@@ -18,7 +18,6 @@ from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
 from fedresearch.core.events import ProgressEvent
 from fedresearch.core.models import ResearchRequest
-from fedresearch.core.work import run_on
 from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.planning import Plan, follow_up_request, plan_request, scope_of
 from fedresearch.report.chat import ChatSession
@@ -32,7 +31,7 @@ from fedresearch.report.jobs import (
     enforce_retention,
     error_frames,
 )
-from fedresearch.report.store import record_bytes, report_files, save_report
+from fedresearch.report.store import record_bytes, report_files
 from fedresearch.report.task import ResearchOutcome, run_research
 from fedresearch.web import webhooks
 from fedresearch.web.keys import (
@@ -181,13 +180,8 @@ class JobRun:
             "error": failure.reason,
             "report": markdown,
         }
-        directory = self.app[SETTINGS].reports_dir
         self.record = record_bytes(markdown, record)
-        if self.app[JOBS].keeps_reports:
-            saved = report_files(self.research_id)
-        else:
-            saved = await run_on(self.app[DEPS].work, save_report, directory, self.research_id, self.record)
-        await self.deliver(markdown, saved, "📄 Report saved: the research could not run")
+        await self.deliver(markdown, report_files(self.research_id), "📄 Report saved: the research could not run")
 
     async def execute(self, plan: Plan | None, refusal: Failure | None) -> None:
         """The job's whole life; it ends completed, failed or cancelled, never left running."""
@@ -229,7 +223,6 @@ class JobRun:
                     owner,
                     self.research_id,
                     self.app[LLM_CLIENTS],
-                    write_file=not self.app[JOBS].keeps_reports,
                 )
         except TimeoutError:
             late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"
