@@ -203,3 +203,27 @@ async def test_the_breakers_circuits_are_bounded_the_oldest_forgotten(tmp_path):
     await breaker.check(("tavily", "key-0"))  # forgotten: its upstream is tried again
     with pytest.raises(RetrieverSkipped):
         await breaker.check(("tavily", "key-4099"))
+
+
+async def test_a_retrys_jitter_leaves_the_global_random_generator_alone(tmp_path) -> None:
+    """The process's `random` belongs to whoever embeds the server (seeded for a reproducible run,
+    or watched by hypothesis, as in the fuzz test, whose server retries on its own thread)."""
+    import random
+
+    from fedresearch.federation.contract import SearchOptions
+    from fedresearch.federation.resilience import Guard
+
+    answers = [RetrieverFailed("upstream answered 503", status=503), Hits()]
+
+    async def search() -> Hits:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    random.seed(7)
+    before = random.getstate()
+    options = SearchOptions(query="q", max_results=5)
+    guarded = await Guard(make_settings(tmp_path)).call("tavily", False, (), options, 5.0, search)
+    assert guarded.attempts == 2  # retried once, after a jittered pause
+    assert random.getstate() == before

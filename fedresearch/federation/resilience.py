@@ -38,6 +38,9 @@ class _Abandoned(Exception):
 
 
 _BACKOFF_S = 0.1
+# a generator of its own: the global one is the embedding application's (seeded for reproducible
+# runs, or watched by hypothesis, as in the fuzz test, whose server thread retried mid-example)
+_JITTER = random.Random()
 _CACHE_ENTRIES = 2048
 _CACHE_CHARS = 16_000_000  # of results' text, titles and links, 16-64 MB (core/timed_cache.py)
 # circuits are per credential and per client-supplied base URL, so clients sending a new failing
@@ -293,7 +296,7 @@ class Guard:
             if wait is None or attempt > 1:
                 return None  # no Retry-After to honour, or already waited once: suspend instead
         elif failure.transient:
-            wait = failure.retry_after or _BACKOFF_S * (2 ** (attempt - 1)) * (0.5 + random.random())
+            wait = failure.retry_after or _BACKOFF_S * (2 ** (attempt - 1)) * (0.5 + _JITTER.random())
         else:
             return None
         # only when the wait and a second try still fit inside the retriever's deadline
