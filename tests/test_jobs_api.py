@@ -404,6 +404,9 @@ async def test_a_report_lives_in_its_jobs_file_and_every_worker_of_the_host_serv
     assert not settings.reports_dir.exists() or not list(settings.reports_dir.iterdir())
     assert [path.name for path in settings.jobs_dir.iterdir()] == [f"{research_id}.job.jsonl"]
     async with aiohttp.ClientSession() as session:
+        async with session.get(f"{server.url}/{files['md']}", headers=BOB) as response:
+            assert response.status == 404  # not bob's: and nothing written on his request's behalf
+        assert not settings.reports_dir.exists() or not list(settings.reports_dir.iterdir())
         async with session.get(f"{sibling.url}/{files['md']}", headers=BOB) as response:
             assert response.status == 404  # not bob's, on the worker that did not run it either
         async with session.get(f"{sibling.url}/{files['md']}", headers=ALICE) as response:

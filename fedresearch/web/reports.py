@@ -135,6 +135,9 @@ class SavedReports:
                     await asyncio.to_thread(delete_report, self.directory, research_id)
                     return False
         else:
+            job = await self.jobs.get(research_id)  # a job another worker of the host ran is not here
+            if job is not None and not may_see(principal, job):
+                return False  # before its record is written here on a refused request's behalf
             await self.fetch([research_id])  # whose it is, the record says
         return await asyncio.to_thread(may_read, principal, record)
 
