@@ -119,26 +119,23 @@ class SavedReports:
         return record if isinstance(record, dict) else None
 
     async def readable(self, principal: Principal, research_id: str) -> bool:
-        """Whether `principal` may read this report (and it exists): its record says whose it is,
-        fetched from the job store first. With jobs shared by several hosts, its job says so too; a
-        job deleted on another host (by its owner or by retention) leaves this host's copy behind,
+        """Whether `principal` may read this report (and it exists): its job says whose it is where
+        this worker can read the job, else its record, fetched from the job store first. A job
+        deleted on another host (by its owner or by retention) leaves this host's copy behind,
         which goes now rather than at the next sweep."""
         record = self.directory / f"{research_id}.json"
-        if self.jobs.shares_reports:
-            with contextlib.suppress(SharedDown):  # Redis away: this host's own record decides
-                job = await self.jobs.get(research_id)
-                if job is not None and not may_see(principal, job):
-                    return False
-                if job is not None:
-                    await self.fetch_of(job)
-                elif await self.jobs.was_deleted(research_id):
-                    await asyncio.to_thread(delete_report, self.directory, research_id)
-                    return False
-        else:
-            job = await self.jobs.get(research_id)  # a job another worker of the host ran is not here
+        with contextlib.suppress(SharedDown):  # Redis away: this host's own record decides
+            # without Redis, a job another worker of the host ran is not here: its record decides
+            job = await self.jobs.get(research_id)
             if job is not None and not may_see(principal, job):
                 return False  # before its record is written here on a refused request's behalf
-            await self.fetch([research_id])  # whose it is, the record says
+            if not self.jobs.shares_reports:
+                await self.fetch([research_id])
+            elif job is not None:
+                await self.fetch_of(job)
+            elif await self.jobs.was_deleted(research_id):
+                await asyncio.to_thread(delete_report, self.directory, research_id)
+                return False
         return await asyncio.to_thread(may_read, principal, record)
 
     async def sweep(self, since: float) -> tuple[int, float]:

@@ -116,7 +116,7 @@ class JobRun:
         self.research_id = uuid.uuid4().hex
         self.failure: Failure | None = None
         self.outcome: ResearchOutcome | None = None
-        self.record: bytes | None = None  # the saved report's JSON, for a job store other hosts read
+        self.record: bytes | None = None  # the saved report's JSON, which the job store keeps
         self.slot: Slot | None = None  # its place under MAX_TASKS_PER_KEY (none: it was refused)
         self._done_retrievers = 0
         self._retrievers = 1
