@@ -14,7 +14,7 @@ import websockets
 from pydantic import SecretStr
 
 from fedresearch.core.lineage import process_space
-from fedresearch.core.shared import SharedDown, SharedRedis, connect
+from fedresearch.core.shared import SharedDown, SharedRedis, cancelled, connect
 from fedresearch.report.jobs import Job, JobStatus, died_here, follow, runner_id
 from fedresearch.report.redis_jobs import RedisJobStore
 from fedresearch.web.keys import JOBS
@@ -242,7 +242,7 @@ async def test_a_running_job_whose_worker_died_is_ended_failed_by_the_next_reade
         followed = asyncio.create_task(frames_followed())
         await dying.finish(_id(2), JobStatus.completed)  # what it ended before dying stays so
         assert dying._renewing is not None
-        dying._renewing.cancel()  # killed: no renewal, nothing cleaned up
+        await cancelled(dying._renewing)  # killed: no renewal, nothing cleaned up
         frames = await asyncio.wait_for(followed, 10)
         assert frames[0]["content"] == "starting_research"
         assert [frame["type"] for frame in frames[1:]] == ["error", "logs"]
@@ -275,7 +275,7 @@ async def test_a_dead_workers_job_ended_by_a_server_is_announced_by_webhook_once
         )
         server = await start_server(settings)
         assert dying._renewing is not None
-        dying._renewing.cancel()  # killed
+        await cancelled(dying._renewing)  # killed
         async with aiohttp.ClientSession(headers=ALICE) as session:
             for _ in range(100):  # the lease lapses; what the server found at start is trusted a second
                 async with session.get(f"{server.url}/api/jobs/{_id(1)}") as response:

@@ -186,12 +186,24 @@ def where(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path or ''}"
 
 
+_CANCEL_AGAIN_S = 0.1
+
+
 async def cancelled(*tasks: asyncio.Task[Any] | None) -> None:
-    """Cancel the background tasks given (None: none running) and wait until they have stopped."""
-    running = [task for task in tasks if task is not None]
-    for task in running:
-        task.cancel()
-    await asyncio.gather(*running, return_exceptions=True)
+    """Cancel the background loops given (None: none running) and wait until they have stopped.
+
+    A cancellation can be lost: on Python 3.11 `asyncio.wait_for`, which wraps each of redis-py's
+    writes, returns the write's result when it finished as the cancellation came (CPython
+    gh-86296), and a loop that renews a lease then renews it for ever and its closing waits for
+    ever. A loop still running a moment later is cancelled again; so this is for loops with
+    nothing to finish once cancelled, not for tasks that clean up."""
+    given = [task for task in tasks if task is not None]
+    running = set(given)
+    while running:
+        for task in running:
+            task.cancel()
+        _, running = await asyncio.wait(running, timeout=_CANCEL_AGAIN_S)
+    await asyncio.gather(*given, return_exceptions=True)
 
 
 class SharedDown(Exception):

@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from fedresearch.core.auth import Principal
-from fedresearch.core.shared import SharedDown
+from fedresearch.core.shared import SharedDown, cancelled
 from fedresearch.report.exports import EXPORTS
 from fedresearch.report.jobs import Job, JobStore
 from fedresearch.report.redis_jobs import KEEP_DELETED_S
@@ -180,9 +180,7 @@ async def leftover_sweeps(app: web.Application) -> AsyncIterator[None]:
 
     sweeper = asyncio.create_task(sweep()) if jobs.shares_reports else None
     yield
-    if sweeper is not None:
-        sweeper.cancel()
-        await asyncio.gather(sweeper, return_exceptions=True)
+    await cancelled(sweeper)
 
 
 async def report_file(request: web.Request) -> web.FileResponse:

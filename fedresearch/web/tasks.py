@@ -18,6 +18,7 @@ from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
 from fedresearch.core.events import ProgressEvent
 from fedresearch.core.models import ResearchRequest
+from fedresearch.core.shared import cancelled
 from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.planning import Plan, follow_up_request, plan_request, scope_of
 from fedresearch.report.chat import ChatSession
@@ -417,6 +418,4 @@ async def retention_sweeps(app: web.Application) -> AsyncIterator[None]:
 
     sweeper = asyncio.create_task(sweep()) if settings.report_retention_days > 0 else None
     yield
-    if sweeper is not None:
-        sweeper.cancel()
-        await asyncio.gather(sweeper, return_exceptions=True)
+    await cancelled(sweeper)
