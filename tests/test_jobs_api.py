@@ -409,6 +409,7 @@ async def test_a_report_lives_in_its_jobs_file_and_every_worker_of_the_host_serv
         assert not settings.reports_dir.exists() or not list(settings.reports_dir.iterdir())
         async with session.get(f"{sibling.url}/{files['md']}", headers=BOB) as response:
             assert response.status == 404  # not bob's, on the worker that did not run it either
+        assert not settings.reports_dir.exists() or not list(settings.reports_dir.iterdir())
         async with session.get(f"{sibling.url}/{files['md']}", headers=ALICE) as response:
             assert response.status == 200 and await response.text() == report_of(frames)
         async with session.get(f"{server.url}/{files['json']}", headers=ALICE) as response:

@@ -54,10 +54,11 @@ class SavedReports:
         self.directory = directory
         self.jobs = jobs
 
-    async def fetch(self, research_ids: Sequence[str]) -> list[str]:
+    async def fetch(self, research_ids: Sequence[str], reader: Principal | None = None) -> list[str]:
         """Copy into this host's directory the records it lacks that the job store keeps (one trip
         to Redis, or to a thread for the jobs' files, for them all); while Redis fails, what this
-        host has is what there is. Returns the ids it still lacks."""
+        host has is what there is. With `reader`, only those it may read: a refused request writes
+        nothing. Returns the ids it still lacks."""
         if not research_ids:
             return []
         missing = await asyncio.to_thread(self._missing, research_ids)
@@ -68,7 +69,7 @@ class SavedReports:
         except SharedDown:
             return missing
         if records:
-            await asyncio.to_thread(self._keep, records)
+            await asyncio.to_thread(self._keep, records, reader)
         return [research_id for research_id in missing if research_id not in records]
 
     async def fetch_of(self, job: Job) -> None:
@@ -91,10 +92,11 @@ class SavedReports:
     def _missing(self, research_ids: Sequence[str]) -> list[str]:
         return [i for i in research_ids if not os.path.exists(f"{self.directory}/{i}.json")]
 
-    def _keep(self, records: dict[str, bytes]) -> None:
+    def _keep(self, records: dict[str, bytes], reader: Principal | None) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         for research_id, data in records.items():
-            write_atomic(f"{self.directory}/{research_id}.json", data)
+            if reader is None or _may_read_record(reader, data):
+                write_atomic(f"{self.directory}/{research_id}.json", data)
 
     async def markdowns(self, research_ids: Sequence[str]) -> dict[str, str | None]:
         """The reports' Markdown by research id (None: no such report), in one trip to a thread."""
@@ -130,7 +132,7 @@ class SavedReports:
             if job is not None and not may_see(principal, job):
                 return False  # before its record is written here on a refused request's behalf
             if not self.jobs.shares_reports:
-                await self.fetch([research_id])
+                await self.fetch([research_id], principal)
             elif job is not None:
                 await self.fetch_of(job)
             elif await self.jobs.was_deleted(research_id):
@@ -202,12 +204,20 @@ async def report_file(request: web.Request) -> web.FileResponse:
 
 def may_read(principal: Principal, record: Path) -> bool:
     """Admins read every report; a key bound to a user reads the reports that user's tasks saved."""
-    if not record.is_file():
+    if principal.admin:
+        return record.is_file()
+    try:
+        data = record.read_bytes()
+    except OSError:
         return False
+    return _may_read_record(principal, data)
+
+
+def _may_read_record(principal: Principal, data: bytes) -> bool:
     if principal.admin:
         return True
     try:
-        owner = json.loads(record.read_text(encoding="utf-8")).get("owner")
-    except (OSError, ValueError, AttributeError):
+        owner = json.loads(data).get("owner")
+    except (ValueError, AttributeError):
         return False  # no readable record says whose it is: only an admin may read it
     return owner is not None and owner == principal.user_id
