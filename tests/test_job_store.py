@@ -143,6 +143,26 @@ async def test_retention_deletes_old_and_surplus_jobs_with_their_reports(tmp_pat
     assert await again.load() == 4 and {job.research_id for job in await again.list(None, everyone=True)} == left
 
 
+async def test_a_deletion_killed_midway_never_leaves_a_deleted_reports_file_behind(tmp_path: Path) -> None:
+    """Killed once the jobs are gone: their files went first. Before, the jobs went first and a
+    kill left a deleted report's file, which its owner could read for ever."""
+
+    class KilledAfterDeleting(LocalJobStore):
+        async def delete_many(self, research_ids: Any) -> list[str]:
+            await super().delete_many(research_ids)
+            raise KeyboardInterrupt  # the process dies here
+
+    store, reports = KilledAfterDeleting(tmp_path / "jobs"), tmp_path / "reports"
+    await store.create(Job(_id(1), "alice", "q", created_at=time.time() - 40 * 86400, status=JobStatus.running))
+    await store.finish(_id(1), JobStatus.completed, record=record_bytes("# q\n", {"owner": "alice"}))
+    save_report(reports, _id(1), (await store.records([_id(1)]))[_id(1)])  # fetched when first asked for
+    assert export(reports, _id(1), "md") is not None
+    with pytest.raises(KeyboardInterrupt):
+        await enforce_retention(store, reports, retention_days=30, max_per_user=0)
+    assert not list(reports.iterdir())
+    assert not (tmp_path / "jobs" / f"{_id(1)}.job.jsonl").exists()
+
+
 async def test_saving_client_fields_keeps_the_frames(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
     await store.create(Job(_id(1), None, "q", status=JobStatus.running))

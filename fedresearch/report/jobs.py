@@ -660,11 +660,21 @@ async def enforce_retention(
 
 
 async def _delete(store: JobStore, reports_dir: Path, doomed: list[str]) -> list[str]:
-    if doomed:  # the jobs first: a store that keeps reports would give a report's record back
-        await store.delete_many(doomed)
-        await asyncio.to_thread(drop_reports, reports_dir, doomed)
+    if doomed:
+        await delete_with_reports(store, reports_dir, doomed)
         log.info("retention: deleted %d finished jobs and their reports", len(doomed))
     return doomed
+
+
+async def delete_with_reports(store: JobStore, reports_dir: Path, research_ids: list[str]) -> None:
+    """Delete jobs and their reports' files here: the files, the jobs, then the files again. A
+    process killed between the jobs and their files left a deleted report readable from its file
+    for ever (no job says it is gone); killed now, the jobs are still there, to be deleted again,
+    their records read back from them. The second pass drops a record fetched from a job in the
+    meantime."""
+    await asyncio.to_thread(drop_reports, reports_dir, research_ids)
+    await store.delete_many(research_ids)
+    await asyncio.to_thread(drop_reports, reports_dir, research_ids)
 
 
 class RetentionPace:

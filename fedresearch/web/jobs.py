@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fedresearch.core.auth import Principal
 from fedresearch.core.models import ResearchRequest
 from fedresearch.report.chat import session_from_report
-from fedresearch.report.jobs import JOB_ID, Job, JobStatus
-from fedresearch.report.store import REPORT_ID, delete_report
+from fedresearch.report.jobs import JOB_ID, Job, JobStatus, delete_with_reports
+from fedresearch.report.store import REPORT_ID
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, REGISTRY, SETTINGS
 from fedresearch.web.reports import saved_reports
@@ -268,8 +268,7 @@ async def delete_report_entry(request: web.Request) -> web.Response:
     if live is not None and not live.task.done():
         live.task.cancel()
         await asyncio.gather(live.task, return_exceptions=True)
-    await request.app[JOBS].delete(job.research_id)
-    await asyncio.to_thread(delete_report, request.app[SETTINGS].reports_dir, job.research_id)
+    await delete_with_reports(request.app[JOBS], request.app[SETTINGS].reports_dir, [job.research_id])
     return web.json_response({"success": True})
 
 
