@@ -252,6 +252,31 @@ async def test_a_loop_writing_to_redis_stops_when_cancelled_mid_write(redis_url)
         await client.aclose()
 
 
+async def test_a_task_cancelled_as_its_redis_command_ends_stops_there(redis_url):
+    """A job cancelled (its socket closed, it was deleted, its deadline passed) as one of its
+    commands to Redis answered went on to its end before: the cancellation was lost in redis-py's
+    `asyncio.wait_for` (Python 3.11). Each command through `SharedRedis` now ends in it."""
+    shared = SharedRedis(connect(redis_url), redis_url)
+    try:
+        for round_ in range(30):
+
+            async def job() -> None:
+                while True:
+                    with contextlib.suppress(SharedDown):
+                        await shared.attempt("a job's write", lambda: shared.client.set("k", b"1", px=500))
+
+            running = asyncio.create_task(job())
+            await asyncio.sleep(random.random() * 0.002)
+            running.cancel()  # once, as a socket's close does
+            await asyncio.wait({running}, timeout=5)
+            stopped = running.done()
+            await _stopped_by_cancelled(running)  # so that a failing round fails rather than hangs
+            assert stopped and running.cancelled(), f"round {round_}: the job went on after it was cancelled"
+        assert shared.trouble is None  # a cancelled write is not Redis failing
+    finally:
+        await shared.close()
+
+
 async def test_a_loop_that_lost_its_cancellation_is_cancelled_again() -> None:
     lost = []
 

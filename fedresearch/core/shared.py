@@ -206,6 +206,14 @@ async def cancelled(*tasks: asyncio.Task[Any] | None) -> None:
     await asyncio.gather(*given, return_exceptions=True)
 
 
+def _stop_if_cancelled(task: asyncio.Task[Any] | None, asked: int) -> None:
+    """Raise the cancellation `task` was asked for during a Redis command and did not get: lost by
+    redis-py's `asyncio.wait_for` on Python 3.11 (see `cancelled`), it would leave a cancelled
+    job running to its end (its upstreams paid for), or a timeout that never fires."""
+    if task is not None and task.cancelling() > asked:
+        raise asyncio.CancelledError
+
+
 class SharedDown(Exception):
     """Redis failed just now, or recently; the caller uses this process's own state instead."""
 
@@ -233,13 +241,17 @@ class SharedRedis:
         """`operation` on Redis; SharedDown (logged once per outage) when Redis fails or failed recently."""
         if self._down and self.clock() < self._down_until:
             raise SharedDown(f"Redis at {self.where} does not answer")
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
         try:
             if not self._learned:
                 await self._learn_slots()
             result = await operation()
         except failures() as error:
+            _stop_if_cancelled(task, asked)  # the failure is the cancellation's (a write cut short)
             self._failed(what, error)
             raise SharedDown(f"Redis at {self.where} does not answer") from error
+        _stop_if_cancelled(task, asked)
         if self._down:
             self._down = False
             log.warning("Redis at %s answers again: shared state is back in use", self.where)
