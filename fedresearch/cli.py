@@ -16,11 +16,11 @@ from fedresearch.core.settings import Settings
 
 def _serve(args: argparse.Namespace) -> int:
     if args.as_worker is not None:
-        from fedresearch.web.app import serve_worker
+        from fedresearch.serve.process import serve_worker
 
         serve_worker(Settings(), args.host, args.port, args.as_worker, args.listen_fd, args.ready_fd)
         return 0
-    from fedresearch.web.launch import serve
+    from fedresearch.serve.launch import serve
 
     serve(Settings(), host=args.host, port=args.port, workers=args.workers, balance=args.balance)
     return 0
@@ -37,7 +37,7 @@ def _worker_count(text: str) -> int | Literal["auto"]:
 def _mcp(args: argparse.Namespace) -> int:
     import logging
 
-    from fedresearch.web.app import serve_mcp_stdio
+    from fedresearch.serve.process import serve_mcp_stdio
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol
     asyncio.run(serve_mcp_stdio(Settings()))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fedresearch.core.shared import SharedRedis, connect
+from fedresearch.core.redis import SharedRedis, connect
 from tests.redis_server import free_ports, redis_binary, stop_all, wait_until
 
 _NODES = 3

@@ -21,7 +21,7 @@ import pytest
 
 from fedresearch.core.cores import MB, Memory, auto_workers, cpu_quota, usable_cores, usable_memory
 from fedresearch.core.settings import Settings
-from fedresearch.web.launch import worker_vectors
+from fedresearch.serve.launch import worker_vectors
 
 V1_MOUNTS = "32 31 0:29 {root} {mount} rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
 V1_MEMORY_MOUNTS = "35 31 0:32 {root} {mount} rw,relatime - cgroup cgroup rw,memory\n"

@@ -16,8 +16,8 @@ import pytest
 
 from fedresearch.core.lineage import process_space
 from fedresearch.core.work import WorkPool
-from fedresearch.report import jobs as jobs_module
-from fedresearch.report.jobs import (
+from fedresearch.jobs import store as jobs_module
+from fedresearch.jobs.store import (
     EncodedFrame,
     Job,
     JobStatus,

@@ -18,7 +18,7 @@ import websockets
 from aiohttp import web
 
 from fedresearch.core.settings import Settings
-from fedresearch.report.jobs import Job, JobStatus
+from fedresearch.jobs.store import Job, JobStatus
 from fedresearch.web import tasks
 from fedresearch.web.app import create_app
 from fedresearch.web.keys import JOBS, SETTINGS

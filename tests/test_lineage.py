@@ -112,7 +112,7 @@ time.sleep(60)
 
 SUPERVISOR = """
 import logging, sys
-from fedresearch.web.workers import Supervisor
+from fedresearch.serve.workers import Supervisor
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 sys.exit(Supervisor([sys.executable, "-c", sys.argv[1], sys.argv[2]], 1, grace_s=0).run())
 """

@@ -127,7 +127,7 @@ _WHAT_A_PROCESS_IMPORTS = """
 import asyncio, sys
 from aiohttp import web
 from fedresearch.core.settings import Settings
-from fedresearch.web import launch, workers
+from fedresearch.serve import launch, workers
 
 supervisor = "fedresearch.web.app" in sys.modules or "fedresearch.retrievers" in sys.modules
 from fedresearch.web.app import create_app

@@ -14,9 +14,9 @@ import websockets
 from pydantic import SecretStr
 
 from fedresearch.core.lineage import process_space
-from fedresearch.core.shared import SharedDown, SharedRedis, cancelled, connect
-from fedresearch.report.jobs import Job, JobStatus, died_here, follow, runner_id
-from fedresearch.report.redis_jobs import RedisJobStore
+from fedresearch.core.redis import SharedDown, SharedRedis, cancelled, connect
+from fedresearch.jobs.redis_store import RedisJobStore
+from fedresearch.jobs.store import Job, JobStatus, died_here, follow, runner_id
 from fedresearch.web.keys import JOBS
 from fedresearch.web.reports import saved_reports
 from tests.conftest import make_settings, report_of

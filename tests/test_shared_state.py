@@ -22,8 +22,7 @@ from pydantic import SecretStr, ValidationError
 from redis.asyncio import Redis
 
 from fedresearch.core.models import SearchResult
-from fedresearch.core.settings import Settings
-from fedresearch.core.shared import (
+from fedresearch.core.redis import (
     Leases,
     SentinelAddress,
     SharedDown,
@@ -33,6 +32,7 @@ from fedresearch.core.shared import (
     failures,
     where,
 )
+from fedresearch.core.settings import Settings
 from fedresearch.federation.contract import Hits, SearchOptions
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.federation.runner import Deps, search_one
@@ -195,7 +195,7 @@ async def test_a_keys_task_limit_holds_across_instances(tmp_path, fakes, start_s
 
 HOLDER = """
 import asyncio, sys
-from fedresearch.core.shared import Leases, connect
+from fedresearch.core.redis import Leases, connect
 
 async def hold():
     leases = Leases(connect(sys.argv[1]), lease_s=1.0)

@@ -39,7 +39,7 @@ log = logging.getLogger("fedresearch")
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 UPLOAD_FOLDERS = "fedresearch-upload-"  # an upload's files while they are read (web/documents.py)
-METRICS_FOLDERS = "fedresearch-metrics-"  # the workers' metrics under a supervisor (web/workers.py)
+METRICS_FOLDERS = "fedresearch-metrics-"  # the workers' metrics under a supervisor (serve/workers.py)
 
 
 def _prctl(option: int, value: int) -> bool:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from fedresearch.core.shared import SentinelAddress, is_sentinel_url
+from fedresearch.core.redis import SentinelAddress, is_sentinel_url
 from fedresearch.core.text import split_commas
 
 CommaList = Annotated[list[str], NoDecode]

@@ -1,7 +1,7 @@
 """The breaker, answer cache and rate limiter in Redis, so that every server process and host sees the same.
 
 Each is the Redis twin of an in-process one (resilience.py, ratelimit.py) and falls back to that one
-while Redis fails (core/shared.py says so in the log). Expiries run on Redis's clock, so hosts whose
+while Redis fails (core/redis.py says so in the log). Expiries run on Redis's clock, so hosts whose
 clocks differ agree. A rate-limit slot is reserved atomically (a Lua script moves the upstream's
 next start forward), so N processes together keep to the upstream's published rate; a task whose
 deadline cancels its wait leaves its reserved slot unused, which errs on the side of the upstream.
@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 from fedresearch.core.models import SearchResult
+from fedresearch.core.redis import NOW_MS, PREFIX, Leases, SharedDown, SharedRedis
 from fedresearch.core.settings import Settings
-from fedresearch.core.shared import NOW_MS, PREFIX, Leases, SharedDown, SharedRedis
 from fedresearch.federation.contract import Hits, RetrieverFailed, RetrieverSkipped
 from fedresearch.federation.ratelimit import LocalRateLimiter, Rate, announced_rate, pause_after_429
 from fedresearch.federation.resilience import (

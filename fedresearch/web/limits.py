@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 
 from aiohttp import web
 
+from fedresearch.jobs.slots import LocalTaskSlots
 from fedresearch.web.keys import QUERYING, SETTINGS
-from fedresearch.web.task_slots import LocalTaskSlots
 
 RETRY_AFTER_S = 1  # a query is answered within seconds: a slot frees soon
 

@@ -30,7 +30,7 @@ from fedresearch.core.models import FusedResult, ResearchRequest
 from fedresearch.federation.fusion import fuse
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.federation.runner import federate
-from fedresearch.report.jobs import follow
+from fedresearch.jobs.store import follow
 from fedresearch.report.store import REPORT_NAME
 from fedresearch.web.keys import DEPS, JOBS, KEYS, REGISTRY, SETTINGS
 from fedresearch.web.reports import saved_reports

@@ -27,10 +27,10 @@ from typing import Any
 from aiohttp import web
 
 from fedresearch.core.auth import Principal
-from fedresearch.core.shared import SharedDown, cancelled
+from fedresearch.core.redis import SharedDown, cancelled
+from fedresearch.jobs.redis_store import KEEP_DELETED_S
+from fedresearch.jobs.store import Job, JobStore
 from fedresearch.report.exports import EXPORTS
-from fedresearch.report.jobs import Job, JobStore
-from fedresearch.report.redis_jobs import KEEP_DELETED_S
 from fedresearch.report.store import REPORT_NAME, delete_report, drop_reports, export, report_markdown, write_atomic
 from fedresearch.web.auth import principal_of
 from fedresearch.web.keys import JOBS, SETTINGS

@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
 from fedresearch.core.models import ResearchRequest
+from fedresearch.jobs.store import JobStatus, error_frames, follow, frame_text
 from fedresearch.report.chat import ChatSession, session_from_report
-from fedresearch.report.jobs import JobStatus, error_frames, follow, frame_text
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, METRICS, REGISTRY, SETTINGS, SOCKETS, LiveJob
 from fedresearch.web.reports import saved_reports

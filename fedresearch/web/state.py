@@ -10,12 +10,12 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from fedresearch.core.redis import Leases, SharedDown, SharedRedis, connect
 from fedresearch.core.settings import Settings, secret
-from fedresearch.core.shared import Leases, SharedDown, SharedRedis, connect
 from fedresearch.federation.ratelimit import LocalRateLimiter, RateLimiter
 from fedresearch.federation.resilience import Guard
 from fedresearch.federation.shared_state import RedisAnswerCache, RedisBreaker, RedisRateLimiter
-from fedresearch.web.task_slots import LocalTaskSlots, RedisTaskSlots, TaskSlots
+from fedresearch.jobs.slots import LocalTaskSlots, RedisTaskSlots, TaskSlots
 
 log = logging.getLogger("fedresearch")
 

@@ -18,12 +18,12 @@ from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
 from fedresearch.core.events import ProgressEvent
 from fedresearch.core.models import ResearchRequest
-from fedresearch.core.shared import cancelled
+from fedresearch.core.redis import cancelled
 from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.planning import Plan, follow_up_request, plan_request, scope_of
-from fedresearch.report.chat import ChatSession
-from fedresearch.report.compose import report_chunks
-from fedresearch.report.jobs import (
+from fedresearch.jobs import webhooks
+from fedresearch.jobs.slots import Release
+from fedresearch.jobs.store import (
     EncodedFrame,
     Frame,
     Job,
@@ -32,9 +32,10 @@ from fedresearch.report.jobs import (
     enforce_retention,
     error_frames,
 )
+from fedresearch.report.chat import ChatSession
+from fedresearch.report.compose import report_chunks
 from fedresearch.report.store import record_bytes, report_files
 from fedresearch.report.task import ResearchOutcome, run_research
-from fedresearch.web import webhooks
 from fedresearch.web.keys import (
     BACKGROUND,
     DEPS,
@@ -49,7 +50,6 @@ from fedresearch.web.keys import (
     TASK_SLOTS,
     LiveJob,
 )
-from fedresearch.web.task_slots import Release
 
 log = logging.getLogger("fedresearch")
 

@@ -1,7 +1,7 @@
 """Per-key task limits (MAX_TASKS_PER_KEY): how many tasks an API key has running, in this process or
 in Redis across every process and host.
 
-In Redis each running task holds a lease (core/shared.py) that its process renews while the task
+In Redis each running task holds a lease (core/redis.py) that its process renews while the task
 runs: a worker killed with SIGKILL stops renewing, and its tasks stop counting within the lease.
 """
 
@@ -12,7 +12,7 @@ import collections
 from collections.abc import Callable
 from typing import Protocol
 
-from fedresearch.core.shared import Leases, SharedRedis
+from fedresearch.core.redis import Leases, SharedRedis
 
 Release = Callable[[], None]
 

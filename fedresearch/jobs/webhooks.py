@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from fedresearch.core.settings import Settings, secret
-from fedresearch.report.jobs import Job, JobStatus
+from fedresearch.jobs.store import Job, JobStatus
 
 log = logging.getLogger("fedresearch")
 

@@ -12,7 +12,7 @@ gracefully (each lets its running tasks finish, for SHUTDOWN_GRACE_S at most, an
 as one server does) and SIGKILLs any still running after that and the time to close; a second
 signal stops them at once. SIGHUP replaces the workers one at a time with fresh processes (new code,
 `.env` read again), each old one retired (SIGHUP: it takes nothing new and lets every running task
-reach its end, TASK_TIMEOUT_S at most, web/stopping.py) once its successor listens, which it tells
+reach its end, TASK_TIMEOUT_S at most, serve/signals.py) once its successor listens, which it tells
 the supervisor through a pipe. Workers watch the supervisor and stop if it dies. The supervisor
 adopts and reaps its workers' orphans (core/lineage.py), as a container's PID 1 must.
 Each of these events is logged. Workers share state only through Redis (FEDRESEARCH_REDIS_URL).
@@ -106,7 +106,7 @@ class Supervisor:
     count: int
     pass_fds: tuple[int, ...] = ()
     grace_s: float = 25.0  # SHUTDOWN_GRACE_S: how long a stopping worker's tasks may run on
-    retire_s: float = 65.0  # and a replaced one's: until any of them could end (web/stopping.py)
+    retire_s: float = 65.0  # and a replaced one's: until any of them could end (serve/signals.py)
     # both as the environment and `.env` say at a reload (None: invalid there), which the workers
     # started then read: a raised TASK_TIMEOUT_S must not have their tasks killed at the next one
     read_limits: Callable[[], tuple[float, float] | None] | None = None

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from fedresearch.core.lineage import process_space
-from fedresearch.core.shared import PREFIX, SharedDown, SharedRedis, cancelled, failures
-from fedresearch.report.jobs import (
+from fedresearch.core.redis import PREFIX, SharedDown, SharedRedis, cancelled, failures
+from fedresearch.jobs.store import (
     Frame,
     Job,
     JobStatus,

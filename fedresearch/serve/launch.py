@@ -1,4 +1,4 @@
-"""`fedresearch serve`: one server process, or a supervisor and its workers (web/workers.py).
+"""`fedresearch serve`: one server process, or a supervisor and its workers (serve/workers.py).
 
 Deciding which imports nothing of the app: a supervisor only binds the port and tends processes,
 and the app's imports (the retrievers, the library, the report writer, the MCP and OpenAI SDKs)
@@ -12,11 +12,11 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from fedresearch.core.auth import ApiKeys, check_bind
 from fedresearch.core.cores import auto_workers, library_vectors
 from fedresearch.core.settings import Settings
-from fedresearch.web import workers as workers_pool
-from fedresearch.web.stopping import retire_s
+from fedresearch.jobs.stopping import stop_limits
+from fedresearch.serve import workers as workers_pool
+from fedresearch.serve.preflight import prepare
 
 log = logging.getLogger("fedresearch")
 
@@ -49,7 +49,7 @@ def serve(
     if count > 1:
         limits = stop_limits(settings)
         raise SystemExit(workers_pool.supervise(host, port, count, balance, limits, stop_limits_now))
-    from fedresearch.web.app import serve_one
+    from fedresearch.serve.process import serve_one
 
     serve_one(settings, host, port)
 
@@ -62,11 +62,6 @@ def worker_vectors(settings: Settings) -> int:
     return library_vectors(settings.library_dir / "library.sqlite3", settings.library_vector_cache_mb)
 
 
-def stop_limits(settings: Settings) -> tuple[float, float]:
-    """How long a stopping process's tasks may run on, and a retiring worker's."""
-    return settings.shutdown_grace_s, retire_s(settings.shutdown_grace_s, settings.task_timeout_s)
-
-
 def stop_limits_now() -> tuple[float, float] | None:
     """The same as the environment and `.env` say now; None where they are invalid (a worker started
     now fails, saying why)."""
@@ -74,15 +69,3 @@ def stop_limits_now() -> tuple[float, float] | None:
         return stop_limits(Settings())
     except ValidationError:
         return None
-
-
-def prepare(settings: Settings, host: str, with_pid: bool, warn: bool = True) -> None:
-    """The log's format, and the refusal to listen beyond this machine without API keys."""
-    process = "[%(process)d]" if with_pid else ""
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s{process}: %(message)s")
-    keys = ApiKeys.from_settings(settings)
-    refusal = check_bind(host, keys)
-    if refusal:
-        raise SystemExit(refusal)
-    if warn and not keys.enabled:
-        log.warning("no API keys configured (FEDRESEARCH_API_KEYS): listening on %s only", host)

@@ -14,7 +14,7 @@ back.
   its client. SIGINT again (a second Ctrl-C) stops the running tasks at once, their clients told.
 
 The running tasks are waited for with the listeners closed but every connection still read
-(`app.serve_until_stopped`): aiohttp's own shutdown stops reading every connection before its
+(`serve_until_stopped`, process.py): aiohttp's own shutdown stops reading every connection before its
 `on_shutdown` hooks run, so a drain there answered no ping, and a client's keepalive (the websockets
 library's: a ping every 20 s, 20 s for its pong) or aiohttp's own heartbeat dropped the socket of a
 task still finishing.
@@ -26,71 +26,11 @@ import asyncio
 import contextlib
 import logging
 import signal
-import time
-from collections.abc import Awaitable
 from typing import Literal
 
+from fedresearch.jobs.stopping import Stopping
+
 log = logging.getLogger("fedresearch")
-
-# after TASK_TIMEOUT_S a task still sends its error, its `path` and its job's end
-_LAST_FRAMES_S = 5.0
-
-
-def retire_s(grace_s: float, task_timeout_s: float) -> float:
-    """How long a retiring worker's tasks may run on: long enough for any of them to end."""
-    return max(grace_s, task_timeout_s + _LAST_FRAMES_S)
-
-
-class Stopping:
-    """A process's stop: whether it has begun, and until when its running tasks may go on."""
-
-    def __init__(self, grace_s: float, retire_s: float) -> None:
-        self.grace_s = grace_s
-        self.retire_s = retire_s
-        self.retiring = False
-        self.deadline: float | None = None  # time.monotonic(): the running tasks are cut then
-        self.waiting = False  # the running tasks are waited for (or were)
-        self.asked = asyncio.Event()  # set by the first signal
-        self._moved = asyncio.Event()
-
-    @property
-    def begun(self) -> bool:
-        return self.asked.is_set()
-
-    def begin(self, retiring: bool = False) -> None:
-        if not self.begun:
-            self.retiring = retiring
-            self.asked.set()
-
-    def start_clock(self) -> float:
-        """The running tasks are waited for from now: the grace they get."""
-        self.begin()
-        self.waiting = True
-        grace = self.retire_s if self.retiring else self.grace_s
-        end = time.monotonic() + grace
-        self.deadline = end if self.deadline is None else min(self.deadline, end)  # hurried already
-        return grace
-
-    def hurry(self, within_s: float) -> None:
-        """The running tasks may go on for `within_s` more at most."""
-        if self.deadline is None or time.monotonic() + within_s < self.deadline:
-            self.deadline = time.monotonic() + within_s
-            self._moved.set()
-
-    async def wait(self, work: Awaitable[object]) -> None:
-        """Wait for `work` until the deadline, as it moves; cancel it then."""
-        finishing = asyncio.ensure_future(work)
-        while not finishing.done():
-            remaining = (self.deadline or time.monotonic()) - time.monotonic()
-            if remaining <= 0:
-                break
-            self._moved.clear()
-            moved = asyncio.ensure_future(self._moved.wait())
-            await asyncio.wait({finishing, moved}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            moved.cancel()
-        if not finishing.done():
-            finishing.cancel()
-            await asyncio.gather(finishing, return_exceptions=True)
 
 
 # Windows has no SIGHUP, and its loop takes no signal handlers: Ctrl-C ends the process there

@@ -1,0 +1,23 @@
+"""What a server process sets up before it listens: the log's format, and the refusal to listen
+beyond this machine without API keys."""
+
+from __future__ import annotations
+
+import logging
+
+from fedresearch.core.auth import ApiKeys, check_bind
+from fedresearch.core.settings import Settings
+
+log = logging.getLogger("fedresearch")
+
+
+def prepare(settings: Settings, host: str, with_pid: bool, warn: bool = True) -> None:
+    """The log's format, and the refusal to listen beyond this machine without API keys."""
+    process = "[%(process)d]" if with_pid else ""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s{process}: %(message)s")
+    keys = ApiKeys.from_settings(settings)
+    refusal = check_bind(host, keys)
+    if refusal:
+        raise SystemExit(refusal)
+    if warn and not keys.enabled:
+        log.warning("no API keys configured (FEDRESEARCH_API_KEYS): listening on %s only", host)
