@@ -3,7 +3,7 @@
 Pages are built from real abstracts (../shared/datasets/med) wrapped in the boilerplate real sites
 carry (navigation, cookie banner, sidebar of related links, comments, footer, scripts and styles).
 For each extractor: ms per page, recall of the article's sentences, and how much boilerplate leaks.
-"trafilatura, as served" is the call fedresearch/federation/pages.py makes for a URL without a title
+"trafilatura, as served" is the call fedresearch/report/pages.py makes for a URL without a title
 (metadata for the title, the short date search); "…, a result's page" the one for a search result,
 which has its title (no metadata); "…, full date search" the first with trafilatura's default date
 search.
@@ -89,7 +89,7 @@ def extractors() -> dict[str, Callable[[str], str]]:
     try:
         import trafilatura
 
-        from fedresearch.federation.pages import extract
+        from fedresearch.report.pages import extract
 
         found["trafilatura"] = lambda html: (
             trafilatura.extract(html, include_comments=False, favor_precision=True) or ""

@@ -38,7 +38,7 @@ from fedresearch.core.models import FusedResult, ReportType
 from fedresearch.library.formats import Section
 from fedresearch.report import evidence as passages
 from fedresearch.report.compose import write_extractive
-from fedresearch.report.writer import Writing
+from fedresearch.report.writer import Brief, Writing
 spec = json.load(sys.stdin)
 gc.collect()  # the collector as a server process sets it (core/collector.py): start-up frozen, a
 gc.freeze()  # young collection every 10,000 objects; CPython's defaults made single runs differ 2x
@@ -47,13 +47,13 @@ times = {}
 for size, evidence in spec["sizes"].items():
     sources = [FusedResult.model_validate(result) for result in evidence["results"]]
     writing = lambda: Writing(pages={key: [Section(text)] for key, text in evidence["pages"].items()})
-    write_extractive(spec["question"], ReportType.research_report, sources, [], writing(), [])  # warm
+    write_extractive(Brief(spec["question"], ReportType.research_report, sources, [], writing()))  # warm
     spent = []
     for _ in range(spec["repeat"]):
         # a server's task reads texts no task read before: its terms are not in the cache yet
         getattr(getattr(passages, "_terms", None), "cache_clear", lambda: None)()
         started = time.process_time()
-        write_extractive(spec["question"], ReportType.research_report, sources, [], writing(), [])
+        write_extractive(Brief(spec["question"], ReportType.research_report, sources, [], writing()))
         spent.append(time.process_time() - started)
     times[size] = min(spent)
 print(json.dumps(times))

@@ -15,7 +15,7 @@ from fedresearch.federation.fusion import fuse
 from fedresearch.report.compose import Composed, compose
 from fedresearch.report.llm import LlmConfig, ThinkFilter
 from fedresearch.report.verify import UNCITED, UNSUPPORTED, Verifier
-from fedresearch.report.writer import Writing
+from fedresearch.report.writer import Brief
 from tests.fake_openai import Answer, FakeOpenAI, number_of
 from tests.test_report import check_invariants
 
@@ -66,7 +66,7 @@ async def write(
     async def emit(event: ProgressEvent) -> None:
         events.append(event)
 
-    composed = await compose(QUESTION, report_type, sources(), [], Writing(), [], config, emit, send)
+    composed = await compose(Brief(QUESTION, report_type, sources()), config, emit, send)
     assert "".join(frames) == composed.markdown  # what streamed is the report
     assert all(frame.endswith("\n") for frame in frames)  # frames end on paragraph boundaries
     check_invariants(composed.markdown)
@@ -211,7 +211,7 @@ async def test_extractive_reports_are_verified_too() -> None:
     async def emit(event: ProgressEvent) -> None:
         events.append(event)
 
-    composed = await compose(QUESTION, ReportType.research_report, sources(), [], Writing(), [], None, emit)
+    composed = await compose(Brief(QUESTION, ReportType.research_report, sources()), None, emit)
     check_invariants(composed.markdown)
     assert composed.writer == "extractive" and composed.sentences
     assert all(s["verdict"] == "supported" and s["support"] >= 0.5 for s in composed.sentences)

@@ -14,7 +14,7 @@ import websockets
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from fedresearch.federation.pages import PageReader, PageSkipped, public
+from fedresearch.report.pages import PageReader, PageSkipped, public
 from tests.conftest import logs, make_settings, report_of, run_task
 from tests.pdfs import write_pdf
 
@@ -175,7 +175,7 @@ def test_reading_html_skips_the_extensive_date_search_it_has_no_use_for(monkeypa
     (about 9 ms of a real 38 kB page's 22). The text and title stay what they were."""
     import trafilatura
 
-    from fedresearch.federation import pages as pages_module
+    from fedresearch.report import pages as pages_module
 
     searches: list[bool] = []
     real = trafilatura.metadata.find_date
@@ -205,7 +205,7 @@ def test_trafilaturas_fallback_runs_only_where_its_own_pass_found_little(monkeyp
     sits in bare nested divs, where the own pass finds nothing, is read whole by the fallback."""
     import trafilatura
 
-    from fedresearch.federation import pages as pages_module
+    from fedresearch.report import pages as pages_module
 
     passes: list[bool] = []
     real = trafilatura.bare_extraction
@@ -395,7 +395,7 @@ def test_public_addresses():
 async def test_web_results_are_read_and_become_the_evidence(tmp_path, fakes, pages, start_server, monkeypatch):
     import threading
 
-    from fedresearch.federation import pages as pages_module
+    from fedresearch.report import pages as pages_module
 
     read_on: list[str] = []
     real_extract = pages_module.extract

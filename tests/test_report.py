@@ -9,7 +9,7 @@ import websockets
 from fedresearch.core.models import ReportType, SearchResult
 from fedresearch.federation.fusion import fuse
 from fedresearch.report.chat import report_sources
-from fedresearch.report.writer import write_report
+from fedresearch.report.writer import Brief, write_report
 from tests.conftest import make_settings, report_of, run_task, saved_record
 
 CITATION = re.compile(r"\[(\d+)\]")
@@ -60,7 +60,7 @@ def sample_results() -> list[SearchResult]:
 def test_every_report_type_keeps_the_invariants():
     sources = fuse(sample_results())
     for report_type in ReportType:
-        markdown, references = write_report("How does rank fusion combine retrieval?", report_type, sources, [])
+        markdown, references = write_report(Brief("How does rank fusion combine retrieval?", report_type, sources))
         found = check_invariants(markdown)
         assert len(found) == len(references)
         assert "(12)" in markdown or report_type is ReportType.outline_report
@@ -69,13 +69,13 @@ def test_every_report_type_keeps_the_invariants():
 
 
 def test_id_sources_are_listed_by_id_not_an_invented_url():
-    markdown, _ = write_report("dense retrieval meaning", ReportType.research_report, fuse(sample_results()), [])
+    markdown, _ = write_report(Brief("dense retrieval meaning", ReportType.research_report, fuse(sample_results())))
     references = check_invariants(markdown)
     assert any(line.endswith("— biblio:7") for line in references.values())
 
 
 def test_no_results_gives_a_report_without_references():
-    markdown, references = write_report("anything", ReportType.research_report, [], [])
+    markdown, references = write_report(Brief("anything", ReportType.research_report, []))
     assert references == [] and "No source answered" in markdown and "## References" not in markdown
 
 
@@ -230,7 +230,7 @@ def test_a_report_cuts_each_page_read_into_passages_once(monkeypatch):
     writing = Writing(pages=pages)
     parts = [Part("How do engines answer?", results[:2]), Part("What is federated search?", results[1:])]
     markdown, references, _ = write_extractive(
-        "federated search engines", ReportType.detailed_report, results, [], writing, parts
+        Brief("federated search engines", ReportType.detailed_report, results, [], writing, parts)
     )
     assert "Federated search sends one query" in markdown and len(references) >= 2  # from the pages
     assert sorted(cuts) == [f"Page {n} says so. Fede" for n in range(3)]  # each once
@@ -242,7 +242,7 @@ def test_agreeing_sources_are_cited_together():
         SearchResult(href="https://a.example/rrf", title="A", body=sentence, retriever="tavily", rank=1),
         SearchResult(href="https://b.example/rrf", title="B", body=sentence + " ", retriever="google", rank=1),
     ]
-    markdown, references = write_report("reciprocal rank fusion", ReportType.research_report, fuse(results), [])
+    markdown, references = write_report(Brief("reciprocal rank fusion", ReportType.research_report, fuse(results)))
     check_invariants(markdown)
     assert len(references) == 2 and "[[1]](https://a.example/rrf)[[2]](https://b.example/rrf)" in markdown
 
@@ -253,7 +253,7 @@ def test_a_link_with_parentheses_stays_one_link():
     sentence = "Cosine-normalized tf-idf emerges as a robust default for the vector space model in retrieval."
     href = "https://doi.org/10.1016/0306-4573(88)90021-0"
     results = [SearchResult(href=href, title="Term weighting", body=sentence, retriever="internal_biblio", rank=1)]
-    markdown, _ = write_report("tf-idf term weighting", ReportType.research_report, fuse(results), [])
+    markdown, _ = write_report(Brief("tf-idf term weighting", ReportType.research_report, fuse(results)))
     check_invariants(markdown)
     target = "https://doi.org/10.1016/0306-4573%2888%2990021-0"
     assert f"[[1]]({target})" in markdown and f"[1] [Term weighting]({target})" in markdown

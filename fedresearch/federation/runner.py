@@ -38,7 +38,6 @@ from fedresearch.federation.contract import (
     RetrieverSkipped,
     SearchOptions,
 )
-from fedresearch.federation.pages import PageReader
 from fedresearch.federation.resilience import Guard, Guarded, failure_reason
 from fedresearch.library.embedded import Library
 from fedresearch.library.store import LibraryUnavailable
@@ -64,7 +63,6 @@ class Deps:
     library: Library | None = None
     guard: Guard | None = None
     metrics: Metrics | None = None
-    pages: PageReader | None = None  # reads the pages behind results
     work: WorkPool | None = None  # threads that write reports and save files (None: asyncio's)
 
 

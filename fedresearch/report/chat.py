@@ -13,12 +13,11 @@ from fedresearch.core.identifiers import canonical_key, is_url
 from fedresearch.core.models import FusedResult, ResearchRequest
 from fedresearch.core.text import split_sentences
 from fedresearch.core.work import run_on
-from fedresearch.federation.contract import Adapter
 from fedresearch.federation.planning import Plan
 from fedresearch.federation.runner import Deps
 from fedresearch.report.citations import Citations
 from fedresearch.report.evidence import Claim, diversify, gather, rank, select_claims, terms
-from fedresearch.report.task import ResearchOutcome, gather_sources, writing_for
+from fedresearch.report.task import ResearchOutcome, ResearchTools, gather_sources, writing_for
 from fedresearch.report.writer import Writing, cite
 
 _CLAIMS = 4
@@ -48,11 +47,11 @@ class ChatSession:
     plan: Plan
     outcome: ResearchOutcome
 
-    async def answer(self, message: str, registry: dict[str, Adapter], deps: Deps) -> ChatAnswer:
+    async def answer(self, message: str, tools: ResearchTools) -> ChatAnswer:
         sources, searched = self.outcome.sources, False
         claims = await run_on(self.outcome.writing.work, _claims, message, sources, self.outcome.writing)
         if not covers(message, claims) and self.plan.names:
-            fresh, _ = await gather_sources(message, replace(self.plan, urls=()), registry, deps, _quiet)
+            fresh, _ = await gather_sources(message, replace(self.plan, urls=()), tools, _quiet)
             claims = await run_on(self.outcome.writing.work, _claims, message, fresh, self.outcome.writing)
             searched = True
         return self._render(claims, searched)

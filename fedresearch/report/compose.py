@@ -9,7 +9,6 @@ References, and a `writer_fallback` log frame says why.
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedresearch.core.events import Emit, ProgressEvent
-from fedresearch.core.models import FusedResult, ReportType, RetrieverOutcome
+from fedresearch.core.models import ReportType
 from fedresearch.core.work import run_on
 from fedresearch.report.citations import Citations, Reference
 from fedresearch.report.evidence import Evidence, diversify, gather, rank
@@ -41,13 +40,23 @@ from fedresearch.report.verify import (
     verify_paragraph,
     verify_rendered,
 )
-from fedresearch.report.writer import TEMPLATES, Part, Writing, citation_marks, coverage_lines, write_report
+from fedresearch.report.writer import TEMPLATES, Brief, Writing, citation_marks, coverage_lines, write_report
 
 log = logging.getLogger("fedresearch")
 
 SendReport = Callable[[str], Awaitable[None]]
-# saves a written report (its files' names out); runs on a writer thread
-SaveReport = Callable[["Composed"], dict[str, str]]
+
+
+@dataclass(frozen=True)
+class SavedReport:
+    """A written report as saved: its files' names (as `path` frames list them) and its JSON record."""
+
+    files: dict[str, str]
+    record: bytes
+
+
+# saves a written report; runs on a writer thread
+SaveReport = Callable[["Composed"], SavedReport]
 _PASSAGES = 12
 _REPORT_CHUNK = 2000
 FALLBACK_NOTE = "The model stopped here; the rest of this report quotes the sources directly."
@@ -62,7 +71,7 @@ class Composed:
     model: str | None = None
     fallback: str | None = None
     sentences: list[dict[str, Any]] = field(default_factory=list)
-    files: dict[str, str] = field(default_factory=dict)  # what `save` returned, when compose was given one
+    saved: SavedReport | None = None  # what `save` returned, when compose was given one
 
 
 def report_chunks(markdown: str, size: int = _REPORT_CHUNK) -> list[str]:
@@ -103,16 +112,10 @@ def _records(sentences: Sequence[Checked]) -> list[dict[str, Any]]:
     ]
 
 
-def write_extractive(
-    question: str,
-    report_type: ReportType,
-    sources: list[FusedResult],
-    outcomes: Sequence[RetrieverOutcome],
-    writing: Writing,
-    parts: Sequence[Part],
-) -> tuple[str, list[Reference], Verification]:
+def write_extractive(brief: Brief) -> tuple[str, list[Reference], Verification]:
     """Written and verified in one go, so in one trip to a thread (each trip wakes both sides)."""
-    markdown, references = write_report(question, report_type, sources, outcomes, writing, parts)
+    markdown, references = write_report(brief)
+    writing = brief.writing
     texts = _evidence_texts(references, writing)
     # its sentences are quotations, matched word for word: encoding whole pages would buy nothing
     thresholds = Thresholds(support=writing.support_threshold, drop=writing.support_threshold / 2)
@@ -122,25 +125,18 @@ def write_extractive(
     return markdown, references, verification
 
 
-def _write_and_save(
-    write: Callable[[], tuple[str, list[Reference], Verification]], save: SaveReport | None
-) -> Composed:
+def _write_and_save(brief: Brief, save: SaveReport | None) -> Composed:
     """The extractive report written, verified and saved in one trip to a thread: each trip wakes the
     worker and then the loop, 90-300 µs of CPU on a 2-core VM."""
-    markdown, references, verification = write()
+    markdown, references, verification = write_extractive(brief)
     composed = Composed(markdown, references, verification, "extractive", sentences=_records(verification.sentences))
     if save is not None:
-        composed.files = save(composed)
+        composed.saved = save(composed)
     return composed
 
 
 async def compose(
-    question: str,
-    report_type: ReportType,
-    sources: list[FusedResult],
-    outcomes: Sequence[RetrieverOutcome],
-    writing: Writing,
-    parts: Sequence[Part],
+    brief: Brief,
     config: LlmConfig | None,
     emit: Emit,
     send: SendReport | None = None,
@@ -148,16 +144,15 @@ async def compose(
 ) -> Composed:
     """The report, sent through `send` (paragraph-bounded frames) as it is written, and verified;
     with `save`, saved before it is sent whole (the extractive writer) or once the stream ends (the
-    model), its `files` set from what `save` returned."""
-    if config is None or report_type is ReportType.resource_report:
-        write = functools.partial(write_extractive, question, report_type, sources, outcomes, writing, parts)
-        composed = await run_on(writing.work, _write_and_save, write, save)
+    model), its `saved` set from what `save` returned."""
+    if config is None or brief.report_type is ReportType.resource_report:
+        composed = await run_on(brief.writing.work, _write_and_save, brief, save)
         await _verified(composed.verification, emit)
         await _send_all(composed.markdown, send)
         return composed
-    composed = await LlmReport(question, report_type, sources, outcomes, writing, parts, config, emit, send).write()
+    composed = await LlmReport(brief, config, emit, send).write()
     if save is not None:
-        composed.files = await run_on(writing.work, save, composed)
+        composed.saved = await run_on(brief.writing.work, save, composed)
     return composed
 
 
@@ -168,21 +163,9 @@ async def _verified(verification: Verification, emit: Emit) -> None:
 class LlmReport:
     """One LLM-written report in progress: what has been sent, the citations numbered so far."""
 
-    def __init__(
-        self,
-        question: str,
-        report_type: ReportType,
-        sources: list[FusedResult],
-        outcomes: Sequence[RetrieverOutcome],
-        writing: Writing,
-        parts: Sequence[Part],
-        config: LlmConfig,
-        emit: Emit,
-        send: SendReport | None,
-    ) -> None:
-        self.question, self.report_type, self.sources = question, report_type, sources
-        self.outcomes, self.writing, self.parts, self.config = outcomes, writing, parts, config
-        self.emit, self.send = emit, send
+    def __init__(self, brief: Brief, config: LlmConfig, emit: Emit, send: SendReport | None) -> None:
+        self.brief, self.config, self.emit, self.send = brief, config, emit, send
+        self.writing: Writing = brief.writing
         self.citations = Citations()
         self.verification = Verification()
         self.written: list[str] = []
@@ -195,7 +178,7 @@ class LlmReport:
 
     async def write(self) -> Composed:
         passages = await run_on(self.writing.work, self._passages)
-        await self.put(f"# {self.question}\n\n")
+        await self.put(f"# {self.brief.question}\n\n")
         failure = None
         try:
             if not passages:
@@ -203,7 +186,7 @@ class LlmReport:
             await self._stream(passages)
             if not self.cited_sentences:
                 raise WriterFailure("no sentence of the model's answer was supported by a passage")
-        except Exception as error:
+        except WriterFailure as error:  # the model's; an error of our own code is no model failure
             failure = failure_reason(error, self.config)
         if failure is not None:
             return await self._fall_back(failure)
@@ -212,17 +195,18 @@ class LlmReport:
         return self._composed("llm")
 
     def _passages(self) -> list[Evidence]:
-        everything = self.sources + [s for part in self.parts for s in part.sources if s not in self.sources]
-        ranked = rank(self.question, gather(everything, self.writing.pages, self.writing.passages), self.writing.embed)
+        everything = self.brief.every_source
+        question = self.brief.question
+        ranked = rank(question, gather(everything, self.writing.pages, self.writing.passages), self.writing.embed)
         return [r.evidence for r in diversify(ranked, k=_PASSAGES, per_source=3)]
 
     async def _stream(self, passages: list[Evidence]) -> None:
         numbered = {n: seen_text(p) for n, p in enumerate(passages, start=1)}
         limit = self.writing.support_threshold
         verifier = await run_on(self.writing.work, Verifier, numbered, self.writing.embed, Thresholds(limit, limit / 2))
-        language = labels_for(self.question, self.writing.language).code
-        outline = self.report_type is ReportType.outline_report
-        messages = messages_for(self.question, passages, language, outline)
+        language = labels_for(self.brief.question, self.writing.language).code
+        outline = self.brief.report_type is ReportType.outline_report
+        messages = messages_for(self.brief.question, passages, language, outline)
         await self.emit(
             ProgressEvent("writing_report", f"🤖 {self.config.model} is writing from {len(passages)} passages")
         )
@@ -252,16 +236,7 @@ class LlmReport:
                 {"reason": reason, "model": self.config.model},
             )
         )
-        markdown, references, verification = await run_on(
-            self.writing.work,
-            write_extractive,
-            self.question,
-            self.report_type,
-            self.sources,
-            self.outcomes,
-            self.writing,
-            self.parts,
-        )
+        markdown, references, verification = await run_on(self.writing.work, write_extractive, self.brief)
         self.verification.sentences.extend(verification.sentences)
         body = _renumbered(
             markdown,
@@ -280,8 +255,8 @@ class LlmReport:
         return composed
 
     def _tail(self, coverage: bool = True) -> str:
-        labels = labels_for(self.question, self.writing.language)
-        context = {"coverage": coverage_lines(self.outcomes) if coverage else [], "labels": labels}
+        labels = labels_for(self.brief.question, self.writing.language)
+        context = {"coverage": coverage_lines(self.brief.outcomes) if coverage else [], "labels": labels}
         context["references"] = self.citations.references
         return TEMPLATES.get_template("_tail.md.j2").render(**context)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -72,12 +72,27 @@ def _new_client(config: LlmConfig) -> AsyncOpenAI:
     )
 
 
+@contextlib.contextmanager
+def _model_failures(config: LlmConfig) -> Iterator[None]:
+    """What the model endpoint or the SDK raises while it is asked (an HTTP error after the SDK's
+    retries, a refused connection, a malformed stream) as a WriterFailure saying why. Only the SDK's
+    calls run under it: an error of our own code is a bug, not a model failure, and is not relabelled."""
+    try:
+        yield
+    except (WriterFailure, StopAsyncIteration):  # the latter: a stream's end, not its failure
+        raise
+    except Exception as error:
+        raise WriterFailure(failure_reason(error, config)) from error
+
+
 @contextlib.asynccontextmanager
 async def _client(config: LlmConfig) -> AsyncIterator[AsyncOpenAI]:
+    with _model_failures(config):
+        made = config.clients.client(config) if config.clients is not None else _new_client(config)
     if config.clients is not None:
-        yield config.clients.client(config)
+        yield made
         return
-    async with _new_client(config) as client:
+    async with made as client:
         yield client
 
 
@@ -225,7 +240,10 @@ async def complete(config: LlmConfig, messages: list[ChatCompletionMessageParam]
     async with _client(config) as client:
         try:
             async with asyncio.timeout(config.timeout_s):
-                response = await client.chat.completions.create(model=config.model, messages=messages, temperature=0.2)
+                with _model_failures(config):
+                    response = await client.chat.completions.create(
+                        model=config.model, messages=messages, temperature=0.2
+                    )
         except TimeoutError:
             raise WriterFailure(f"the model did not answer within {config.timeout_s:g} s") from None
     content = response.choices[0].message.content if response.choices else None
@@ -249,18 +267,20 @@ async def stream_paragraphs(config: LlmConfig, messages: list[ChatCompletionMess
     """The model's answer, paragraph by paragraph, thinking removed; WriterFailure when it fails."""
     thinking, paragraphs, produced = ThinkFilter(), Paragraphs(), False
     async with _client(config) as client:
-        stream = await client.chat.completions.create(
-            model=config.model,
-            messages=messages,
-            stream=True,
-            temperature=0.2,
-        )
+        with _model_failures(config):
+            stream = await client.chat.completions.create(
+                model=config.model,
+                messages=messages,
+                stream=True,
+                temperature=0.2,
+            )
         async with stream:  # its connection goes back to the shared client however the stream ends
             chunks = aiter(stream)
             while True:
                 try:
                     async with asyncio.timeout(config.timeout_s):
-                        chunk = await anext(chunks)
+                        with _model_failures(config):
+                            chunk = await anext(chunks)
                 except StopAsyncIteration:
                     break
                 except TimeoutError:

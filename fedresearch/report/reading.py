@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from fedresearch.core.events import Emit, ProgressEvent
 from fedresearch.core.identifiers import canonical_key, is_url
 from fedresearch.core.models import FusedResult
-from fedresearch.federation.pages import Page, PageReader, PageSkipped
 from fedresearch.library.formats import Section
+from fedresearch.report.pages import Page, PageReader, PageSkipped
 
 
 def url_sources(urls: Sequence[str]) -> list[FusedResult]:

@@ -19,13 +19,14 @@ from fedresearch.federation.planning import Plan
 from fedresearch.federation.runner import Deps, federate
 from fedresearch.library.formats import Section
 from fedresearch.report.citations import Reference
-from fedresearch.report.compose import Composed, SendReport, compose
+from fedresearch.report.compose import Composed, SavedReport, SendReport, compose
 from fedresearch.report.evidence import RememberedEmbed
-from fedresearch.report.llm import LlmClients, LlmConfig, failure_reason, llm_config
+from fedresearch.report.llm import LlmClients, LlmConfig, WriterFailure, failure_reason, llm_config
+from fedresearch.report.pages import PageReader
 from fedresearch.report.planner import SubQuestion, model_sub_questions, sub_questions
 from fedresearch.report.reading import read_pages, url_sources
 from fedresearch.report.store import record_bytes, report_files
-from fedresearch.report.writer import Part, Writing
+from fedresearch.report.writer import Brief, Part, Writing
 
 log = logging.getLogger("fedresearch")
 
@@ -36,6 +37,28 @@ RANKING_TOKENS = 128
 # retrievers must leave part of the task's time for reading pages, writing and saving the report
 _RETRIEVAL_SHARE = 0.8
 _READING_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class ResearchTools:
+    """What every research task of a process shares, made once at its start: the retrievers, what
+    the runner uses (HTTP session, library, breaker, limits), the page reader and the model's clients."""
+
+    registry: dict[str, Adapter]
+    deps: Deps
+    pages: PageReader | None = None  # None: the pages behind results are not read
+    llm: LlmClients | None = None  # None: a client of the model endpoint per call
+
+
+@dataclass(frozen=True)
+class ResearchTask:
+    """One task to run: the request as the client sent it, its plan, the user whose key asked (the
+    only one, with admins, who may read the saved report) and the id it is saved under."""
+
+    request: ResearchRequest
+    plan: Plan
+    owner: str | None = None
+    report_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass(frozen=True)
@@ -53,6 +76,7 @@ class ResearchOutcome:
 
 
 def writing_for(request: ResearchRequest, deps: Deps, pages: dict[str, list[Section]] | None = None) -> Writing:
+    """The writer's options for `request`: the pages read, the encoder's vectors, its language."""
     encoder = deps.library.encoder if deps.library is not None else None
     # int8: the writer's vectors are compared only with each other (passages, its question, its
     # sentences), and its ranking is nearly all of a task's CPU with the model (bench.evidence). In
@@ -69,9 +93,10 @@ def writing_for(request: ResearchRequest, deps: Deps, pages: dict[str, list[Sect
 
 
 async def gather_sources(
-    query: str, plan: Plan, registry: dict[str, Adapter], deps: Deps, emit: Emit
+    query: str, plan: Plan, tools: ResearchTools, emit: Emit
 ) -> tuple[list[FusedResult], list[RetrieverOutcome]]:
     """Every chosen retriever on `query`, fused; the request's own URLs first."""
+    registry, deps = tools.registry, tools.deps
     settings = deps.settings
     started = time.perf_counter()
     cap = (round(settings.task_timeout_s * _RETRIEVAL_SHARE, 3), "TASK_TIMEOUT_S")
@@ -87,24 +112,19 @@ async def gather_sources(
 
 
 async def _parts(
-    request: ResearchRequest,
-    plan: Plan,
-    sources: list[FusedResult],
-    registry: dict[str, Adapter],
-    deps: Deps,
-    emit: Emit,
-    config: LlmConfig | None,
+    task: ResearchTask, sources: list[FusedResult], tools: ResearchTools, emit: Emit, config: LlmConfig | None
 ) -> list[Part]:
     """Detailed reports: each sub-question sent to every chosen retriever, all at once."""
+    plan = task.plan
     if not plan.names:
         return []
-    questions, planner = await _plan(request.task, sources, config, emit)
+    questions, planner = await _plan(task.request.task, sources, config, emit)
     if not questions:
         return []
     listed = "; ".join(q.heading for q in questions)
     about = {"sub_questions": [q.query for q in questions], "planner": planner}
     await emit(ProgressEvent("planning", f"🗂️ Sub-questions: {listed}", about))
-    found = await asyncio.gather(*(gather_sources(q.query, plan, registry, deps, _quiet) for q in questions))
+    found = await asyncio.gather(*(gather_sources(q.query, plan, tools, _quiet) for q in questions))
     return [Part(q.heading, part_sources) for q, (part_sources, _) in zip(questions, found, strict=True)]
 
 
@@ -116,7 +136,7 @@ async def _plan(
         await emit(ProgressEvent("planning", f"🗂️ {config.model} is planning sub-questions", {"model": config.model}))
         try:
             return await model_sub_questions(config, question, sources), "llm"
-        except Exception as error:
+        except WriterFailure as error:  # the model's; an error of our own code is no model failure
             reason = failure_reason(error, config)
             log.warning("LLM planner failed, extractive planner takes over: %s", reason)
             message = f"⚠️ The model could not plan sub-questions ({reason}); planning them from the sources"
@@ -129,53 +149,47 @@ async def _quiet(_: ProgressEvent) -> None:
 
 
 async def run_research(
-    request: ResearchRequest,
-    plan: Plan,
-    registry: dict[str, Adapter],
-    deps: Deps,
-    emit: Emit,
-    send: SendReport | None = None,
-    owner: str | None = None,
-    report_id: str | None = None,
-    llm: LlmClients | None = None,
+    task: ResearchTask, tools: ResearchTools, emit: Emit, send: SendReport | None = None
 ) -> ResearchOutcome:
     """The task, start to report; with `send`, the report goes out paragraph by paragraph as written.
-    `owner`: the user whose key asked, the only one (with admins) who may read the saved report;
-    `report_id`: the name it is saved under (a job's research_id), new when not given; `llm`: the
-    app's clients of the model endpoint (without them, a client per call). The saved report is the
-    outcome's `record` (its JSON, made in the writer's thread trip), which the job store keeps and
-    a host writes to its reports directory only when one asks for the report there."""
+    The saved report is the outcome's `record` (its JSON, made in the writer's thread trip), which
+    the job store keeps and a host writes to its reports directory only when one asks for the
+    report there."""
+    request, plan, deps = task.request, task.plan, tools.deps
     settings: Settings = deps.settings
     started = time.perf_counter()
     await _announce(request, plan, emit)
-    sources, outcomes = await gather_sources(request.task, plan, registry, deps, emit)
+    sources, outcomes = await gather_sources(request.task, plan, tools, emit)
     retrieval_ms = round((time.perf_counter() - started) * 1000, 1)
-    config, refused = llm_config(settings, request.header("llm_model"), llm)
+    config, refused = llm_config(settings, request.header("llm_model"), tools.llm)
     if refused:
         await emit(ProgressEvent("warning", f"⚠️ {refused}"))
     decomposes = request.report_type.decomposes
-    parts = await _parts(request, plan, sources, registry, deps, emit, config) if decomposes else []
+    parts = await _parts(task, sources, tools, emit, config) if decomposes else []
     everything = sources + [s for part in parts for s in part.sources]
-    writing = writing_for(request, deps, await _read(everything, plan, deps, emit, started))
+    writing = writing_for(request, deps, await _read(everything, plan, tools, emit, started))
     await emit(
         ProgressEvent("writing_report", f"✍️ Writing the {request.report_type.value} from {len(sources)} sources")
     )
-    report_id = report_id or uuid.uuid4().hex
 
-    saved = b""
+    def save(composed: Composed) -> SavedReport:
+        record = {"owner": task.owner} | _record(task.report_id, request, composed, outcomes, retrieval_ms)
+        return SavedReport(report_files(task.report_id), record_bytes(composed.markdown, record))
 
-    def save(composed: Composed) -> dict[str, str]:
-        nonlocal saved
-        record = {"owner": owner} | _record(report_id, request, composed, outcomes, retrieval_ms)
-        saved = record_bytes(composed.markdown, record)
-        return report_files(report_id)
-
-    composed = await compose(
-        request.task, request.report_type, sources, outcomes, writing, parts, config, emit, send, save
-    )
-    markdown, references, streamed = composed.markdown, composed.references, send is not None
+    brief = Brief(request.task, request.report_type, sources, outcomes, writing, parts)
+    composed = await compose(brief, config, emit, send, save)
+    saved = composed.saved or SavedReport({}, b"")
     return ResearchOutcome(
-        report_id, markdown, composed.files, sources, references, outcomes, retrieval_ms, writing, streamed, saved
+        task.report_id,
+        composed.markdown,
+        saved.files,
+        sources,
+        composed.references,
+        outcomes,
+        retrieval_ms,
+        writing,
+        streamed=send is not None,
+        record=saved.record,
     )
 
 
@@ -188,15 +202,15 @@ async def _announce(request: ResearchRequest, plan: Plan, emit: Emit) -> None:
 
 
 async def _read(
-    sources: list[FusedResult], plan: Plan, deps: Deps, emit: Emit, started: float
+    sources: list[FusedResult], plan: Plan, tools: ResearchTools, emit: Emit, started: float
 ) -> dict[str, list[Section]]:
     """The pages behind the sources, in what the task has left for reading."""
-    settings = deps.settings
-    if not settings.fetch_pages or deps.pages is None:
+    settings = tools.deps.settings
+    if not settings.fetch_pages or tools.pages is None:
         return {}
     left = settings.task_timeout_s * _READING_SHARE - (time.perf_counter() - started)
     budget = min(settings.fetch_timeout_s + 1, left)
-    return await read_pages(deps.pages, sources, settings.fetch_max_pages + len(plan.urls), budget, emit)
+    return await read_pages(tools.pages, sources, settings.fetch_max_pages + len(plan.urls), budget, emit)
 
 
 def _record(

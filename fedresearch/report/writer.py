@@ -162,6 +162,25 @@ class Writing:
     passages: dict[str, list[Chunk]] = field(default_factory=dict, repr=False)  # `pages` cut, by source key
 
 
+@dataclass(frozen=True)
+class Brief:
+    """What a report is written from, whichever writer writes it: the question and its type, the
+    sources (fused, best first), how each retriever fared, the pages read and the writer's options,
+    and for a report split into sub-questions, each one's own sources."""
+
+    question: str
+    report_type: ReportType
+    sources: list[FusedResult]
+    outcomes: Sequence[RetrieverOutcome] = ()
+    writing: Writing = field(default_factory=Writing)
+    parts: Sequence[Part] = ()
+
+    @property
+    def every_source(self) -> list[FusedResult]:
+        """The sources, then those of the parts that are not among them."""
+        return self.sources + [s for part in self.parts for s in part.sources if s not in self.sources]
+
+
 def _claims(question: str, sources: Sequence[FusedResult], writing: Writing, budget: int) -> list[Claim]:
     ranked = rank(question, gather(sources, writing.pages, writing.passages), writing.embed)
     return select_claims(question, diversify(ranked, k=budget, per_source=3), max_claims=budget)
@@ -176,29 +195,22 @@ def _themes(question: str, claims: list[Claim], citations: Citations, titled: st
     return themes
 
 
-def write_report(
-    question: str,
-    report_type: ReportType,
-    sources: list[FusedResult],
-    outcomes: Sequence[RetrieverOutcome],
-    writing: Writing | None = None,
-    parts: Sequence[Part] | None = None,
-) -> tuple[str, list[Reference]]:
+def write_report(brief: Brief) -> tuple[str, list[Reference]]:
     """The report's markdown and the references it cites, in citation order.
 
-    `parts` (detailed reports) gives one section per sub-question, each from its own sources.
+    The brief's `parts` (detailed reports) give one section per sub-question, each from its own sources.
     """
-    writing = writing or Writing()
+    question, report_type, sources, writing = brief.question, brief.report_type, brief.sources, brief.writing
     labels = labels_for(question, writing.language)
     citations = Citations()
-    context: dict[str, object] = {"question": question, "coverage": coverage_lines(outcomes), "labels": labels}
+    context: dict[str, object] = {"question": question, "coverage": coverage_lines(brief.outcomes), "labels": labels}
     if report_type is ReportType.resource_report:
         context["entries"] = _resources(sources, citations, labels)
     elif report_type is ReportType.outline_report:
         claims = _claims(question, sources, writing, budget=12)
         context["themes"] = _themes(question, claims, citations)
     else:
-        _research(question, sources, writing, parts, citations, context, detailed=report_type.decomposes)
+        _research(question, sources, writing, brief.parts, citations, context, detailed=report_type.decomposes)
         report_type = ReportType.research_report
     context["references"] = citations.references
     markdown = TEMPLATES.get_template(f"{report_type.value}.md.j2").render(**context)
@@ -209,7 +221,7 @@ def _research(
     question: str,
     sources: list[FusedResult],
     writing: Writing,
-    parts: Sequence[Part] | None,
+    parts: Sequence[Part],
     citations: Citations,
     context: dict[str, object],
     detailed: bool,
@@ -219,7 +231,7 @@ def _research(
     summary, rest = claims[:_SUMMARY_CLAIMS], claims[_SUMMARY_CLAIMS:]
     context["summary"] = " ".join(cite(claim, citations) for claim in summary)
     themes = _themes(question, rest, citations) if rest else []
-    for part in parts or ():
+    for part in parts:
         part_claims = _claims(part.title, part.sources, writing, budget=10)
         fresh = [c for c in part_claims if c.text not in {x.text for x in claims}]
         if fresh:
@@ -241,4 +253,4 @@ def _resources(sources: Sequence[FusedResult], citations: Citations, labels: Lab
     return entries
 
 
-__all__ = ["TEMPLATES", "Labels", "Part", "Writing", "citation_marks", "write_report"]
+__all__ = ["TEMPLATES", "Brief", "Labels", "Part", "Writing", "citation_marks", "write_report"]

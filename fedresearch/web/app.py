@@ -21,7 +21,6 @@ from fedresearch.core.metrics import Metrics
 from fedresearch.core.redis import SharedRedis
 from fedresearch.core.settings import Settings
 from fedresearch.core.work import WorkPool, work_threads
-from fedresearch.federation.pages import PageReader
 from fedresearch.federation.registry import AdapterFactory, build_registry
 from fedresearch.federation.runner import Deps
 from fedresearch.jobs import webhooks
@@ -32,6 +31,8 @@ from fedresearch.knowledge.bases import knowledge_base_keys, load_knowledge_base
 from fedresearch.library.open import open_library
 from fedresearch.library.store import LibraryUnavailable
 from fedresearch.report.llm import LlmClients
+from fedresearch.report.pages import PageReader
+from fedresearch.report.task import ResearchTools
 from fedresearch.retrievers import ADAPTERS
 from fedresearch.web import (
     dify,
@@ -67,6 +68,7 @@ from fedresearch.web.keys import (
     SOCKETS,
     STOPPING,
     TASK_SLOTS,
+    TOOLS,
     OpenSocket,
 )
 from fedresearch.web.state import open_state
@@ -116,9 +118,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                     library=library,
                     guard=state.guard,
                     metrics=app[METRICS],
-                    pages=pages,
                     work=work,
                 )
+                app[TOOLS] = ResearchTools(registry, app[DEPS], pages, llm)
                 made = await _open_jobs(app, state.redis, work)  # its retention pass may announce jobs
                 app[mcp_http.MCP_ENDPOINT] = endpoint = mcp_http.McpEndpoint(app)
                 try:

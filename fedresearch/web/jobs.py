@@ -24,7 +24,7 @@ from fedresearch.jobs.store import JOB_ID, Job, JobStatus, delete_with_reports
 from fedresearch.report.chat import session_from_report
 from fedresearch.report.store import REPORT_ID
 from fedresearch.web.auth import principal_of, validation_message
-from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, REGISTRY, SETTINGS
+from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, SETTINGS, TOOLS
 from fedresearch.web.reports import saved_reports
 from fedresearch.web.tasks import chat_plan, may_see, start_job
 
@@ -310,7 +310,7 @@ async def chat(request: web.Request) -> web.Response:
     plan = chat_plan(request.app, principal, owner or request.app[SETTINGS].default_user, question, scope)
     deps = request.app[DEPS]
     session = session_from_report(report, ResearchRequest(task=question[:2000]), plan, deps)
-    answer = await session.answer(question.strip(), request.app[REGISTRY], deps)
+    answer = await session.answer(question.strip(), request.app[TOOLS])
     message = {
         "role": "assistant",
         "content": answer.content,

@@ -23,6 +23,7 @@ from fedresearch.jobs.store import JobStore, RetentionPace
 from fedresearch.knowledge.bases import KnowledgeBase
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.llm import LlmClients
+from fedresearch.report.task import ResearchTools
 
 
 class OpenSocket(Protocol):
@@ -52,6 +53,7 @@ METRICS = web.AppKey("metrics", Metrics)
 ADAPTER_FACTORIES = web.AppKey[tuple[AdapterFactory, ...]]("adapter_factories")
 REGISTRY = web.AppKey[dict[str, Adapter]]("registry")
 DEPS = web.AppKey("deps", Deps)
+TOOLS = web.AppKey("research_tools", ResearchTools)  # what every research task shares
 LLM_CLIENTS = web.AppKey("llm_clients", LlmClients)  # the model endpoint's clients, made once
 KNOWLEDGE_BASES = web.AppKey[dict[str, KnowledgeBase]]("knowledge_bases")
 SOCKETS = web.AppKey[set[OpenSocket]]("sockets")

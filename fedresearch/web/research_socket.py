@@ -23,7 +23,7 @@ from fedresearch.core.models import ResearchRequest
 from fedresearch.jobs.store import JobStatus, error_frames, follow, frame_text
 from fedresearch.report.chat import ChatSession, session_from_report
 from fedresearch.web.auth import principal_of, validation_message
-from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, METRICS, REGISTRY, SETTINGS, SOCKETS, LiveJob
+from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, METRICS, SETTINGS, SOCKETS, TOOLS, LiveJob
 from fedresearch.web.reports import saved_reports
 from fedresearch.web.tasks import chat_plan, may_see, start_job
 
@@ -201,7 +201,7 @@ class ResearchSocket:
             content = "Ask a research question first; then chat about its report here."
             await self.send({"type": "chat", "content": content, "role": "assistant", "metadata": None})
             return
-        answer = await self.chat_session.answer(message, self.app[REGISTRY], self.app[DEPS])
+        answer = await self.chat_session.answer(message, self.app[TOOLS])
         await self.send({"type": "chat", "content": answer.content, "role": "assistant", "metadata": answer.metadata})
 
     async def drain(self, grace_s: float) -> None:

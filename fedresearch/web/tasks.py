@@ -35,19 +35,19 @@ from fedresearch.jobs.store import (
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.compose import report_chunks
 from fedresearch.report.store import record_bytes, report_files
-from fedresearch.report.task import ResearchOutcome, run_research
+from fedresearch.report.task import ResearchOutcome, ResearchTask, run_research
 from fedresearch.web.keys import (
     BACKGROUND,
     DEPS,
     JOBS,
     LIVE_JOBS,
-    LLM_CLIENTS,
     METRICS,
     REGISTRY,
     RETENTION_PACE,
     SETTINGS,
     STOPPING,
     TASK_SLOTS,
+    TOOLS,
     LiveJob,
 )
 
@@ -212,18 +212,12 @@ class JobRun:
         job = await self.app[JOBS].get(self.research_id)
         try:
             async with asyncio.timeout(settings.task_timeout_s):
-                registry, deps = self.app[REGISTRY], self.app[DEPS]
                 owner = job.owner if job is not None else None
                 self.outcome = await run_research(
-                    self.request,
-                    plan,
-                    registry,
-                    deps,
+                    ResearchTask(self.request, plan, owner, self.research_id),
+                    self.app[TOOLS],
                     self.log_event,
                     self.send_report,
-                    owner,
-                    self.research_id,
-                    self.app[LLM_CLIENTS],
                 )
         except TimeoutError:
             late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"

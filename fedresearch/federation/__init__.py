@@ -1,0 +1,1 @@
+"""Federation: the adapter contract, request planning, running adapters under deadlines, fusion."""
