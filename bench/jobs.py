@@ -24,7 +24,8 @@ from pathlib import Path
 import websockets
 from aiohttp import web
 
-from fedresearch.jobs.store import Job, JobStatus, LocalJobStore, follow
+from fedresearch.jobs.local_store import LocalJobStore
+from fedresearch.jobs.store import Job, JobStatus, follow
 from fedresearch.web.app import create_app
 from tests.conftest import make_settings
 from tests.fakes import FakeTavily

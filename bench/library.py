@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.quality import DEFAULT_DATASETS
-from fedresearch.library.embedded import Library
 from fedresearch.library.embeddings import Encoder, load_encoder
+from fedresearch.library.facade import Library
 from fedresearch.library.formats import Document, Section
 
 PER_USER = 100_000

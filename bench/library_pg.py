@@ -35,8 +35,8 @@ from bench.library import passages, word_distribution
 from bench.quality import DEFAULT_DATASETS
 from fedresearch.library import postgres
 from fedresearch.library.chunking import chunk_sections
-from fedresearch.library.embedded import Library
 from fedresearch.library.embeddings import Encoder, load_encoder
+from fedresearch.library.facade import Library
 from fedresearch.library.formats import Document, Section
 from fedresearch.library.records import Prepared
 from fedresearch.library.search import SearchFilters

@@ -31,8 +31,8 @@ import pytrec_eval
 
 from fedresearch.core.text import cjk_bigrams
 from fedresearch.library import fulltext
-from fedresearch.library.embedded import Library
 from fedresearch.library.embeddings import load_encoder
+from fedresearch.library.facade import Library
 from fedresearch.library.formats import Document, Section
 from fedresearch.library.search import SearchFilters, fuse_documents, fuse_rankings
 

@@ -87,7 +87,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _library(args: argparse.Namespace) -> int:
-    from fedresearch.library.embedded import Library
+    from fedresearch.library.facade import Library
 
     if args.action == "migrate":
         from fedresearch.library.migrate import migrate_command

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = 240

@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from fedresearch.knowledge.conditions import MetadataCondition
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from tests.conftest import EXAMPLES, make_settings
 

@@ -9,7 +9,7 @@ import docx
 import pypdf
 import websockets
 
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.report.store import export, record_bytes, report_markdown, save_report
 from tests.conftest import EXAMPLES, make_settings, run_task

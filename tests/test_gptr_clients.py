@@ -10,7 +10,7 @@ import pytest
 import websockets
 
 from fedresearch.core.models import ReportSource, ReportType
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.report.compose import report_chunks
 from tests.conftest import EXAMPLES, logs, make_settings, report_of, run_task

@@ -15,10 +15,10 @@ from fedresearch.core.models import ResearchRequest
 from fedresearch.core.settings import Settings
 from fedresearch.federation.planning import plan_request
 from fedresearch.federation.registry import build_registry
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.retrievers import ADAPTERS
-from fedresearch.web.keys import JOBS
+from fedresearch.web.keys import RUNTIME
 from fedresearch.web.research_socket import ResearchSocket
 from tests.conftest import EXAMPLES, error_of, logs, make_settings, report_of, run_task
 
@@ -65,7 +65,7 @@ async def test_a_client_starting_its_next_task_on_path_is_never_refused(tmp_path
     """GPT-Researcher's clients start the next task when they read `path`: by then the last task's
     place under MAX_TASKS_PER_KEY is free, however long its job record then takes to write."""
     server = await start_server(make_settings(tmp_path, fakes, api_keys=KEYS, max_tasks_per_key=1))
-    store, finish = server.app[JOBS], server.app[JOBS].finish
+    store, finish = server.app[RUNTIME].jobs, server.app[RUNTIME].jobs.finish
 
     async def slow_finish(*args, **kwargs):
         job = await finish(*args, **kwargs)

@@ -6,7 +6,7 @@ import json
 import os
 import resource
 
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.library.pdf import MAX_PDF_PAGES
 from tests.pdfs import write_flate_bomb, write_page_tree_cycle, write_pdf

@@ -13,7 +13,7 @@ import threading
 import aiohttp
 import pytest
 
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from tests.conftest import EXAMPLES, make_settings
 

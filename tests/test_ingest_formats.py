@@ -7,7 +7,7 @@ import json
 import pytest
 from pypdf import PdfWriter
 
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.formats import UnsupportedFile, read_file
 from fedresearch.library.ingest import ingest
 from tests.pdfs import write_pdf

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from fedresearch.library import locking
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 
 

@@ -16,17 +16,11 @@ import pytest
 
 from fedresearch.core.lineage import process_space
 from fedresearch.core.work import WorkPool
-from fedresearch.jobs import store as jobs_module
-from fedresearch.jobs.store import (
-    EncodedFrame,
-    Job,
-    JobStatus,
-    LocalJobStore,
-    RetentionPace,
-    enforce_retention,
-    follow,
-    frame_text,
-)
+from fedresearch.jobs import local_store as jobs_module
+from fedresearch.jobs.frames import EncodedFrame, frame_text
+from fedresearch.jobs.local_store import LocalJobStore
+from fedresearch.jobs.retention import RetentionPace, enforce_retention
+from fedresearch.jobs.store import Job, JobStatus, follow
 from fedresearch.report.store import export, record_bytes, save_report
 
 

@@ -18,10 +18,10 @@ import websockets
 from aiohttp import web
 
 from fedresearch.core.settings import Settings
+from fedresearch.jobs import runs as tasks
 from fedresearch.jobs.store import Job, JobStatus
-from fedresearch.web import tasks
 from fedresearch.web.app import create_app
-from fedresearch.web.keys import JOBS, SETTINGS
+from fedresearch.web.keys import RUNTIME, SETTINGS
 from tests.conftest import make_settings, report_of, run_task
 
 TASK = {"task": "How does rank fusion combine lexical and dense retrieval?", "report_type": "research_report"}
@@ -376,7 +376,7 @@ async def test_gpt_researcher_report_store_crud_and_chat(tmp_path, fakes, start_
 async def test_an_idle_server_still_expires_old_reports(tmp_path, fakes, start_server, monkeypatch):
     monkeypatch.setattr(tasks, "_SWEEP_EVERY_S", 0.05)
     server = await start_server(job_settings(tmp_path, fakes, report_retention_days=1))
-    store = server.app[JOBS]
+    store = server.app[RUNTIME].jobs
     old, recent = "a" * 32, "b" * 32
     for research_id, age_days in ((old, 2), (recent, 0.5)):
         created = time.time() - age_days * 86400

@@ -12,7 +12,7 @@ from langbot_plugin.cli.run.controller import PluginRuntimeController
 from langbot_plugin.cli.utils.page_components import discover_plugin_components
 from langbot_plugin.utils.discover.engine import ComponentDiscoveryEngine
 
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from tests.conftest import EXAMPLES, make_settings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import websockets
 
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.retrievers.internal_api import parse_response, passage_result
 from fedresearch.web.literature import item_of

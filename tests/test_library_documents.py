@@ -6,7 +6,7 @@ import aiohttp
 import pytest
 
 from fedresearch.federation.contract import LibraryRequest, SearchOptions
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.formats import Document, Section
 from fedresearch.library.search import fuse_documents
 from fedresearch.retrievers.internal_api import LiteratureApi

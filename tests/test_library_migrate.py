@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fedresearch.cli import main
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from tests.conftest import EXAMPLES
 

@@ -21,13 +21,13 @@ from aiohttp import web
 
 from fedresearch.cli import main
 from fedresearch.core.settings import Settings
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.library.postgres import POOL_WAIT_S, PostgresStore, StoredDocument, StoredPassage
 from fedresearch.library.search import SearchFilters
 from fedresearch.library.store import LibraryDatabaseError, LibraryUnavailable
 from fedresearch.web.app import create_app
-from fedresearch.web.keys import DEPS
+from fedresearch.web.keys import RUNTIME
 from tests.conftest import EXAMPLES, make_settings, run_task
 from tests.tcp_proxy import TcpProxy
 from tests.test_faults import outcome
@@ -507,7 +507,7 @@ async def test_a_stopped_server_closes_its_library_and_lets_its_model_go(tmp_pat
     async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
         frames = await run_task(ws, task)
     assert outcome(frames, "internal_biblio")[0] == "retriever_done"
-    served = app[DEPS].library
+    served = app[RUNTIME].deps.library
     assert served is not None and served.encoder is not None
     assert await asyncio.to_thread(connections) > before
     await runner.cleanup()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.quality import load_collection
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.formats import Document, Section
 
 MED = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "med"

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedresearch.library.embedded import Library
 from fedresearch.library.embeddings import load_encoder
+from fedresearch.library.facade import Library
 from fedresearch.library.formats import Document, Section
 from fedresearch.library.ingest import ingest
 from fedresearch.library.search import SearchFilters

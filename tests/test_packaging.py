@@ -82,7 +82,7 @@ def test_the_wheel_adds_only_the_fedresearch_namespace(fresh_install: Path) -> N
 def test_it_imports_and_serves_beside_unrelated_core_library_report(fresh_install: Path, tmp_path: Path) -> None:
     folder = unrelated_packages(tmp_path / "project")
     python = str(fresh_install / "bin" / "python")
-    modules = ["fedresearch.web.app", "fedresearch.cli", "fedresearch.retrievers", "fedresearch.library.embedded"]
+    modules = ["fedresearch.web.app", "fedresearch.cli", "fedresearch.retrievers", "fedresearch.library.facade"]
     run([python, "-c", "; ".join(f"import {m}" for m in modules)], cwd=folder)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

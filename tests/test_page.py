@@ -17,7 +17,7 @@ import pypdf
 import pytest
 from aiohttp import web
 
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.web.keys import SOCKETS
 from tests.conftest import EXAMPLES, make_settings

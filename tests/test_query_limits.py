@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from fedresearch.web.keys import DEPS, QUERYING
+from fedresearch.web.keys import QUERYING, RUNTIME
 from tests.conftest import make_settings
 
 KEYS = "alice-key:alice,bob-key:bob"
@@ -63,7 +63,7 @@ async def test_retrieval_answers_429_past_the_queries_a_key_may_run_at_once(tmp_
 
 async def test_the_literature_api_limits_queries_per_key_not_across_keys(tmp_path, fakes, start_server):
     server = await _server(tmp_path, fakes, start_server, max_queries_per_key=1)
-    library = server.app[DEPS].library
+    library = server.app[RUNTIME].deps.library
     search = library.search
 
     def slow_search(*args: Any, **kwargs: Any) -> Any:  # a search that takes a while, as on a big library

@@ -17,8 +17,7 @@ from fedresearch.core.lineage import process_space
 from fedresearch.core.redis import SharedDown, SharedRedis, cancelled, connect
 from fedresearch.jobs.redis_store import RedisJobStore
 from fedresearch.jobs.store import Job, JobStatus, died_here, follow, runner_id
-from fedresearch.web.keys import JOBS
-from fedresearch.web.reports import saved_reports
+from fedresearch.web.keys import RUNTIME
 from tests.conftest import make_settings, report_of
 from tests.redis_server import start_redis
 from tests.tcp_proxy import TcpProxy
@@ -634,7 +633,7 @@ async def test_a_report_written_on_one_host_is_read_deleted_and_gone_on_another(
 
     await delete(second, research_id)
     assert not list(there.iterdir())  # what the second host kept went with the job
-    assert await first.app[JOBS].records([research_id]) == {}  # and Redis's copy
+    assert await first.app[RUNTIME].jobs.records([research_id]) == {}  # and Redis's copy
     assert (await get(first, f"/api/jobs/{research_id}", ALICE))[0] == 404  # the first's mirror is not the truth
     assert json.loads((await get(first, "/api/reports", ALICE))[1]) == {"reports": []}
     assert (await get(first, f"/reports/{research_id}.md", ALICE))[0] == 404  # asked for: its files go at once
@@ -645,11 +644,11 @@ async def test_a_report_written_on_one_host_is_read_deleted_and_gone_on_another(
     for read in (kept, gone):
         assert (await get(first, f"/reports/{read}.json", ALICE))[0] == 200
     await delete(second, gone)
-    swept, latest = await saved_reports(first.app).sweep(time.time() - 60)
+    swept, latest = await first.app[RUNTIME].reports().sweep(time.time() - 60)
     assert swept == 1 and latest > 0 and [path.name for path in here.iterdir()] == [f"{kept}.json"]
-    assert (await saved_reports(first.app).sweep(time.time() - 60))[0] == 0  # read again: nothing left to drop
+    assert (await first.app[RUNTIME].reports().sweep(time.time() - 60))[0] == 0  # read again: nothing left to drop
     shared = redis_target.shared()
     await shared.client.flushall()  # Redis lost everything: what the hosts saved stays, served to its owner
     await shared.close()
     assert (await get(first, f"/reports/{kept}.md", ALICE))[0] == 200
-    assert (await saved_reports(first.app).sweep(0.0))[0] == 0 and (here / f"{kept}.json").is_file()
+    assert (await first.app[RUNTIME].reports().sweep(0.0))[0] == 0 and (here / f"{kept}.json").is_file()

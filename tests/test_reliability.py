@@ -11,7 +11,7 @@ import socket
 import aiohttp
 import websockets
 
-from fedresearch.web.keys import RUNNING
+from fedresearch.web.keys import RUNTIME
 from tests.conftest import make_settings, run_task
 from tests.test_faults import outcome
 
@@ -33,10 +33,10 @@ async def test_start_then_close_at_once_never_leaks_a_task_slot(tmp_path, fakes,
     for _ in range(3):
         await asyncio.gather(*(_start_and_close(server.ws_url, task) for _ in range(4)))
     for _ in range(200):
-        if not +server.app[RUNNING] and await _active_tasks(server.url) == 0:
+        if not +server.app[RUNTIME].running and await _active_tasks(server.url) == 0:
             break
         await asyncio.sleep(0.02)
-    assert sum(server.app[RUNNING].values()) == 0, server.app[RUNNING]
+    assert sum(server.app[RUNTIME].running.values()) == 0, server.app[RUNTIME].running
     assert await _active_tasks(server.url) == 0
     async with websockets.connect(server.ws_url) as ws:
         frames = await run_task(ws, task)

@@ -300,7 +300,7 @@ def test_a_reports_chat_encodes_only_what_it_has_not_seen(tmp_path, encoder, mon
     second of a core a message for 48 passages, of which only the message was new."""
     from fedresearch.core.models import ResearchRequest
     from fedresearch.federation.runner import Deps
-    from fedresearch.library.embedded import Library
+    from fedresearch.library.facade import Library
     from fedresearch.library.formats import Section
     from fedresearch.report import chat, writer
     from fedresearch.report.task import writing_for

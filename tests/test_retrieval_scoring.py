@@ -10,7 +10,7 @@ import pytest
 from fedresearch.core.models import FusedResult
 from fedresearch.federation.runner import Deps
 from fedresearch.knowledge.retrieval import calibrated_scores
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from tests.conftest import make_settings
 
 

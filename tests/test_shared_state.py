@@ -38,7 +38,7 @@ from fedresearch.federation.ratelimit import Rate
 from fedresearch.federation.runner import Deps, search_one
 from fedresearch.federation.shared_state import RedisAnswerCache, RedisRateLimiter
 from fedresearch.retrievers import brave
-from fedresearch.web.keys import RUNNING
+from fedresearch.web.keys import RUNTIME
 from tests.conftest import error_of, logs, make_settings, run_task
 from tests.redis_cluster import RedisTarget, start_redis_cluster
 from tests.redis_sentinel import start_redis_sentinel
@@ -187,10 +187,10 @@ async def test_a_keys_task_limit_holds_across_instances(tmp_path, fakes, start_s
     # the place is free in Redis before the path frame goes out: the next task, on any worker, may start on it
     assert outcome(await ask(second, "third question", "tavily", token="team-key"), "tavily")[0] == "retriever_done"
     for _ in range(200):  # the third task, too, ends a moment after its path frame
-        if not first.app[RUNNING] and not second.app[RUNNING]:
+        if not first.app[RUNTIME].running and not second.app[RUNTIME].running:
             break
         await asyncio.sleep(0.05)
-    assert not first.app[RUNNING] and not second.app[RUNNING]
+    assert not first.app[RUNTIME].running and not second.app[RUNTIME].running
 
 
 HOLDER = """

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from fedresearch.core.work import QuickWrites, WorkPool, run_on, work_threads
-from fedresearch.web.keys import DEPS
+from fedresearch.web.keys import RUNTIME
 from tests.conftest import make_settings
 
 REQUEST = contextvars.ContextVar("request", default="none")
@@ -78,6 +78,6 @@ async def test_one_work_thread_without_the_embedding_model_two_with_it_or_as_set
     assert (work_threads(None, with_model=False), work_threads(None, with_model=True)) == (1, 2)
     assert work_threads(3, with_model=False) == 3
     server = await start_server(make_settings(tmp_path, embeddings=False))
-    assert server.app[DEPS].work.threads == 1
+    assert server.app[RUNTIME].deps.work.threads == 1
     server = await start_server(make_settings(tmp_path / "set", embeddings=False, work_threads=3))
-    assert server.app[DEPS].work.threads == 3
+    assert server.app[RUNTIME].deps.work.threads == 3

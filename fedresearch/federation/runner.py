@@ -39,7 +39,7 @@ from fedresearch.federation.contract import (
     SearchOptions,
 )
 from fedresearch.federation.resilience import Guard, Guarded, failure_reason
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.store import LibraryUnavailable
 
 log = logging.getLogger(__name__)

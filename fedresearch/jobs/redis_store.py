@@ -42,16 +42,9 @@ from typing import Any, TypeVar, cast
 
 from fedresearch.core.lineage import process_space
 from fedresearch.core.redis import PREFIX, SharedDown, SharedRedis, cancelled, failures
-from fedresearch.jobs.store import (
-    Frame,
-    Job,
-    JobStatus,
-    LocalJobStore,
-    died_here,
-    error_frames,
-    frame_text,
-    runner_id,
-)
+from fedresearch.jobs.frames import Frame, error_frames, frame_text
+from fedresearch.jobs.local_store import LocalJobStore
+from fedresearch.jobs.store import Job, JobStatus, died_here, runner_id
 from fedresearch.report.store import save_report
 
 T = TypeVar("T")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.formats import READERS, UnsupportedFile, read_file
 from fedresearch.library.locking import IndexBusy
 from fedresearch.library.store import LibraryUnavailable

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 
 from fedresearch.core.settings import Settings
-from fedresearch.library.embedded import EmbeddedStore, Library
+from fedresearch.library.embedded import EmbeddedStore
 from fedresearch.library.embeddings import load_encoder
+from fedresearch.library.facade import Library
 
 log = logging.getLogger(__name__)
 

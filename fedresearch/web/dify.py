@@ -13,7 +13,7 @@ from fedresearch.knowledge.api import RetrievalRequest
 from fedresearch.knowledge.bases import may_read
 from fedresearch.knowledge.retrieval import NothingAnswered, retrieve
 from fedresearch.web.auth import validation_message
-from fedresearch.web.keys import DEPS, KEYS, KNOWLEDGE_BASES, REGISTRY
+from fedresearch.web.keys import KEYS, RUNTIME
 from fedresearch.web.limits import query_slot, query_too_long
 
 _MALFORMED = "Invalid Authorization header format. Expected 'Bearer <api-key>' format."
@@ -67,12 +67,13 @@ async def _answer(request: web.Request, principal: Principal | None) -> web.Resp
         if request.app[KEYS].enabled:
             raise dify_error(web.HTTPForbidden, 1001, _MALFORMED)
         principal = Principal(None, admin=True)
-    base = request.app[KNOWLEDGE_BASES].get(body.knowledge_id)
+    runtime = request.app[RUNTIME]
+    base = runtime.knowledge_bases.get(body.knowledge_id)
     # one answer for "no such id" and "not yours": a valid key cannot probe for other tenants' ids
     if base is None or not may_read(principal, base):
         raise dify_error(web.HTTPNotFound, 2001, "The knowledge does not exist")
     try:
-        records = await retrieve(base, body, request.app[REGISTRY], request.app[DEPS])
+        records = await retrieve(base, body, runtime.registry, runtime.deps)
     except NothingAnswered as failure:
         raise dify_error(web.HTTPServiceUnavailable, 503, str(failure)) from None
     return web.json_response({"records": [record.as_json() for record in records]})

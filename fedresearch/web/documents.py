@@ -23,13 +23,13 @@ from aiohttp import BodyPartReader, web
 
 from fedresearch.core.auth import Principal
 from fedresearch.core.lineage import UPLOAD_FOLDERS, folder_prefix
-from fedresearch.library.embedded import Library
+from fedresearch.library.facade import Library
 from fedresearch.library.formats import READERS, UnsupportedFile, read_file
 from fedresearch.library.locking import IndexBusy
 from fedresearch.library.records import DocumentInfo
 from fedresearch.library.store import LibraryUnavailable
 from fedresearch.web.auth import json_error, principal_of
-from fedresearch.web.keys import DEPS, SETTINGS
+from fedresearch.web.keys import RUNTIME, SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def acting_user(request: web.Request, principal: Principal) -> str:
 
 
 def _library(request: web.Request) -> Library:
-    library = request.app[DEPS].library
+    library = request.app[RUNTIME].library
     if library is None:
         raise json_error(web.HTTPServiceUnavailable, "the embedded library is not open on this server")
     return library

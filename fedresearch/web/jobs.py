@@ -20,13 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedresearch.core.auth import Principal
 from fedresearch.core.models import ResearchRequest
-from fedresearch.jobs.store import JOB_ID, Job, JobStatus, delete_with_reports
+from fedresearch.jobs.retention import delete_with_reports
+from fedresearch.jobs.runs import chat_plan, start_job
+from fedresearch.jobs.store import JOB_ID, Job, JobStatus, may_see
 from fedresearch.report.chat import session_from_report
 from fedresearch.report.store import REPORT_ID
 from fedresearch.web.auth import principal_of, validation_message
-from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, SETTINGS, TOOLS
-from fedresearch.web.reports import saved_reports
-from fedresearch.web.tasks import chat_plan, may_see, start_job
+from fedresearch.web.keys import RUNTIME, SETTINGS
 
 _BACKGROUND_MESSAGE = "Your report is being generated in the background. Please check back later."
 
@@ -64,14 +64,14 @@ async def _body(request: web.Request) -> Any:
 
 
 async def _owned(request: web.Request, principal: Principal, research_id: str, missing: str) -> Job:
-    job = await request.app[JOBS].get(research_id)
+    job = await request.app[RUNTIME].jobs.get(research_id)
     if job is None or not may_see(principal, job):
         raise _detail(web.HTTPNotFound, missing)
     return job
 
 
 async def _report_text(request: web.Request, research_id: str) -> str | None:
-    return await saved_reports(request.app).markdown(research_id)
+    return await request.app[RUNTIME].reports().markdown(research_id)
 
 
 async def generate_report(request: web.Request) -> web.Response:
@@ -83,7 +83,7 @@ async def generate_report(request: web.Request) -> web.Response:
         asked = ReportRequest.model_validate(await _body(request))
     except ValidationError as error:
         raise _detail(web.HTTPUnprocessableEntity, validation_message(error)) from None
-    run, live = await start_job(request.app, principal, asked, "rest", detached=True)
+    run, live = await start_job(request.app[RUNTIME], principal, asked, "rest", detached=True)
     if asked.generate_in_background and run.failure is None:
         return web.json_response({"message": _BACKGROUND_MESSAGE, "research_id": run.research_id})
     await asyncio.wait({live.task})  # the job goes on if this request is dropped; a cancelled job is no error here
@@ -114,10 +114,10 @@ async def read_report(request: web.Request) -> web.StreamResponse:
     """A job's report as DOCX (GPT-Researcher's `GET /report/{research_id}`)."""
     principal = principal_of(request)
     research_id = request.match_info["research_id"]
-    job = await request.app[JOBS].get(research_id)
+    job = await request.app[RUNTIME].jobs.get(research_id)
     path = None
     if job is not None and may_see(principal, job):
-        reports = saved_reports(request.app)
+        reports = request.app[RUNTIME].reports()
         await reports.fetch_of(job)
         path = await reports.export(research_id, "docx")
     if path is None:
@@ -141,7 +141,7 @@ async def _job_view(request: web.Request, job: Job, with_report: bool) -> dict[s
         "files": job.files,
     }
     if with_report:  # one job: what a client resuming it will be sent, and the report itself
-        view["frames"] = len(await request.app[JOBS].frames(job.research_id))
+        view["frames"] = len(await request.app[RUNTIME].jobs.frames(job.research_id))
         done = job.status is JobStatus.completed
         view["report"] = await _report_text(request, job.research_id) if done else None
     return view
@@ -162,7 +162,7 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 
 async def _visible(request: web.Request, principal: Principal) -> list[Job]:
-    store = request.app[JOBS]
+    store = request.app[RUNTIME].jobs
     if not principal.admin:
         return await store.list(principal.user_id)
     asked = request.query.get("user_id", "").strip()
@@ -177,7 +177,7 @@ async def _entries(request: web.Request, jobs: list[Job]) -> list[dict[str, Any]
     """Jobs as GPT-Researcher's saved reports, their texts read in one trip to a thread (a listing
     of a user's 200 reports made 200 trips) and those written on other hosts in one trip to Redis."""
     wanted = [job.research_id for job in jobs if _needs_text(job)]
-    texts = await saved_reports(request.app).markdowns(wanted)
+    texts = await request.app[RUNTIME].reports().markdowns(wanted)
     return [_entry(job, texts.get(job.research_id)) for job in jobs]
 
 
@@ -234,7 +234,7 @@ async def create_or_update_report(request: web.Request) -> web.Response:
     research_id = str(data.get("id") or "temp_id")
     if not JOB_ID.fullmatch(research_id):
         raise _detail(web.HTTPBadRequest, "id must be 1 to 128 letters, digits or _ . : -")
-    store = request.app[JOBS]
+    store = request.app[RUNTIME].jobs
     existing = await store.get(research_id)
     # ids shaped as this server's research ids are its own to give: a client cannot claim one
     if (existing is None and REPORT_ID.fullmatch(research_id)) or (existing and not may_see(principal, existing)):
@@ -256,7 +256,7 @@ async def update_report(request: web.Request) -> web.Response:
     data = await _body(request)
     if not isinstance(data, dict):
         raise _detail(web.HTTPBadRequest, "expected a JSON object")
-    await request.app[JOBS].save(replace(job, client=_client_fields(data, job.client)))
+    await request.app[RUNTIME].jobs.save(replace(job, client=_client_fields(data, job.client)))
     return web.json_response({"success": True, "id": job.research_id})
 
 
@@ -264,11 +264,11 @@ async def delete_report_entry(request: web.Request) -> web.Response:
     """Delete a report: its job (cancelled first if it still runs) and every file saved for it."""
     principal = principal_of(request)
     job = await _owned(request, principal, request.match_info["research_id"], "Report not found")
-    live = request.app[LIVE_JOBS].get(job.research_id)
+    live = request.app[RUNTIME].live.get(job.research_id)
     if live is not None and not live.task.done():
         live.task.cancel()
         await asyncio.gather(live.task, return_exceptions=True)
-    await delete_with_reports(request.app[JOBS], request.app[SETTINGS].reports_dir, [job.research_id])
+    await delete_with_reports(request.app[RUNTIME].jobs, request.app[SETTINGS].reports_dir, [job.research_id])
     return web.json_response({"success": True})
 
 
@@ -287,7 +287,7 @@ async def add_report_chat_message(request: web.Request) -> web.Response:
     messages = job.client.get("chatMessages")
     messages = [*messages, message] if isinstance(messages, list) else [message]
     client = {**job.client, "chatMessages": messages, "timestamp": int(time.time() * 1000)}
-    await request.app[JOBS].save(replace(job, client=client))
+    await request.app[RUNTIME].jobs.save(replace(job, client=client))
     return web.json_response({"success": True, "id": job.research_id})
 
 
@@ -307,10 +307,10 @@ async def chat(request: web.Request) -> web.Response:
     if asked.research_id:
         job = await _owned(request, principal, asked.research_id, "Report not found")
         report, owner, scope = await _report_text(request, job.research_id) or "", job.owner, job.scope
-    plan = chat_plan(request.app, principal, owner or request.app[SETTINGS].default_user, question, scope)
-    deps = request.app[DEPS]
+    plan = chat_plan(request.app[RUNTIME], principal, owner or request.app[SETTINGS].default_user, question, scope)
+    deps = request.app[RUNTIME].deps
     session = session_from_report(report, ResearchRequest(task=question[:2000]), plan, deps)
-    answer = await session.answer(question.strip(), request.app[TOOLS])
+    answer = await session.answer(question.strip(), request.app[RUNTIME].tools)
     message = {
         "role": "assistant",
         "content": answer.content,

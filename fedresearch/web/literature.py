@@ -13,7 +13,7 @@ from fedresearch.core.auth import Principal
 from fedresearch.core.models import checked_user_id, library_type
 from fedresearch.library.search import Passage
 from fedresearch.web.auth import json_error, principal_of, validation_message
-from fedresearch.web.keys import DEPS
+from fedresearch.web.keys import RUNTIME
 from fedresearch.web.limits import query_slot, query_too_long
 
 
@@ -92,7 +92,7 @@ async def _answer(request: web.Request, principal: Principal) -> web.Response:
         raise json_error(web.HTTPBadRequest, refusal)
     if not principal.admin and principal.user_id != body.user_id:
         raise json_error(web.HTTPForbidden, f"this API key acts as user {principal.user_id!r} only")
-    library = request.app[DEPS].library
+    library = request.app[RUNTIME].library
     if library is None:
         raise json_error(web.HTTPServiceUnavailable, "the embedded library is not open on this server")
     # a paper is one result however many of its passages match; notes' sections and files' pages

@@ -30,12 +30,11 @@ from fedresearch.core.models import FusedResult, ResearchRequest
 from fedresearch.federation.fusion import fuse
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.federation.runner import federate
+from fedresearch.jobs.runs import start_job
 from fedresearch.jobs.store import follow
 from fedresearch.report.store import REPORT_NAME
-from fedresearch.web.keys import DEPS, JOBS, KEYS, REGISTRY, SETTINGS
-from fedresearch.web.reports import saved_reports
+from fedresearch.web.keys import KEYS, RUNTIME, SETTINGS
 from fedresearch.web.status import retriever_list
-from fedresearch.web.tasks import start_job
 
 _BODY_CHARS = 1200
 INSTRUCTIONS = (
@@ -62,7 +61,7 @@ def plan_for(
     app: web.Application, principal: Principal, task: str, retrievers: str, user_id: str, **extra: Any
 ) -> Plan:
     headers = {key: value for key, value in (("retrievers", retrievers), ("user_id", user_id)) if value}
-    registry = app[REGISTRY]
+    registry = app[RUNTIME].registry
     try:
         request = ResearchRequest(task=task, headers=headers, **extra)
         return plan_request(request, app[SETTINGS], registry, None if principal.admin else principal.user_id)
@@ -97,7 +96,7 @@ def build_server(app: web.Application) -> MCPServer:
         query: str, ctx: Context, retrievers: str = "", max_results: int = 10, user_id: str = ""
     ) -> dict[str, Any]:
         plan = plan_for(app, caller(app, ctx), query, retrievers, user_id, max_search_results=max_results)
-        federated = await federate(plan.names, app[REGISTRY], plan.options, app[DEPS], discard)
+        federated = await federate(plan.names, app[RUNTIME].registry, plan.options, app[RUNTIME].deps, discard)
         sources = fuse(federated.results, app[SETTINGS].retriever_weights)[: max(1, min(max_results, 50))]
         outcomes = [outcome.model_dump(include={"name", "status", "count", "error"}) for outcome in federated.outcomes]
         return {"sources": [source_json(n, s) for n, s in enumerate(sources, start=1)], "retrievers": outcomes}
@@ -114,11 +113,11 @@ def build_server(app: web.Application) -> MCPServer:
             request = ResearchRequest(task=task, report_type=report_type, headers=headers)
         except ValidationError as error:
             raise ToolError("; ".join(str(issue["msg"]) for issue in error.errors())) from None
-        run, live = await start_job(app, caller(app, ctx), request, "mcp", detached=True)
+        run, live = await start_job(app[RUNTIME], caller(app, ctx), request, "mcp", detached=True)
         if run.failure is not None:
             raise ToolError(run.failure.reason)
         steps = 0
-        async with contextlib.aclosing(follow(app[JOBS], run.research_id)) as frames:
+        async with contextlib.aclosing(follow(app[RUNTIME].jobs, run.research_id)) as frames:
             async for frame in frames:
                 if frame.get("type") == "logs":
                     steps += 1
@@ -134,12 +133,12 @@ def build_server(app: web.Application) -> MCPServer:
     @server.tool(description="The retrievers this server offers, whether each is configured, and the aliases.")
     async def list_retrievers(ctx: Context) -> dict[str, Any]:
         caller(app, ctx)
-        return retriever_list(app[REGISTRY], app[SETTINGS])
+        return retriever_list(app[RUNTIME].registry, app[SETTINGS])
 
     @server.tool(description="A saved report by its research_id: its Markdown, sources and retriever outcomes.")
     async def get_report(research_id: str, ctx: Context) -> dict[str, Any]:
         principal = caller(app, ctx)
-        reports = saved_reports(app)
+        reports = app[RUNTIME].reports()
         if not REPORT_NAME.match(f"{research_id}.json") or not await reports.readable(principal, research_id):
             raise ToolError(f"no report {research_id!r}")  # another user's report is not there for this key
         record = await reports.record(research_id)

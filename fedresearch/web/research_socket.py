@@ -20,12 +20,13 @@ from pydantic import ValidationError
 from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
 from fedresearch.core.models import ResearchRequest
-from fedresearch.jobs.store import JobStatus, error_frames, follow, frame_text
+from fedresearch.jobs.frames import error_frames, frame_text
+from fedresearch.jobs.runs import chat_plan, start_job
+from fedresearch.jobs.runtime import LiveJob
+from fedresearch.jobs.store import JobStatus, follow, may_see
 from fedresearch.report.chat import ChatSession, session_from_report
 from fedresearch.web.auth import principal_of, validation_message
-from fedresearch.web.keys import DEPS, JOBS, LIVE_JOBS, METRICS, SETTINGS, SOCKETS, TOOLS, LiveJob
-from fedresearch.web.reports import saved_reports
-from fedresearch.web.tasks import chat_plan, may_see, start_job
+from fedresearch.web.keys import METRICS, RUNTIME, SETTINGS, SOCKETS
 
 log = logging.getLogger("fedresearch")
 
@@ -115,7 +116,7 @@ class ResearchSocket:
             return
         if await self._refuse_when_busy():
             return
-        run, live = await start_job(self.app, self.principal, request, "websocket", request.detach)
+        run, live = await start_job(self.app[RUNTIME], self.principal, request, "websocket", request.detach)
         self.owned = None if request.detach else live
         self._follow(run.research_id, live)
 
@@ -137,14 +138,14 @@ class ResearchSocket:
         research_id = await self._text_field("resume", payload, "research_id")
         if research_id is None:
             return
-        job = await self.app[JOBS].get(research_id.strip())
+        job = await self.app[RUNTIME].jobs.get(research_id.strip())
         if job is None or not may_see(self.principal, job):
             # another user's job is "not found", like a missing one: ids must not be probed
             await self.error(f"no job {research_id.strip()[:64]!r} for this API key (unknown, expired or not yours)")
             return
         if await self._refuse_when_busy():
             return
-        self._follow(job.research_id, self.app[LIVE_JOBS].get(job.research_id))
+        self._follow(job.research_id, self.app[RUNTIME].live.get(job.research_id))
 
     def _follow(self, research_id: str, live: LiveJob | None) -> None:
         self.chat_session, self.chat_about = None, None
@@ -157,7 +158,7 @@ class ResearchSocket:
         # for a full send buffer (a long report to a slow reader) to drain, and so may resume after
         # the client has read `path` and sent its next task. Its bytes are in the buffer before
         # that wait, so the next job's frames still follow it.
-        async with contextlib.aclosing(follow(self.app[JOBS], research_id)) as frames:
+        async with contextlib.aclosing(follow(self.app[RUNTIME].jobs, research_id)) as frames:
             async for frame in frames:
                 if frame.get("type") == "path":
                     self.following = None
@@ -173,15 +174,15 @@ class ResearchSocket:
 
     async def _saved_chat(self, research_id: str) -> ChatSession | None:
         """A chat session about a completed job's saved report, wherever it was written."""
-        job = await self.app[JOBS].get(research_id)
+        job = await self.app[RUNTIME].jobs.get(research_id)
         if job is None or job.status is not JobStatus.completed or not may_see(self.principal, job):
             return None
-        markdown = await saved_reports(self.app).markdown(research_id)
+        markdown = await self.app[RUNTIME].reports().markdown(research_id)
         if markdown is None:
             return None
         owner = job.owner or self.app[SETTINGS].default_user
-        plan = chat_plan(self.app, self.principal, owner, job.task, job.scope)
-        return session_from_report(markdown, ResearchRequest(task=job.task[:2000]), plan, self.app[DEPS])
+        plan = chat_plan(self.app[RUNTIME], self.principal, owner, job.task, job.scope)
+        return session_from_report(markdown, ResearchRequest(task=job.task[:2000]), plan, self.app[RUNTIME].deps)
 
     async def chat(self, payload: str) -> None:
         """GPT-Researcher's chat: answered from the last report's evidence, searching again if needed."""
@@ -201,7 +202,7 @@ class ResearchSocket:
             content = "Ask a research question first; then chat about its report here."
             await self.send({"type": "chat", "content": content, "role": "assistant", "metadata": None})
             return
-        answer = await self.chat_session.answer(message, self.app[TOOLS])
+        answer = await self.chat_session.answer(message, self.app[RUNTIME].tools)
         await self.send({"type": "chat", "content": answer.content, "role": "assistant", "metadata": answer.metadata})
 
     async def drain(self, grace_s: float) -> None:

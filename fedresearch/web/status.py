@@ -12,7 +12,7 @@ from fedresearch.core.settings import Settings
 from fedresearch.federation.contract import Adapter
 from fedresearch.federation.planning import ALIASES
 from fedresearch.web.auth import principal_of
-from fedresearch.web.keys import DEPS, METRICS, REGISTRY, SETTINGS, SHARED_REDIS
+from fedresearch.web.keys import METRICS, RUNTIME, SETTINGS
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -23,9 +23,8 @@ async def metrics(request: web.Request) -> web.Response:
 async def healthz(request: web.Request) -> web.Response:
     """The process serves (always 200: a restart would not bring a database back), and what it
     depends on, as last seen, without asking it: the library's store and the shared state."""
-    registry = request.app[REGISTRY]
-    library = request.app[DEPS].library
-    redis = request.app.get(SHARED_REDIS)
+    runtime = request.app[RUNTIME]
+    registry, library, redis = runtime.registry, runtime.library, runtime.redis
     body = {
         "status": "ok",
         "retrievers": sorted(registry),
@@ -57,4 +56,4 @@ def retriever_list(registry: dict[str, Adapter], settings: Settings) -> dict[str
 
 async def retrievers(request: web.Request) -> web.Response:
     principal_of(request)
-    return web.json_response(retriever_list(request.app[REGISTRY], request.app[SETTINGS]))
+    return web.json_response(retriever_list(request.app[RUNTIME].registry, request.app[SETTINGS]))

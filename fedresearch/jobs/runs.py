@@ -1,10 +1,11 @@
-"""A research task run as a job, for the WebSocket and the REST API alike: admitted, planned, run under
+"""A research task run as a job, for the WebSocket, the REST API and MCP alike: admitted, planned, run under
 TASK_TIMEOUT_S, every frame it produces appended to the job store (whoever listens reads them from
 there: a socket, a REST call waiting for the report, or nobody), and its end announced by webhook."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -12,44 +13,24 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
 from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
 from fedresearch.core.events import ProgressEvent
+from fedresearch.core.metrics import Metrics
 from fedresearch.core.models import ResearchRequest
 from fedresearch.core.redis import cancelled
 from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.planning import Plan, follow_up_request, plan_request, scope_of
 from fedresearch.jobs import webhooks
+from fedresearch.jobs.frames import EncodedFrame, Frame, error_frames
+from fedresearch.jobs.retention import RetentionPace, enforce_retention
+from fedresearch.jobs.runtime import LiveJob, Runtime
 from fedresearch.jobs.slots import Release
-from fedresearch.jobs.store import (
-    EncodedFrame,
-    Frame,
-    Job,
-    JobStatus,
-    RetentionPace,
-    enforce_retention,
-    error_frames,
-)
+from fedresearch.jobs.store import Job, JobStatus
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.compose import report_chunks
 from fedresearch.report.store import record_bytes, report_files
 from fedresearch.report.task import ResearchOutcome, ResearchTask, run_research
-from fedresearch.web.keys import (
-    BACKGROUND,
-    DEPS,
-    JOBS,
-    LIVE_JOBS,
-    METRICS,
-    REGISTRY,
-    RETENTION_PACE,
-    SETTINGS,
-    STOPPING,
-    TASK_SLOTS,
-    TOOLS,
-    LiveJob,
-)
 
 log = logging.getLogger("fedresearch")
 
@@ -74,34 +55,20 @@ class Failure:
     http_status: int
 
 
-def background(app: web.Application, work: Coroutine[Any, Any, object]) -> None:
-    """Run `work` beside the request that asked for it; the app awaits it (briefly) at shutdown."""
-    task: asyncio.Task[object] = asyncio.create_task(work)
-    pending = app[BACKGROUND]
-    pending.add(task)
-    task.add_done_callback(pending.discard)
-
-
-def may_see(principal: Principal, job: Job | None) -> bool:
-    """Admins see every job; a caller bound to a user sees that user's jobs only."""
-    return job is not None and (principal.admin or (job.owner is not None and job.owner == principal.user_id))
-
-
 def chat_plan(
-    app: web.Application, principal: Principal, owner: str | None, question: str, scope: dict[str, Any] | None
+    runtime: Runtime, principal: Principal, owner: str | None, question: str, scope: dict[str, Any] | None
 ) -> Plan:
     """A follow-up search about a saved report, as the caller: within its job's scope (the
     retrievers it ran, its library) when the job kept one, else with the default retrievers; none
     when they cannot run (a retriever gone since, no user for the library: the report's evidence
     must do), nor when the task read only the pages it was given."""
     follow_up = follow_up_request(question, scope or {}, owner)
-    nothing = Plan([], SearchOptions(query=follow_up.task, max_results=app[SETTINGS].max_search_results))
+    nothing = Plan([], SearchOptions(query=follow_up.task, max_results=runtime.settings.max_search_results))
     if scope and not scope.get("retrievers"):
         return nothing
     bound = None if principal.admin else principal.user_id
-    registry = app[REGISTRY]
     try:
-        return plan_request(follow_up, app[SETTINGS], registry, bound_user=bound)
+        return plan_request(follow_up, runtime.settings, runtime.registry, bound_user=bound)
     except RequestError:
         return nothing
 
@@ -109,8 +76,8 @@ def chat_plan(
 class JobRun:
     """One job from admission to its last frame."""
 
-    def __init__(self, app: web.Application, principal: Principal, request: ResearchRequest, origin: str) -> None:
-        self.app = app
+    def __init__(self, runtime: Runtime, principal: Principal, request: ResearchRequest, origin: str) -> None:
+        self.runtime = runtime
         self.principal = principal
         self.request = request
         self.origin = origin
@@ -124,7 +91,7 @@ class JobRun:
         self._progress = 0.0
 
     async def emit(self, frame: Frame) -> None:
-        await self.app[JOBS].append(self.research_id, EncodedFrame(frame))
+        await self.runtime.jobs.append(self.research_id, EncodedFrame(frame))
         if frame.get("type") == "logs":
             await self._advance(str(frame.get("content")))
 
@@ -137,9 +104,9 @@ class JobRun:
             progress = _PROGRESS.get(step, self._progress)
         if progress > self._progress:
             self._progress = progress
-            job = await self.app[JOBS].get(self.research_id)
+            job = await self.runtime.jobs.get(self.research_id)
             if job is not None and not job.status.finished:
-                await self.app[JOBS].save(job.evolve(progress=round(progress, 3)))
+                await self.runtime.jobs.save(job.evolve(progress=round(progress, 3)))
 
     async def log_event(self, event: ProgressEvent) -> None:
         metadata = event.metadata
@@ -159,7 +126,7 @@ class JobRun:
             await self.send_report(chunk)
         files = {kind: f"reports/{name}" for kind, name in saved.items()}
         if self.record is not None:  # readable from the moment `path` names it, on this worker too
-            await self.app[JOBS].keep_report(self.research_id, self.record)
+            await self.runtime.jobs.keep_report(self.research_id, self.record)
         metadata = {"files": files, "research_id": self.research_id}
         await self.log_event(ProgressEvent("report_written", message, metadata))
         if self.slot is not None:
@@ -172,7 +139,7 @@ class JobRun:
         self.failure = failure
         await self.error(failure.reason, {"then": "report", "research_id": self.research_id})
         markdown = f"# {self.request.task}\n\nThis research could not run: {failure.reason}\n"
-        job = await self.app[JOBS].get(self.research_id)
+        job = await self.runtime.jobs.get(self.research_id)
         owner = job.owner if job is not None else None
         record = {
             "owner": owner,
@@ -208,14 +175,14 @@ class JobRun:
             await self._finish(JobStatus.completed, None)
 
     async def _research(self, plan: Plan) -> None:
-        settings = self.app[SETTINGS]
-        job = await self.app[JOBS].get(self.research_id)
+        settings = self.runtime.settings
+        job = await self.runtime.jobs.get(self.research_id)
         try:
             async with asyncio.timeout(settings.task_timeout_s):
                 owner = job.owner if job is not None else None
                 self.outcome = await run_research(
                     ResearchTask(self.request, plan, owner, self.research_id),
-                    self.app[TOOLS],
+                    self.runtime.tools,
                     self.log_event,
                     self.send_report,
                 )
@@ -229,7 +196,7 @@ class JobRun:
             await self.cannot_run(Failure(reason, 500))
             return
         self.record = self.outcome.record
-        live = self.app[LIVE_JOBS].get(self.research_id)
+        live = self.runtime.live.get(self.research_id)
         if live is not None:
             live.chat = ChatSession(self.request, plan, self.outcome)
         saved = f"📄 Report saved with {len(self.outcome.references)} references"
@@ -239,17 +206,17 @@ class JobRun:
         files = {kind: f"reports/{self.research_id}.{kind}" for kind in ("md", "pdf", "docx", "html", "json")}
         saved = status is not JobStatus.cancelled or self.outcome is not None
         record = self.record if saved else None
-        job = await self.app[JOBS].finish(self.research_id, status, error, files if saved else None, record)
+        job = await self.runtime.jobs.finish(self.research_id, status, error, files if saved else None, record)
         if job is None or status is JobStatus.cancelled:
             return
-        settings = self.app[SETTINGS]
+        settings = self.runtime.settings
         if settings.webhook_url:
-            deps = self.app[DEPS]
-            background(self.app, webhooks.notify(deps.session, settings, webhooks.payload(job, self.report_text())))
-        pace = self.app[RETENTION_PACE]
+            payload = webhooks.payload(job, self.report_text())
+            self.runtime.in_background(webhooks.notify(self.runtime.deps.session, settings, payload))
+        pace = self.runtime.retention
         if pace.due(job.owner):
             pass_ = enforce_retention(
-                self.app[JOBS],
+                self.runtime.jobs,
                 settings.reports_dir,
                 settings.report_retention_days,
                 pace.max_per_user,
@@ -257,7 +224,7 @@ class JobRun:
                 keep=pace.keep,
                 kept_out=pace.counts,
             )
-            background(self.app, _paced(pass_, pace, job.owner))
+            self.runtime.in_background(_paced(pass_, pace, job.owner))
 
     def report_text(self) -> str | None:
         return self.outcome.markdown if self.outcome is not None and self.failure is None else None
@@ -285,9 +252,9 @@ class Slot:
     report of: 15 times in 30 with MAX_TASKS_PER_KEY=1 and Redis, 3 in 30 without (the job's record
     is still being written then)."""
 
-    def __init__(self, release: Release, app: web.Application) -> None:
+    def __init__(self, release: Release, metrics: Metrics) -> None:
         self._release: Release | None = release
-        self.app = app
+        self.metrics = metrics
 
     def give_back(self, _: object = None) -> None:
         """With Redis the lease's removal is a task scheduled before the one that sends `path`, so its
@@ -296,31 +263,30 @@ class Slot:
         cost 4% of the CPU per task and 7% of the tasks/s (`bench.cpu_per_task --together --redis`)."""
         release, self._release = self._release, None
         if release is not None:
-            self.app[METRICS].tasks.dec()
+            self.metrics.tasks.dec()
             release()
 
 
-async def _take_slot(app: web.Application, key: str) -> Slot:
+async def _take_slot(runtime: Runtime, key: str) -> Slot:
     """One of `key`'s MAX_TASKS_PER_KEY places (shared by every worker with Redis). Taken atomically,
     so two callers cannot both slip under the limit; RequestError when all are taken."""
-    limit = app[SETTINGS].max_tasks_per_key
-    taken = await app[TASK_SLOTS].take(key, limit)
+    limit = runtime.settings.max_tasks_per_key
+    taken = await runtime.slots.take(key, limit)
     if isinstance(taken, int):
         raise RequestError(
             f"{taken} tasks are already running for this API key (MAX_TASKS_PER_KEY={limit}); wait for one to finish"
         )
-    app[METRICS].tasks.inc()
-    return Slot(taken, app)
+    runtime.metrics.tasks.inc()
+    return Slot(taken, runtime.metrics)
 
 
-def _admit(app: web.Application, principal: Principal, request: ResearchRequest) -> Plan:
+def _admit(runtime: Runtime, principal: Principal, request: ResearchRequest) -> Plan:
     """The plan for `request`, if this caller may run it now."""
-    settings = app[SETTINGS]
+    settings = runtime.settings
     if len(request.task) > settings.max_task_chars:
         raise RequestError(f"task is {len(request.task)} characters; MAX_TASK_CHARS is {settings.max_task_chars}")
     bound = None if principal.admin else principal.user_id
-    registry = app[REGISTRY]
-    return plan_request(request, settings, registry, bound_user=bound)
+    return plan_request(request, settings, runtime.registry, bound_user=bound)
 
 
 _STOPPING = (
@@ -336,23 +302,23 @@ def _refusal_status(reason: str) -> int:
 
 
 async def start_job(
-    app: web.Application, principal: Principal, request: ResearchRequest, origin: str, detached: bool
+    runtime: Runtime, principal: Principal, request: ResearchRequest, origin: str, detached: bool
 ) -> tuple[JobRun, LiveJob]:
     """Admit, register and start a job; a refused one runs too, to its short report and `path`."""
-    run = JobRun(app, principal, request, origin)
-    registry = app[REGISTRY]
+    run = JobRun(runtime, principal, request, origin)
+    registry = runtime.registry
     plan: Plan | None = None
     refusal: Failure | None = None
     slot = None
     try:
-        if app[STOPPING].begun:
+        if runtime.stopping.begun:
             raise RequestError(_STOPPING)
-        admitted = _admit(app, principal, request)
-        slot = await _take_slot(app, principal.key_id)
+        admitted = _admit(runtime, principal, request)
+        slot = await _take_slot(runtime, principal.key_id)
         plan, owner = admitted, principal.user_id or admitted.options.user_id
     except RequestError as error:
         refusal = Failure(str(error), _refusal_status(str(error)))
-        owner = principal.user_id or request.header("user_id") or app[SETTINGS].default_user
+        owner = principal.user_id or request.header("user_id") or runtime.settings.default_user
     job = Job(
         run.research_id,
         owner,
@@ -365,7 +331,7 @@ async def start_job(
         scope=scope_of(plan, registry) if plan is not None else {},
     )
     try:
-        await app[JOBS].create(job)
+        await runtime.jobs.create(job)
     except BaseException:
         if slot is not None:
             slot.give_back()
@@ -375,19 +341,19 @@ async def start_job(
     if slot is not None:
         task.add_done_callback(slot.give_back)
     live = LiveJob(task, detached)
-    app[LIVE_JOBS][run.research_id] = live
-    task.add_done_callback(lambda _: app[LIVE_JOBS].pop(run.research_id, None))
+    runtime.live[run.research_id] = live
+    task.add_done_callback(lambda _: runtime.live.pop(run.research_id, None))
     return run, live
 
 
-async def stop_jobs(app: web.Application) -> None:
+async def stop_jobs(runtime: Runtime) -> None:
     """The server is stopping: cancel the jobs still running (each ends `cancelled`), then give the
     webhooks under way a few seconds before they are cancelled too."""
-    tasks = [live.task for live in app[LIVE_JOBS].values()]
+    tasks = [live.task for live in runtime.live.values()]
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    under_way = app[BACKGROUND]
+    under_way = runtime.background
     pending = list(under_way)
     if pending:
         _, late = await asyncio.wait(pending, timeout=5)
@@ -399,15 +365,16 @@ async def stop_jobs(app: web.Application) -> None:
 _SWEEP_EVERY_S = 3600.0
 
 
-async def retention_sweeps(app: web.Application) -> AsyncIterator[None]:
-    """While the app runs, apply REPORT_RETENTION_DAYS every hour, so reports expire on an idle
+@contextlib.asynccontextmanager
+async def retention_sweeps(runtime: Runtime) -> AsyncIterator[None]:
+    """While the process runs, apply REPORT_RETENTION_DAYS every hour, so reports expire on an idle
     server too (a finished job applies both limits to its owner at once)."""
-    settings = app[SETTINGS]
+    settings = runtime.settings
 
     async def sweep() -> None:
         while True:
             await asyncio.sleep(_SWEEP_EVERY_S)
-            work = enforce_retention(app[JOBS], settings.reports_dir, settings.report_retention_days, 0)
+            work = enforce_retention(runtime.jobs, settings.reports_dir, settings.report_retention_days, 0)
             await _quietly(work)
 
     sweeper = asyncio.create_task(sweep()) if settings.report_retention_days > 0 else None
