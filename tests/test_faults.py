@@ -8,8 +8,9 @@ import pytest
 import websockets
 
 from fedresearch.core.models import SearchResult
+from fedresearch.federation.answer_cache import UpstreamCache
+from fedresearch.federation.breaker import CircuitBreaker
 from fedresearch.federation.contract import Hits, RetrieverFailed, RetrieverSkipped
-from fedresearch.federation.resilience import CircuitBreaker, UpstreamCache
 from tests.conftest import logs, make_settings, report_of, run_task
 
 LIMITS = {"retriever_timeout_s": 1.5, "upstream_max_bytes": 200_000, "retry_attempts": 2}

@@ -33,10 +33,10 @@ from fedresearch.core.redis import (
     where,
 )
 from fedresearch.core.settings import Settings
+from fedresearch.federation.answer_cache import RedisAnswerCache
 from fedresearch.federation.contract import Hits, SearchOptions
-from fedresearch.federation.ratelimit import Rate
+from fedresearch.federation.ratelimit import Rate, RedisRateLimiter
 from fedresearch.federation.runner import Deps, search_one
-from fedresearch.federation.shared_state import RedisAnswerCache, RedisRateLimiter
 from fedresearch.retrievers import brave
 from fedresearch.web.keys import RUNTIME
 from tests.conftest import error_of, logs, make_settings, run_task

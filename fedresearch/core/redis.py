@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import time
 import uuid
@@ -62,6 +64,11 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
 return 0
 """
 )
+
+
+def digest(*parts: object) -> str:
+    """A short, stable name for `parts` (a key's suffix: never the text itself, which may hold a key)."""
+    return hashlib.sha256(json.dumps(parts, default=str, ensure_ascii=False).encode()).hexdigest()[:32]
 
 
 _SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")

@@ -9,8 +9,11 @@ upstreams that ban addresses count. An upstream that announces its own limit in 
 announced one, and a 429 pauses the upstream for every task (its Retry-After, or a backoff that
 doubles while 429s keep coming).
 
-`RateLimiter` is the interface; `LocalRateLimiter` keeps its state in this process. A limiter shared
-by several server processes (Redis) implements the same two methods.
+`RateLimiter` is the interface; `LocalRateLimiter` keeps its state in this process,
+`RedisRateLimiter` in Redis for every process and host: a slot is reserved atomically (a Lua script
+moves the upstream's next start forward), so N processes together keep to the upstream's published
+rate; a task whose deadline cancels its wait leaves its reserved slot unused, which errs on the side
+of the upstream. While Redis fails it falls back to its in-process twin.
 """
 
 from __future__ import annotations
@@ -22,12 +25,32 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
+
+from fedresearch.core.redis import NOW_MS, PREFIX, Leases, SharedDown, SharedRedis
 
 _MAX_BACKOFF_S = 60.0
 # spacing a little wider than the published rate: the network's jitter may bunch arrivals, and an
 # upstream counts arrivals (measured: at exactly 1/rate, 21 of 50 requests reached a 20/s fake within one second)
 _HEADROOM = 1.05
+_POLL_S = (0.01, 0.2)  # first and longest wait between tries for a connection of a capped upstream
+
+_RESERVE = (
+    NOW_MS
+    + """
+local start = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'), now)
+local paused = redis.call('PTTL', KEYS[2])
+if paused > 0 then start = math.max(start, now + paused) end
+local interval = tonumber(ARGV[1])
+redis.call('SET', KEYS[1], start + interval, 'PX', start - now + interval + 1000)
+return start - now
+"""
+)
+
+_PAUSE = """
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) end
+return 0
+"""
 
 
 @dataclass(frozen=True)
@@ -157,3 +180,90 @@ class LocalRateLimiter:
         pause = pause_after_429(state.current, state.strikes, headers)
         state.paused_until = max(state.paused_until, self.clock() + pause)
         return pause
+
+
+def _rate_key(upstream: str, what: str) -> str:
+    """An upstream's meter or pause, in one slot (a hash tag): the reserving script reads both."""
+    return f"{PREFIX}rate:{{{upstream}}}:{what}"
+
+
+class RedisRateLimiter:
+    """The RateLimiter whose meter, connection cap and 429 pauses every process shares."""
+
+    def __init__(self, shared: SharedRedis, leases: Leases) -> None:
+        self.shared = shared
+        self.leases = leases
+        self.local = LocalRateLimiter()
+        self._reserve: Any = shared.client.register_script(_RESERVE)
+        self._pause: Any = shared.client.register_script(_PAUSE)
+        self._learned: dict[str, tuple[Rate, Rate | None, int]] = {}  # declared, announced, 429s in a row
+        self._pushing: set[asyncio.Task[Any]] = set()
+
+    def _current(self, upstream: str, rate: Rate) -> Rate:
+        declared, announced, _ = self._learned.get(upstream, (None, None, 0))
+        if declared != rate:  # a changed declaration (e.g. a key was set) starts afresh
+            self._learned[upstream] = (rate, None, 0)
+            return rate
+        return announced or rate
+
+    @contextlib.asynccontextmanager
+    async def slot(self, upstream: str, rate: Rate) -> AsyncIterator[None]:
+        current = self._current(upstream, rate)
+        try:
+            lease = await self.shared.attempt(f"pacing {upstream}", lambda: self._turn(upstream, current))
+        except SharedDown:
+            async with self.local.slot(upstream, rate):
+                yield
+            return
+        try:
+            yield
+        finally:
+            if lease is not None:
+                self.leases.release(lease[0], lease[1])
+
+    async def _turn(self, upstream: str, rate: Rate) -> tuple[str, str] | None:
+        """Wait for a connection (if capped) and the upstream's next start; the connection's lease."""
+        lease = await self._connection(upstream, rate.connections) if rate.connections else None
+        try:
+            meter, paused = _rate_key(upstream, "next"), _rate_key(upstream, "paused")
+            wait_ms = int(await self._reserve(keys=[meter, paused], args=[max(1, int(rate.interval_s * 1000))]))
+            if wait_ms > 0:  # the script saw no pause now; one may come while we wait
+                await asyncio.sleep(wait_ms / 1000)
+                while (late_ms := await self.shared.client.pttl(paused)) > 0:
+                    await asyncio.sleep(late_ms / 1000)
+        except BaseException:
+            if lease is not None:
+                self.leases.release(*lease)
+            raise
+        return lease
+
+    async def _connection(self, upstream: str, cap: int) -> tuple[str, str]:
+        name, poll = f"rate:{upstream}:connections", _POLL_S[0]
+        while (token := (await self.leases.take(name, cap))[0]) is None:
+            await asyncio.sleep(poll)
+            poll = min(_POLL_S[1], poll * 2)
+        return name, token
+
+    def observe(self, upstream: str, status: int, headers: Mapping[str, str]) -> float | None:
+        self.local.observe(upstream, status, headers)  # the fallback stays current
+        declared, announced, strikes = self._learned.get(upstream, (None, None, 0))
+        if declared is None:
+            return None
+        learned = announced_rate(declared, headers)
+        announced = learned if learned != declared else announced
+        strikes = strikes + 1 if status == 429 else 0
+        self._learned[upstream] = (declared, announced, strikes)
+        if status != 429:
+            return None
+        pause = pause_after_429(announced or declared, strikes, headers)
+        task = asyncio.get_running_loop().create_task(self._share_pause(upstream, pause))
+        self._pushing.add(task)
+        task.add_done_callback(self._pushing.discard)
+        return pause
+
+    async def _share_pause(self, upstream: str, pause_s: float) -> None:
+        async def push() -> None:
+            await self._pause(keys=[_rate_key(upstream, "paused")], args=[max(1, int(pause_s * 1000))])
+
+        with contextlib.suppress(SharedDown):
+            await self.shared.attempt(f"pausing {upstream} after a 429", push)

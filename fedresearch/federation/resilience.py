@@ -1,35 +1,25 @@
-"""What stands between the federation and an upstream: a TTL cache, a circuit breaker, and retries.
-
-In the spirit of SearxNG's engine suspension: an upstream that rate-limits or refuses (429, 401,
-403, 432, 433) is suspended for BREAKER_SUSPEND_S, and one that keeps failing for a short while;
-while suspended it is skipped at once, with its reason, instead of waited for. Only the upstream's
-own faults count: a 4xx caused by the request (a 400 on an over-long question) says nothing about
-the upstream's health, so it never suspends it for others. State is per (upstream, credential,
-client-supplied base URL), so one client's bad key or dead URL never suspends the upstream for others.
-Transient failures (5xx, connection errors, timeouts) are retried with jittered exponential
-backoff, and a 429 once after its Retry-After, but only while the retriever's deadline leaves room.
-
-`Breaker` and `AnswerCache` are the interfaces; `CircuitBreaker` and `UpstreamCache` keep their state
-in this process, shared_state.py's Redis ones share it across processes and hosts.
+"""What stands between the federation and an upstream: the answer cache (answer_cache.py), the
+circuit breaker (breaker.py), and retries: transient failures (5xx, connection errors, timeouts)
+are retried with jittered exponential backoff, and a 429 once after its Retry-After, but only while
+the retriever's deadline leaves room.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import itertools
 import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from fedresearch.core.settings import Settings
-from fedresearch.core.timed_cache import TimedCache
-from fedresearch.federation.contract import Hits, RetrieverFailed, RetrieverSkipped, SearchOptions
+from fedresearch.federation.answer_cache import AnswerCache, UpstreamCache
+from fedresearch.federation.breaker import Breaker, CircuitBreaker, circuit_of, credential_of
+from fedresearch.federation.contract import Hits, RetrieverFailed, SearchOptions
 
-_REFUSED = {401, 403, 432, 433}
 T = TypeVar("T")
 
 
@@ -41,154 +31,6 @@ _BACKOFF_S = 0.1
 # a generator of its own: the global one is the embedding application's (seeded for reproducible
 # runs, or watched by hypothesis, as in the fuzz test, whose server thread retried mid-example)
 _JITTER = random.Random()
-_CACHE_ENTRIES = 2048
-_CACHE_CHARS = 16_000_000  # of results' text, titles and links, 16-64 MB (core/timed_cache.py)
-# circuits are per credential and per client-supplied base URL, so clients sending a new failing
-# key or URL each time made one each, kept for good: at most this many, the oldest forgotten
-_CIRCUITS = 4096
-
-
-def _chars(hits: Hits) -> int:
-    return sum(len(result.body) + len(result.title) + len(result.href) for result in hits.results)
-
-
-def failure_reason(failure: RetrieverFailed | None, timed_out: bool = False) -> str:
-    """A small, fixed vocabulary for metrics labels."""
-    if timed_out:
-        return "timeout"
-    if failure is None:
-        return "error"
-    if failure.status == 429:
-        return "rate_limited"
-    if failure.status in _REFUSED:
-        return "refused"
-    if failure.status is not None and failure.status >= 500:
-        return "server_error"
-    if failure.transient:
-        return "unreachable"
-    return "bad_answer"
-
-
-def credential_of(credentials: tuple[str, ...], options: SearchOptions) -> str:
-    """Which credential a call spends: the per-request keys the client sent for it, else the operator's."""
-    sent = [value for name in credentials if (value := options.credential(name))]
-    return hashlib.sha256("\0".join(sent).encode()).hexdigest()[:16] if sent else "operator"
-
-
-def circuit_of(name: str, credentials: tuple[str, ...], options: SearchOptions) -> tuple[str, str]:
-    """The breaker state a call shares: per upstream and credential, and per base URL a client chose."""
-    credential = credential_of(credentials, options)
-    if options.internal_api_base_url is None:
-        return (name, credential)
-    return (name, credential + "@" + hashlib.sha256(options.internal_api_base_url.encode()).hexdigest()[:16])
-
-
-def upstream_fault(failure: RetrieverFailed) -> bool:
-    """Whether a failure is the upstream's (or its key's) rather than the request's own doing."""
-    status = failure.status
-    return status is None or status == 429 or status in _REFUSED or not 400 <= status < 500
-
-
-class Breaker(Protocol):
-    async def check(self, key: tuple[str, str]) -> None:
-        """Raise RetrieverSkipped, with the reason, while the circuit `key` is open."""
-        ...
-
-    async def succeeded(self, key: tuple[str, str]) -> None: ...
-
-    async def failed(self, key: tuple[str, str], failure: RetrieverFailed) -> str | None:
-        """Record a failure; the suspension's reason (a failure_reason) when this one opens the circuit."""
-        ...
-
-
-class AnswerCache(Protocol):
-    async def get(self, key: tuple[object, ...]) -> Hits | None: ...
-
-    async def put(self, key: tuple[object, ...], hits: Hits) -> None: ...
-
-
-def suspension(failure: RetrieverFailed, failures: int, settings: Settings) -> float:
-    """How long `failure`, the circuit's `failures`-th in a row, suspends it (0: not at all)."""
-    if failure.status == 429 or failure.status in _REFUSED:
-        return settings.breaker_suspend_s
-    if failures >= settings.breaker_error_threshold:
-        return settings.breaker_error_suspend_s
-    return 0.0
-
-
-def suspended_message(remaining_s: float, reason: str) -> str:
-    return f"suspended for another {remaining_s:.0f} s after: {reason}"
-
-
-@dataclass
-class _Circuit:
-    failures: int = 0
-    open_until: float = 0.0
-    reason: str = ""
-
-
-class CircuitBreaker:
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings = settings
-        self.clock = clock
-        self._circuits: dict[tuple[str, str], _Circuit] = {}
-
-    async def check(self, key: tuple[str, str]) -> None:
-        circuit = self._circuits.get(key)
-        if circuit is not None and circuit.open_until > self.clock():
-            raise RetrieverSkipped(suspended_message(circuit.open_until - self.clock(), circuit.reason))
-
-    async def succeeded(self, key: tuple[str, str]) -> None:
-        self._circuits.pop(key, None)
-
-    async def failed(self, key: tuple[str, str], failure: RetrieverFailed) -> str | None:
-        if not upstream_fault(failure):
-            return None
-        circuit = self._circuits.setdefault(key, _Circuit())
-        if len(self._circuits) > _CIRCUITS:  # the oldest forgotten: its upstream is tried again
-            del self._circuits[next(iter(self._circuits))]
-        circuit.failures += 1
-        seconds = suspension(failure, circuit.failures, self.settings)
-        if seconds <= 0:
-            return None
-        circuit.open_until = self.clock() + seconds
-        circuit.reason = f"{failure} (suspended {seconds:g} s)"
-        return failure_reason(failure)
-
-
-class UpstreamCache:
-    """Answers of quota-spending upstreams, kept for UPSTREAM_CACHE_TTL_S."""
-
-    def __init__(
-        self, ttl_s: float, clock: Callable[[], float] = time.monotonic, max_chars: int = _CACHE_CHARS
-    ) -> None:
-        self._answers: TimedCache[tuple[object, ...], Hits] = TimedCache(
-            ttl_s, _CACHE_ENTRIES, max_chars, _chars, clock
-        )
-
-    @staticmethod
-    def key(name: str, credential: str, options: SearchOptions) -> tuple[object, ...]:
-        return (
-            name,
-            credential,
-            " ".join(options.query.split()).casefold(),
-            options.max_results,
-            options.query_domains,
-            options.user_id,
-            options.internal_api_type,
-            options.internal_api_base_url,
-        )
-
-    @property
-    def chars(self) -> int:
-        """The characters of results held."""
-        return self._answers.held
-
-    async def get(self, key: tuple[object, ...]) -> Hits | None:
-        return self._answers.get(key)
-
-    async def put(self, key: tuple[object, ...], hits: Hits) -> None:
-        self._answers.put(key, hits)
 
 
 @dataclass

@@ -26,6 +26,7 @@ from fedresearch.core.settings import Settings
 from fedresearch.core.text import cut_text
 from fedresearch.core.work import WorkPool
 from fedresearch.federation import http, ratelimit
+from fedresearch.federation.breaker import failure_reason
 from fedresearch.federation.contract import (
     Adapter,
     Answer,
@@ -38,7 +39,7 @@ from fedresearch.federation.contract import (
     RetrieverSkipped,
     SearchOptions,
 )
-from fedresearch.federation.resilience import Guard, Guarded, failure_reason
+from fedresearch.federation.resilience import Guard, Guarded
 from fedresearch.library.facade import Library
 from fedresearch.library.store import LibraryUnavailable
 

@@ -24,12 +24,13 @@ from fedresearch.core.metrics import Metrics
 from fedresearch.core.redis import Leases, SharedDown, SharedRedis, connect
 from fedresearch.core.settings import Settings, secret
 from fedresearch.core.work import WorkPool, work_threads
+from fedresearch.federation.answer_cache import RedisAnswerCache
+from fedresearch.federation.breaker import RedisBreaker
 from fedresearch.federation.contract import Adapter
-from fedresearch.federation.ratelimit import LocalRateLimiter, RateLimiter
+from fedresearch.federation.ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter
 from fedresearch.federation.registry import AdapterFactory, build_registry
 from fedresearch.federation.resilience import Guard
 from fedresearch.federation.runner import Deps
-from fedresearch.federation.shared_state import RedisAnswerCache, RedisBreaker, RedisRateLimiter
 from fedresearch.jobs import webhooks
 from fedresearch.jobs.local_store import LocalJobStore
 from fedresearch.jobs.redis_store import RedisJobStore
