@@ -29,6 +29,7 @@ lint: $(BIN)/fedresearch
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) .venv-agentscope data .pytest_cache .ruff_cache .mypy_cache *.egg-info build dist
+	rm -rf $(VENV) .venv-agentscope data .pytest_cache .ruff_cache .mypy_cache .import_linter_cache *.egg-info build dist
