@@ -28,7 +28,7 @@ from examples.demo import QUESTION
 from fedresearch.core.settings import Settings
 from fedresearch.library.ingest import ingest
 from fedresearch.library.open import open_library
-from fedresearch.report.exports import RENDERERS
+from fedresearch.report.exports import EXPORT_FORMATS
 from fedresearch.web.app import create_app
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "library"
@@ -36,8 +36,8 @@ DEMO_RETRIEVERS = "internal_biblio,internal_highlight,tavily,google"
 _COLD = """
 import sys, time
 started = time.perf_counter()
-from fedresearch.report.exports import RENDERERS
-data = RENDERERS[sys.argv[1]](open(sys.argv[2], encoding="utf-8").read(), "Report")
+from fedresearch.report.exports import EXPORT_FORMATS
+data = EXPORT_FORMATS[sys.argv[1]].render(open(sys.argv[2], encoding="utf-8").read(), "Report")
 print(round((time.perf_counter() - started) * 1000, 1), len(data))
 """
 
@@ -86,7 +86,7 @@ def warm(kind: str, markdown: str, repeat: int) -> float:
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
-        RENDERERS[kind](markdown, "Report")
+        EXPORT_FORMATS[kind].render(markdown, "Report")
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
 

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from fedresearch.core.settings import Settings
+from fedresearch.report.types import offered_forms
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -180,9 +181,9 @@ def _add_ask(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     ask.add_argument("--retrievers", help="comma list or aliases, e.g. library,tavily,google")
     ask.add_argument("--user")
     ask.add_argument("--type", help="internal_api_type: biblio, highlight or File")
-    ask.add_argument(
-        "--report-type", default="research_report", choices=("research_report", "resource_report", "outline_report")
-    )
+    forms = offered_forms()
+    described = "; ".join(f"{form.name}: {form.description}" for form in forms)
+    ask.add_argument("--report-type", default=forms[0].name, choices=[form.name for form in forms], help=f"{described}")
     ask.add_argument("--report-source", choices=("web", "local", "hybrid"))
     ask.add_argument("--server", help="ws://HOST:PORT (default: FEDRESEARCH_HOST/PORT)")
     ask.add_argument("--token", help="API key, when the server requires one")

@@ -19,6 +19,8 @@ from aiohttp import web
 
 from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
+from fedresearch.report.exports import EXPORT_FORMATS
+from fedresearch.report.types import offered_forms
 from fedresearch.web.keys import SOCKETS
 from tests.conftest import EXAMPLES, make_settings
 from tests.test_pages import StaticResolver
@@ -136,6 +138,8 @@ async def test_a_question_runs_to_a_cited_report_with_exports_chat_history_and_u
 
     for name in ("internal_biblio", "internal_highlight", "tavily", "google"):
         await page.check(f"#retriever-list input[value={name}]")
+    menu = await page.eval_on_selector_all("#report-type option", "options => options.map(o => o.value)")
+    assert menu == [form.name for form in offered_forms()]  # the report types' registry, in its order
     await page.fill("#question", QUESTION)
     await page.click("#run")
     await page.wait_for_selector("#downloads button[data-kind=pdf]", timeout=30_000)
@@ -183,7 +187,7 @@ async def _check_citations(page: Any) -> None:
 
 async def _check_exports(page: Any) -> None:
     kinds = await page.eval_on_selector_all("#downloads button", "buttons => buttons.map(b => b.dataset.kind)")
-    assert kinds == ["md", "html", "pdf", "docx", "json"]
+    assert kinds == list(EXPORT_FORMATS) == ["md", "html", "pdf", "docx", "json"]  # the formats' registry
     pdf = await _downloaded(page, "pdf")
     assert pdf.startswith(b"%PDF-")
     text = " ".join(" ".join(p.extract_text() for p in pypdf.PdfReader(io.BytesIO(pdf)).pages).split())

@@ -20,7 +20,8 @@ def library_type(value: object) -> str | None:
 
 
 class ReportType(StrEnum):
-    """GPT-Researcher's report types (gpt_researcher/utils/enum.py)."""
+    """GPT-Researcher's report types (gpt_researcher/utils/enum.py): the names clients send. What
+    each is and how it is written is its form in report/types.py."""
 
     research_report = "research_report"
     resource_report = "resource_report"
@@ -29,11 +30,6 @@ class ReportType(StrEnum):
     detailed_report = "detailed_report"
     subtopic_report = "subtopic_report"
     deep = "deep"
-
-    @property
-    def decomposes(self) -> bool:
-        """Whether the question is split into sub-questions, each searched and written up on its own."""
-        return self in (ReportType.detailed_report, ReportType.deep)
 
 
 class ReportSource(StrEnum):

@@ -203,7 +203,7 @@ class JobRun:
         await self.deliver(self.outcome.markdown, self.outcome.files, saved, streamed=self.outcome.streamed)
 
     async def _finish(self, status: JobStatus, error: str | None) -> None:
-        files = {kind: f"reports/{self.research_id}.{kind}" for kind in ("md", "pdf", "docx", "html", "json")}
+        files = {kind: f"reports/{name}" for kind, name in report_files(self.research_id).items()}
         saved = status is not JobStatus.cancelled or self.outcome is not None
         record = self.record if saved else None
         job = await self.runtime.jobs.finish(self.research_id, status, error, files if saved else None, record)

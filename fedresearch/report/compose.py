@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedresearch.core.events import Emit, ProgressEvent
-from fedresearch.core.models import ReportType
 from fedresearch.core.work import run_on
 from fedresearch.report.citations import Citations, Reference
 from fedresearch.report.evidence import Evidence, diversify, gather, rank
@@ -29,6 +28,7 @@ from fedresearch.report.llm import (
     seen_text,
     stream_paragraphs,
 )
+from fedresearch.report.types import form_of
 from fedresearch.report.verify import (
     MARKERS,
     Checked,
@@ -145,7 +145,7 @@ async def compose(
     """The report, sent through `send` (paragraph-bounded frames) as it is written, and verified;
     with `save`, saved before it is sent whole (the extractive writer) or once the stream ends (the
     model), its `saved` set from what `save` returned."""
-    if config is None or brief.report_type is ReportType.resource_report:
+    if config is None or form_of(brief.report_type).model_shape is None:
         composed = await run_on(brief.writing.work, _write_and_save, brief, save)
         await _verified(composed.verification, emit)
         await _send_all(composed.markdown, send)
@@ -205,8 +205,8 @@ class LlmReport:
         limit = self.writing.support_threshold
         verifier = await run_on(self.writing.work, Verifier, numbered, self.writing.embed, Thresholds(limit, limit / 2))
         language = labels_for(self.brief.question, self.writing.language).code
-        outline = self.brief.report_type is ReportType.outline_report
-        messages = messages_for(self.brief.question, passages, language, outline)
+        shape = form_of(self.brief.report_type).model_shape or ""
+        messages = messages_for(self.brief.question, passages, language, shape)
         await self.emit(
             ProgressEvent("writing_report", f"🤖 {self.config.model} is writing from {len(passages)} passages")
         )

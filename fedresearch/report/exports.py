@@ -1,4 +1,6 @@
-"""A saved report as self-contained HTML, PDF and DOCX, rendered from its Markdown on first request.
+"""The formats a saved report is offered in (`EXPORT_FORMATS`, the one list every other part reads:
+the `path` frame, the /reports/ route and its media types, the saved files, the page's buttons),
+and the renderers of its self-contained HTML, PDF and DOCX, made from its Markdown on first request.
 
 Markdown is parsed once by markdown-it-py (CommonMark, the parser GPT-Researcher's clients' viewers
 agree with). HTML comes from a jinja2 template with its CSS inline; PDF is that HTML through
@@ -10,6 +12,8 @@ run it in a thread, and only when someone asks for the file.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +32,6 @@ _TEMPLATES = Environment(
     autoescape=select_autoescape(["html", "j2"]),
     auto_reload=False,
 )
-EXPORTS = {
-    "html": "text/html; charset=utf-8",
-    "pdf": "application/pdf",
-    "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-}
 
 
 def to_html(markdown: str, title: str) -> str:
@@ -115,4 +114,39 @@ def _hyperlink(paragraph: Paragraph, text: str, url: str) -> None:
     paragraph._p.append(hyperlink)
 
 
-RENDERERS = {"html": lambda md, title: to_html(md, title).encode(), "pdf": to_pdf, "docx": to_docx}
+Renderer = Callable[[str, str], bytes]  # (the report's Markdown, its title) -> the file
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One file a saved report is offered as: its suffix (also its key in `path` frames), the media
+    type it is served with, how it is made from the report's Markdown (None: it is the saved JSON
+    record itself), and whether a browser should save it rather than show it."""
+
+    suffix: str
+    media_type: str
+    render: Renderer | None
+    attachment: bool = False
+
+
+def _markdown(markdown: str, title: str) -> bytes:
+    return markdown.encode()
+
+
+def _html(markdown: str, title: str) -> bytes:
+    return to_html(markdown, title).encode()
+
+
+# in the order pages and clients list them; adding a format is one line here and its renderer
+EXPORT_FORMATS: dict[str, ExportFormat] = {
+    export.suffix: export
+    for export in (
+        ExportFormat("md", "text/markdown; charset=utf-8", _markdown),
+        ExportFormat("html", "text/html; charset=utf-8", _html),
+        ExportFormat("pdf", "application/pdf", to_pdf, attachment=True),
+        ExportFormat(
+            "docx", "application/vnd.openxmlformats-officedocument.wordprocessingml.document", to_docx, attachment=True
+        ),
+        ExportFormat("json", "application/json; charset=utf-8", None),
+    )
+}

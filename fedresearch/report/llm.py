@@ -130,13 +130,9 @@ def numbered_passages(passages: Sequence[Evidence]) -> str:
 
 
 def messages_for(
-    question: str, passages: Sequence[Evidence], language: str, outline: bool
+    question: str, passages: Sequence[Evidence], language: str, shape: str
 ) -> list[ChatCompletionMessageParam]:
-    shape = (
-        "an outline: `## ` section headings, each followed by a short paragraph of the points it will make"
-        if outline
-        else "a short summary paragraph first, then sections under `## ` headings, each of a few paragraphs"
-    )
+    """The model's instructions and evidence; `shape` is what its report type asks for (types.py)."""
     system = (
         "You write research reports using only the numbered evidence passages you are given. "
         "End every sentence that states a fact with the marker of each passage that states it, "

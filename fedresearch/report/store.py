@@ -11,11 +11,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fedresearch.report.exports import RENDERERS
+from fedresearch.report.exports import EXPORT_FORMATS
 
 REPORT_ID = re.compile(r"[0-9a-f]{32}")
-REPORT_NAME = re.compile(r"^([0-9a-f]{32})\.(md|json|html|pdf|docx)$")
-FORMATS = ("md", "pdf", "docx", "html", "json")  # what every path frame lists
+REPORT_NAME = re.compile(rf"^([0-9a-f]{{32}})\.({'|'.join(map(re.escape, EXPORT_FORMATS))})$")
 
 
 _TEMPORARY = itertools.count()  # unique per process without a getrandom call per file (uuid4)
@@ -53,7 +52,7 @@ def save_report(directory: Path, report_id: str, data: bytes) -> dict[str, str]:
 
 def report_files(report_id: str) -> dict[str, str]:
     """Every format's name relative to the reports directory, as `path` frames list them."""
-    return {kind: f"{report_id}.{kind}" for kind in FORMATS}
+    return {kind: f"{report_id}.{kind}" for kind in EXPORT_FORMATS}
 
 
 def report_markdown(directory: Path, report_id: str) -> str | None:
@@ -76,16 +75,14 @@ def export(directory: Path, report_id: str, kind: str) -> Path | None:
     path = directory / f"{report_id}.{kind}"
     if path.is_file():
         return path
-    if kind != "md" and kind not in RENDERERS:
+    render = EXPORT_FORMATS[kind].render if kind in EXPORT_FORMATS else None
+    if render is None:  # the record itself (there when the report is), or no such format
         return None
     markdown = report_markdown(directory, report_id)
     if markdown is None:
         return None
-    if kind == "md":
-        write_atomic(path, markdown.encode())
-        return path
     title = next((line[2:].strip() for line in markdown.splitlines() if line.startswith("# ")), "Report")
-    write_atomic(path, RENDERERS[kind](markdown, title))
+    write_atomic(path, render(markdown, title))
     return path
 
 
@@ -99,7 +96,7 @@ def drop_reports(directory: Path, report_ids: list[str]) -> int:
 def delete_report(directory: Path, report_id: str) -> bool:
     """Remove a report's Markdown, JSON and every rendered export; whether any file was there."""
     removed = False
-    for kind in FORMATS:
+    for kind in EXPORT_FORMATS:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f"{directory}/{report_id}.{kind}")
             removed = True

@@ -26,6 +26,7 @@ from fedresearch.report.pages import PageReader
 from fedresearch.report.planner import SubQuestion, model_sub_questions, sub_questions
 from fedresearch.report.reading import read_pages, url_sources
 from fedresearch.report.store import record_bytes, report_files
+from fedresearch.report.types import form_of
 from fedresearch.report.writer import Brief, Part, Writing
 
 log = logging.getLogger("fedresearch")
@@ -164,7 +165,7 @@ async def run_research(
     config, refused = llm_config(settings, request.header("llm_model"), tools.llm)
     if refused:
         await emit(ProgressEvent("warning", f"⚠️ {refused}"))
-    decomposes = request.report_type.decomposes
+    decomposes = form_of(request.report_type).decomposes
     parts = await _parts(task, sources, tools, emit, config) if decomposes else []
     everything = sources + [s for part in parts for s in part.sources]
     writing = writing_for(request, deps, await _read(everything, plan, tools, emit, started))

@@ -36,6 +36,7 @@ from fedresearch.report.evidence import (
     terms,
 )
 from fedresearch.report.language import Labels, labels_for
+from fedresearch.report.types import form_of
 
 TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -204,16 +205,16 @@ def write_report(brief: Brief) -> tuple[str, list[Reference]]:
     labels = labels_for(question, writing.language)
     citations = Citations()
     context: dict[str, object] = {"question": question, "coverage": coverage_lines(brief.outcomes), "labels": labels}
-    if report_type is ReportType.resource_report:
+    form = form_of(report_type)
+    if form.layout == "resources":
         context["entries"] = _resources(sources, citations, labels)
-    elif report_type is ReportType.outline_report:
+    elif form.layout == "outline":
         claims = _claims(question, sources, writing, budget=12)
         context["themes"] = _themes(question, claims, citations)
     else:
-        _research(question, sources, writing, brief.parts, citations, context, detailed=report_type.decomposes)
-        report_type = ReportType.research_report
+        _research(question, sources, writing, brief.parts, citations, context, detailed=form.decomposes)
     context["references"] = citations.references
-    markdown = TEMPLATES.get_template(f"{report_type.value}.md.j2").render(**context)
+    markdown = TEMPLATES.get_template(form.template).render(**context)
     return markdown, citations.references
 
 

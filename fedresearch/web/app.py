@@ -160,6 +160,7 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", status.healthz)
     app.router.add_get("/metrics", status.metrics)
     app.router.add_get("/api/retrievers", status.retrievers)
+    app.router.add_get("/api/report_forms", status.report_forms)
     app.router.add_get("/ws", research_socket.websocket)
     app.router.add_post("/internal/biblios/vector_search/", literature.literature_api)
     app.router.add_get("/reports/{name}", reports.report_file)

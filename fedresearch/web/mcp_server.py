@@ -14,13 +14,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 from aiohttp import web
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError  # its message reaches the client as is
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from fedresearch.core.auth import Principal, bearer_token
 from fedresearch.core.errors import RequestError
@@ -33,10 +33,19 @@ from fedresearch.federation.runner import federate
 from fedresearch.jobs.runs import start_job
 from fedresearch.jobs.store import follow
 from fedresearch.report.store import REPORT_NAME
+from fedresearch.report.types import offered_forms
 from fedresearch.web.keys import KEYS, RUNTIME, SETTINGS
 from fedresearch.web.status import retriever_list
 
 _BODY_CHARS = 1200
+# the report types a question alone can ask for, from their registry (report/types.py)
+ReportTypeName = Annotated[
+    str,
+    Field(
+        description="; ".join(f"{form.name}: {form.description}" for form in offered_forms()),
+        json_schema_extra={"enum": [form.name for form in offered_forms()]},
+    ),
+]
 INSTRUCTIONS = (
     "fedresearch searches the user's own library (papers, notes, PDFs) federated with scholarly and "
     "web retrievers. Use `search` for sources, `research` for a cited report, `list_retrievers` to "
@@ -83,27 +92,30 @@ def source_json(number: int, source: FusedResult) -> dict[str, Any]:
     }
 
 
-def build_server(app: web.Application) -> MCPServer:
-    """The MCP server over this app's registry, library and keys.
+class McpTools:
+    """The MCP tools over one app's runtime and keys; each call checks its caller's key first."""
 
-    Longer than 40 lines for a reason: the four tools close over the app and are registered by the
-    SDK's decorator, so they are declared here together, each a few lines.
-    """
-    server: MCPServer = MCPServer(name="fedresearch", instructions=INSTRUCTIONS)
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
 
-    @server.tool(description="Federated search: ranked sources (title, link, passage, retrievers) for a query.")
     async def search(
-        query: str, ctx: Context, retrievers: str = "", max_results: int = 10, user_id: str = ""
+        self, query: str, ctx: Context, retrievers: str = "", max_results: int = 10, user_id: str = ""
     ) -> dict[str, Any]:
+        app = self.app
         plan = plan_for(app, caller(app, ctx), query, retrievers, user_id, max_search_results=max_results)
-        federated = await federate(plan.names, app[RUNTIME].registry, plan.options, app[RUNTIME].deps, discard)
+        runtime = app[RUNTIME]
+        federated = await federate(plan.names, runtime.registry, plan.options, runtime.deps, discard)
         sources = fuse(federated.results, app[SETTINGS].retriever_weights)[: max(1, min(max_results, 50))]
         outcomes = [outcome.model_dump(include={"name", "status", "count", "error"}) for outcome in federated.outcomes]
         return {"sources": [source_json(n, s) for n, s in enumerate(sources, start=1)], "retrievers": outcomes}
 
-    @server.tool(description="Research a question: a cited Markdown report; progress arrives as notifications.")
     async def research(
-        task: str, ctx: Context, retrievers: str = "", report_type: str = "research_report", user_id: str = ""
+        self,
+        task: str,
+        ctx: Context,
+        retrievers: str = "",
+        report_type: ReportTypeName = "research_report",
+        user_id: str = "",
     ) -> dict[str, Any]:
         # a job, as over the WebSocket and REST: MAX_TASKS_PER_KEY, MAX_TASK_CHARS and TASK_TIMEOUT_S
         # apply, it is listed and kept (or expired) with the user's other reports, and it goes on
@@ -113,11 +125,12 @@ def build_server(app: web.Application) -> MCPServer:
             request = ResearchRequest(task=task, report_type=report_type, headers=headers)
         except ValidationError as error:
             raise ToolError("; ".join(str(issue["msg"]) for issue in error.errors())) from None
-        run, live = await start_job(app[RUNTIME], caller(app, ctx), request, "mcp", detached=True)
+        runtime = self.app[RUNTIME]
+        run, live = await start_job(runtime, caller(self.app, ctx), request, "mcp", detached=True)
         if run.failure is not None:
             raise ToolError(run.failure.reason)
         steps = 0
-        async with contextlib.aclosing(follow(app[RUNTIME].jobs, run.research_id)) as frames:
+        async with contextlib.aclosing(follow(runtime.jobs, run.research_id)) as frames:
             async for frame in frames:
                 if frame.get("type") == "logs":
                     steps += 1
@@ -130,15 +143,13 @@ def build_server(app: web.Application) -> MCPServer:
         files = {kind: f"/reports/{name}" for kind, name in outcome.files.items()}
         return {"research_id": outcome.report_id, "report": outcome.markdown, "references": references, "files": files}
 
-    @server.tool(description="The retrievers this server offers, whether each is configured, and the aliases.")
-    async def list_retrievers(ctx: Context) -> dict[str, Any]:
-        caller(app, ctx)
-        return retriever_list(app[RUNTIME].registry, app[SETTINGS])
+    async def list_retrievers(self, ctx: Context) -> dict[str, Any]:
+        caller(self.app, ctx)
+        return retriever_list(self.app[RUNTIME].registry, self.app[SETTINGS])
 
-    @server.tool(description="A saved report by its research_id: its Markdown, sources and retriever outcomes.")
-    async def get_report(research_id: str, ctx: Context) -> dict[str, Any]:
-        principal = caller(app, ctx)
-        reports = app[RUNTIME].reports()
+    async def get_report(self, research_id: str, ctx: Context) -> dict[str, Any]:
+        principal = caller(self.app, ctx)
+        reports = self.app[RUNTIME].reports()
         if not REPORT_NAME.match(f"{research_id}.json") or not await reports.readable(principal, research_id):
             raise ToolError(f"no report {research_id!r}")  # another user's report is not there for this key
         record = await reports.record(research_id)
@@ -146,6 +157,22 @@ def build_server(app: web.Application) -> MCPServer:
             raise ToolError(f"no report {research_id!r}")
         return record
 
+
+# each tool, by its method's name, and what its clients are told it does
+_TOOLS = {
+    "search": "Federated search: ranked sources (title, link, passage, retrievers) for a query.",
+    "research": "Research a question: a cited Markdown report; progress arrives as notifications.",
+    "list_retrievers": "The retrievers this server offers, whether each is configured, and the aliases.",
+    "get_report": "A saved report by its research_id: its Markdown, sources and retriever outcomes.",
+}
+
+
+def build_server(app: web.Application) -> MCPServer:
+    """The MCP server over this app's registry, library and keys."""
+    server: MCPServer = MCPServer(name="fedresearch", instructions=INSTRUCTIONS)
+    tools = McpTools(app)
+    for name, description in _TOOLS.items():
+        server.add_tool(getattr(tools, name), description=description)
     return server
 
 

@@ -21,7 +21,7 @@ _PARAMETER = re.compile(r"\{(\w+)\}")
 _WORDLESS = re.compile(r"\W+")
 _BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
 # answered to anyone, keys or not (the page asks for its key itself)
-_PUBLIC = {"/", "/static/{name}", "/healthz", "/metrics", "/openapi.json"}
+_PUBLIC = {"/", "/static/{name}", "/healthz", "/metrics", "/openapi.json", "/api/report_forms"}
 _PAGED = [
     {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "default": 0}},
     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50}},

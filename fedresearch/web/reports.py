@@ -10,12 +10,10 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from fedresearch.jobs.reports import sweeping_leftovers
-from fedresearch.report.exports import EXPORTS
+from fedresearch.report.exports import EXPORT_FORMATS
 from fedresearch.report.store import REPORT_NAME, export
 from fedresearch.web.auth import principal_of
 from fedresearch.web.keys import RUNTIME
-
-_TYPES = {"md": "text/markdown; charset=utf-8", "json": "application/json; charset=utf-8", **EXPORTS}
 
 
 async def leftover_sweeps(app: web.Application) -> AsyncIterator[None]:
@@ -34,7 +32,8 @@ async def report_file(request: web.Request) -> web.FileResponse:
     path = await asyncio.to_thread(export, reports.directory, report_id, kind)
     if path is None:
         raise web.HTTPNotFound(text="no such report")
-    headers = {"Content-Type": _TYPES[kind]}
-    if kind in ("pdf", "docx"):
+    served = EXPORT_FORMATS[kind]
+    headers = {"Content-Type": served.media_type}
+    if served.attachment:
         headers["Content-Disposition"] = f'attachment; filename="report-{report_id[:8]}.{kind}"'
     return web.FileResponse(path, headers=headers)

@@ -1,4 +1,5 @@
-"""What the server is and how it fares: `/healthz`, `/metrics`, and `GET /api/retrievers`."""
+"""What the server is and how it fares: `/healthz`, `/metrics`, `GET /api/retrievers`, and what a
+report can be (`GET /api/report_forms`: its types and file formats, read from their registries)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from aiohttp import web
 from fedresearch.core.settings import Settings
 from fedresearch.federation.contract import Adapter
 from fedresearch.federation.planning import ALIASES
+from fedresearch.report.exports import EXPORT_FORMATS
+from fedresearch.report.types import offered_forms
 from fedresearch.web.auth import principal_of
 from fedresearch.web.keys import METRICS, RUNTIME, SETTINGS
 
@@ -57,3 +60,10 @@ def retriever_list(registry: dict[str, Adapter], settings: Settings) -> dict[str
 async def retrievers(request: web.Request) -> web.Response:
     principal_of(request)
     return web.json_response(retriever_list(request.app[RUNTIME].registry, request.app[SETTINGS]))
+
+
+async def report_forms(request: web.Request) -> web.Response:
+    """The report types a question alone can ask for (name, label, description) and the formats
+    every report is saved in: public, like the page that builds its menu and buttons from them."""
+    types = [{"name": form.name, "label": form.label, "description": form.description} for form in offered_forms()]
+    return web.json_response({"report_types": types, "formats": list(EXPORT_FORMATS)})

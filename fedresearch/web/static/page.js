@@ -11,7 +11,6 @@
   const PICKED_ITEM = "fedresearch.retrievers";
   const HISTORY_ITEM = "fedresearch.history";
   const RESEARCH_ITEM = "fedresearch.research"; // the running task, per tab: sessionStorage
-  const FORMATS = ["md", "html", "pdf", "docx", "json"];
   const BACKOFF_S = [0.5, 1, 2, 4, 8, 15];
 
   // ---- strings --------------------------------------------------------------------------------
@@ -31,6 +30,7 @@
     for (const element of document.querySelectorAll("[data-i18n-placeholder]")) {
       element.placeholder = t(element.dataset.i18nPlaceholder);
     }
+    renderReportTypes();
     renderRetrieverChoices();
     renderProgress();
     renderDownloads();
@@ -139,6 +139,30 @@
       localStorage.setItem(USER_ITEM, $("user-id").value.trim());
       loadHistory();
     });
+  }
+
+  // ---- what a report can be: its types and formats (GET /api/report_forms) ----------------------
+  let reportForms = null;
+
+  async function loadReportForms() {
+    try {
+      reportForms = await (await api("api/report_forms")).json();
+    } catch (error) {
+      notify(error.message);
+      return;
+    }
+    renderReportTypes();
+  }
+
+  function renderReportTypes() {
+    if (!reportForms) return;
+    const select = $("report-type");
+    const chosen = select.value;
+    select.replaceChildren(...reportForms.report_types.map((form) => {
+      const key = `type_${form.name}`; // this page's own words for the types it knows, else the server's
+      return element("option", { value: form.name, title: form.description, text: key in window.STRINGS.en ? t(key) : form.label });
+    }));
+    if (chosen) select.value = chosen;
   }
 
   // ---- retrievers -----------------------------------------------------------------------------
@@ -440,7 +464,7 @@
   // ---- downloads ------------------------------------------------------------------------------
   function renderDownloads() {
     const files = run.files || {};
-    const kinds = FORMATS.filter((kind) => files[kind]).concat(Object.keys(files).filter((k) => !FORMATS.includes(k)));
+    const kinds = Object.keys(files); // in the server's order (report/exports.py)
     $("downloads").replaceChildren(...kinds.map((kind) => element("button", {
       type: "button", class: "download", "data-kind": kind, text: kind.toUpperCase(),
       onclick: (event) => download(event.currentTarget, files[kind], kind),
@@ -713,7 +737,8 @@
 
   function fromServer(report) {
     const id = String(report.id ?? report.research_id ?? "");
-    const files = report.files || Object.fromEntries(FORMATS.map((kind) => [kind, `reports/${id}.${kind}`]));
+    const formats = reportForms ? reportForms.formats : [];
+    const files = report.files || Object.fromEntries(formats.map((kind) => [kind, `reports/${id}.${kind}`]));
     const question = report.question || report.task || id;
     return { id, question, at: report.timestamp || report.created_at, files, answer: report.answer ?? null };
   }
@@ -838,7 +863,8 @@
   }
 
   // ---- start ----------------------------------------------------------------------------------
-  function loadServerData() {
+  async function loadServerData() {
+    await loadReportForms(); // first: the history's downloads are its formats
     loadRetrievers();
     loadHistory();
   }

@@ -1,0 +1,117 @@
+"""The report types: what each is and how it is written, in one registry every other part reads (the
+planner and the writers here; the WebSocket's validation, the CLI's choices, the page's menu, the
+MCP tool's schema and OpenAPI above).
+
+The names are GPT-Researcher's (`ReportType`, core/models.py: the words its clients send); a type
+is added with a member there and its form here, and every type must have one (checked at import).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from fedresearch.core.models import ReportType
+
+# how the extractive writer fills a type's template (report/writer.py)
+Layout = Literal["research", "outline", "resources"]
+_TEMPLATES: dict[Layout, str] = {
+    "research": "research_report.md.j2",
+    "outline": "outline_report.md.j2",
+    "resources": "resource_report.md.j2",
+}
+
+_SECTIONS = "a short summary paragraph first, then sections under `## ` headings, each of a few paragraphs"
+_OUTLINE = "an outline: `## ` section headings, each followed by a short paragraph of the points it will make"
+
+
+@dataclass(frozen=True)
+class ReportForm:
+    """One report type: how menus name it and what it gives, whether its question is split into
+    sub-questions (each searched and written up on its own), how the extractive writer lays it out
+    (`layout`, into the template `template`), what shape the model is asked to write (None: the
+    extractive writer always writes it), and the request fields it needs besides the question
+    (a type that needs some is not offered where only a question is asked)."""
+
+    type: ReportType
+    label: str
+    description: str
+    layout: Layout = "research"
+    decomposes: bool = False
+    model_shape: str | None = _SECTIONS
+    needs: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.type.value
+
+    @property
+    def template(self) -> str:
+        return _TEMPLATES[self.layout]
+
+    @property
+    def offered(self) -> bool:
+        """Whether it can be asked with a question alone (the page's menu, the CLI's choices)."""
+        return not self.needs
+
+
+REPORT_FORMS: dict[ReportType, ReportForm] = {
+    form.type: form
+    for form in (
+        ReportForm(
+            ReportType.research_report,
+            "Research report",
+            "a summary of the findings, then sections by theme, every claim cited",
+        ),
+        ReportForm(
+            ReportType.detailed_report,
+            "Detailed report",
+            "the question split into sub-questions, each searched on its own and given its section",
+            decomposes=True,
+        ),
+        ReportForm(
+            ReportType.deep,
+            "Deep research",
+            "research that follows sub-questions as far as the task's time allows, each given its section",
+            decomposes=True,
+        ),
+        ReportForm(
+            ReportType.resource_report,
+            "Resources",
+            "an annotated list of the sources, grouped by where they were found",
+            layout="resources",
+            model_shape=None,
+        ),
+        ReportForm(
+            ReportType.outline_report,
+            "Outline",
+            "section headings, each with the points it would make, cited",
+            layout="outline",
+            model_shape=_OUTLINE,
+        ),
+        ReportForm(
+            ReportType.custom_report,
+            "Custom report",
+            "a report written as the request's custom_prompt asks",
+            needs=("custom_prompt",),
+        ),
+        ReportForm(
+            ReportType.subtopic_report,
+            "Subtopic report",
+            "a report on one subtopic within the request's parent_query",
+            needs=("parent_query",),
+        ),
+    )
+}
+
+if set(REPORT_FORMS) != set(ReportType):  # a type added to the protocol without its form
+    raise RuntimeError(f"report types without a form: {sorted(set(ReportType) - set(REPORT_FORMS))}")
+
+
+def form_of(report_type: ReportType) -> ReportForm:
+    return REPORT_FORMS[report_type]
+
+
+def offered_forms() -> list[ReportForm]:
+    """The types asked with a question alone, in the registry's order."""
+    return [form for form in REPORT_FORMS.values() if form.offered]
