@@ -41,6 +41,24 @@ class Metrics:
     def __init__(self) -> None:
         self.shared_dir = os.environ.get(MULTIPROCESS_DIR)
         self.registry = CollectorRegistry()
+        self._retriever_metrics()
+        self.sockets = Gauge(
+            "fedresearch_active_sockets",
+            "Open WebSocket connections",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.tasks = Gauge(
+            "fedresearch_active_tasks",
+            "Research tasks running",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self._collector_metrics()
+        self.pauses: Pauses | None = None  # the collector's, once a server process has settled
+
+    def _retriever_metrics(self) -> None:
+        """How each retriever fares: calls, failures, latency, suspensions, cached answers."""
         self.requests = Counter(
             "fedresearch_retriever_requests",
             "Retriever calls, cached answers included",
@@ -72,18 +90,9 @@ class Metrics:
             ["retriever"],
             registry=self.registry,
         )
-        self.sockets = Gauge(
-            "fedresearch_active_sockets",
-            "Open WebSocket connections",
-            registry=self.registry,
-            multiprocess_mode="livesum",
-        )
-        self.tasks = Gauge(
-            "fedresearch_active_tasks",
-            "Research tasks running",
-            registry=self.registry,
-            multiprocess_mode="livesum",
-        )
+
+    def _collector_metrics(self) -> None:
+        """The garbage collector's pauses, and the start-up objects it skips."""
         self.gc_pauses = Histogram(
             "fedresearch_gc_pause_seconds",
             "Garbage collections by how long they stopped the process",
@@ -99,7 +108,6 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="livemin",
         )
-        self.pauses: Pauses | None = None  # the collector's, once a server process has settled
 
     def publish(self) -> None:
         """This process's garbage collections since the last time, into the histogram."""
