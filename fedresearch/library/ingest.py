@@ -6,11 +6,13 @@ walk goes on. Links that lead outside the roots given are not followed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from fedresearch.library.facade import Library
 from fedresearch.library.formats import READERS, UnsupportedFile, read_file
@@ -95,3 +97,46 @@ def _refuse_unreadable(path: Path, max_bytes: int | None, roots: list[Path] | No
     size = path.stat().st_size
     if max_bytes is not None and size > max_bytes:
         raise UnsupportedFile(f"{name}: {size / 1e6:.1f} MB is over INGEST_MAX_FILE_MB ({max_bytes / 1e6:g})")
+
+
+Status = Literal["added", "replaced", "unchanged", "skipped"]
+
+
+@dataclass(frozen=True)
+class FileOutcome:
+    """What became of one uploaded file: its documents added, replaced or left as they were, or the
+    file skipped and why."""
+
+    file: str
+    status: Status
+    reason: str | None = None
+    documents: int = 0
+    added: int = 0
+    replaced: int = 0
+    unchanged: int = 0
+
+
+def ingest_uploads(library: Library, user_id: str, saved: Sequence[tuple[str, Path]], kind: str) -> list[FileOutcome]:
+    """Each uploaded file (its name, where it was saved) into the user's library, its documents'
+    sources named `upload:NAME`; one that cannot be read is skipped with why. Runs in a thread."""
+    results = []
+    for name, path in saved:
+        try:
+            documents = [
+                dataclasses.replace(document, source=document.source.replace(str(path), f"upload:{name}", 1))
+                for document in read_file(path, kind)
+            ]
+            outcome = library.add_documents(user_id, documents)
+        except UnsupportedFile as error:
+            results.append(FileOutcome(name, "skipped", str(error).replace(str(path), name)))
+            continue
+        except (IndexBusy, LibraryUnavailable):
+            raise  # the library's state, not this file's
+        except Exception as error:  # a reader's bug on a hostile file must not end the upload
+            log.exception("ingest of upload %s failed", name)
+            results.append(FileOutcome(name, "skipped", f"could not be read ({type(error).__name__})"))
+            continue
+        status: Status = "added" if outcome.added else "replaced" if outcome.replaced else "unchanged"
+        counts = {"added": outcome.added, "replaced": outcome.replaced, "unchanged": outcome.unchanged}
+        results.append(FileOutcome(name, status, None, len(documents), **counts))
+    return results

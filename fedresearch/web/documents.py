@@ -10,8 +10,6 @@ INGEST_MAX_FILE_MB; reading and embedding run in a thread.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import logging
 import re
 import shutil
 import tempfile
@@ -24,14 +22,12 @@ from aiohttp import BodyPartReader, web
 from fedresearch.core.auth import Principal
 from fedresearch.core.lineage import UPLOAD_FOLDERS, folder_prefix
 from fedresearch.library.facade import Library
-from fedresearch.library.formats import READERS, UnsupportedFile, read_file
+from fedresearch.library.formats import READERS
+from fedresearch.library.ingest import FileOutcome, ingest_uploads
 from fedresearch.library.locking import IndexBusy
 from fedresearch.library.records import DocumentInfo
-from fedresearch.library.store import LibraryUnavailable
 from fedresearch.web.auth import json_error, principal_of
 from fedresearch.web.keys import RUNTIME, SETTINGS
-
-log = logging.getLogger(__name__)
 
 MAX_FILES = 100
 MAX_PAGE = 200
@@ -131,29 +127,11 @@ def _skipped(name: str, reason: str) -> dict[str, Any]:
     return {"file": name, "status": "skipped", "reason": reason}
 
 
-def ingest_uploads(library: Library, user_id: str, saved: list[tuple[str, Path]], kind: str) -> list[dict[str, Any]]:
-    """Each saved file into the user's library (in a thread): what was added, replaced, left, skipped."""
-    results = []
-    for name, path in saved:
-        try:
-            documents = [
-                dataclasses.replace(document, source=document.source.replace(str(path), f"upload:{name}", 1))
-                for document in read_file(path, kind)
-            ]
-            outcome = library.add_documents(user_id, documents)
-        except UnsupportedFile as error:
-            results.append(_skipped(name, str(error).replace(str(path), name)))
-            continue
-        except (IndexBusy, LibraryUnavailable):
-            raise  # the library's state, not this file's
-        except Exception as error:  # a reader's bug on a hostile file must not end the upload
-            log.exception("ingest of upload %s failed", name)
-            results.append(_skipped(name, f"could not be read ({type(error).__name__})"))
-            continue
-        status = "added" if outcome.added else "replaced" if outcome.replaced else "unchanged"
-        counts = {"added": outcome.added, "replaced": outcome.replaced, "unchanged": outcome.unchanged}
-        results.append({"file": name, "status": status, "documents": len(documents), **counts})
-    return results
+def _outcome_json(outcome: FileOutcome) -> dict[str, Any]:
+    if outcome.status == "skipped":
+        return _skipped(outcome.file, outcome.reason or "")
+    counts = {"added": outcome.added, "replaced": outcome.replaced, "unchanged": outcome.unchanged}
+    return {"file": outcome.file, "status": outcome.status, "documents": outcome.documents, **counts}
 
 
 async def upload(request: web.Request) -> web.Response:
@@ -169,13 +147,13 @@ async def upload(request: web.Request) -> web.Response:
         if not saved and not refused:
             raise json_error(web.HTTPBadRequest, "no file in the upload: send each file as a part with a filename")
         try:
-            ingested = await library.threads.run(ingest_uploads, library, user, saved, kind)
+            outcomes = await library.threads.run(ingest_uploads, library, user, saved, kind)
         except IndexBusy as busy:
             raise json_error(web.HTTPServiceUnavailable, str(busy), **{"Retry-After": "30"}) from None
     finally:
         # deleting a gigabyte of uploaded files takes a quarter second on ext4: never on the event loop
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, folder, ignore_errors=True))
-    files = ingested + refused
+    files = [_outcome_json(outcome) for outcome in outcomes] + refused
     totals = {status: sum(1 for f in files if f["status"] == status) for status in ("added", "replaced", "unchanged")}
     answer = {"user_id": user, "files": files, **totals, "skipped": len(files) - sum(totals.values())}
     return web.json_response(answer, status=201 if totals["added"] or totals["replaced"] else 200)
