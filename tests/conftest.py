@@ -25,6 +25,7 @@ from tests.pgbouncer import pgbouncer_port, pooled_url  # noqa: F401  (fixtures 
 from tests.redis_cluster import redis_cluster, redis_target  # noqa: F401  (fixtures for every test module)
 from tests.redis_sentinel import redis_sentinel  # noqa: F401  (fixtures for every test module)
 from tests.redis_server import redis_server, redis_url  # noqa: F401  (fixtures for every test module)
+from tests.tracebacks import no_unexpected_tracebacks  # noqa: F401  (a crash of ours fails its test)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "library"
 

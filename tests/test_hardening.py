@@ -252,6 +252,7 @@ async def test_a_base_url_urllib_refuses_is_a_clear_error(tmp_path, fakes, start
         assert "tavily" in report_of(again)  # the socket serves on
 
 
+@pytest.mark.tracebacks  # the bug it plants is logged with its traceback, as it should be
 async def test_a_frame_meeting_a_bug_is_answered_and_the_socket_serves_on(tmp_path, fakes, start_server, monkeypatch):
     async def broken(self, payload: str) -> None:
         raise RuntimeError("a bug")
