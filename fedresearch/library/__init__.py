@@ -1,1 +1,2 @@
-"""The embedded local library: store of record, full-text index, ingest and per-user search."""
+"""The library: a user's own documents, stored (embedded, or on PostgreSQL), indexed and searched
+per user with BM25 and embeddings fused."""

@@ -1,4 +1,4 @@
-"""What the library facade (embedded.Library) needs of a store: the embedded one (SQLite + tantivy +
+"""What the library facade (facade.Library) needs of a store: the embedded one (SQLite + tantivy +
 in-memory vectors) or PostgreSQL (postgres.py). Every method takes the user first."""
 
 from __future__ import annotations

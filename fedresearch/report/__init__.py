@@ -1,1 +1,2 @@
-"""Evidence selection, citation numbering and the jinja2 templates that render reports."""
+"""The report: sources read and ranked into evidence, written (extractively, or by a model) in the
+form of its type, every cited sentence verified, references built from what was cited, saved."""

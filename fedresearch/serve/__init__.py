@@ -1,0 +1,1 @@
+"""Serving processes: one alone, or a supervisor and its workers sharing a port; signals and stops."""
