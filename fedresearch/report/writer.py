@@ -212,27 +212,21 @@ def write_report(brief: Brief) -> tuple[str, list[Reference]]:
         claims = _claims(question, sources, writing, budget=12)
         context["themes"] = _themes(question, claims, citations)
     else:
-        _research(question, sources, writing, brief.parts, citations, context, detailed=form.decomposes)
+        _research(brief, citations, context, detailed=form.decomposes)
     context["references"] = citations.references
     markdown = TEMPLATES.get_template(form.template).render(**context)
     return markdown, citations.references
 
 
-def _research(
-    question: str,
-    sources: list[FusedResult],
-    writing: Writing,
-    parts: Sequence[Part],
-    citations: Citations,
-    context: dict[str, object],
-    detailed: bool,
-) -> None:
+def _research(brief: Brief, citations: Citations, context: dict[str, object], detailed: bool) -> None:
+    """A summary of the best claims, then themes; a detailed report adds a section per part."""
+    question, sources, writing = brief.question, brief.sources, brief.writing
     budget = 14 if detailed else 24
     claims = _claims(question, sources, writing, budget=budget)
     summary, rest = claims[:_SUMMARY_CLAIMS], claims[_SUMMARY_CLAIMS:]
     context["summary"] = " ".join(cite(claim, citations) for claim in summary)
     themes = _themes(question, rest, citations) if rest else []
-    for part in parts:
+    for part in brief.parts:
         part_claims = _claims(part.title, part.sources, writing, budget=10)
         fresh = [c for c in part_claims if c.text not in {x.text for x in claims}]
         if fresh:
