@@ -7,7 +7,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -45,6 +45,18 @@ def _mcp(args: argparse.Namespace) -> int:
     return 0
 
 
+class _PassageCount:
+    """The passages embedded so far, shown beside the ingest's progress bar."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.count = 0
+
+    def add(self, count: int) -> None:
+        self.count += count
+        self.bar.set_postfix(passages=self.count)
+
+
 def _ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -57,22 +69,16 @@ def _ingest(args: argparse.Namespace) -> int:
     library = open_library(settings)
     paths = [Path(p) for p in args.paths]
     total = sum(1 for _ in walk(paths))
-    passages = 0
-
-    def embedded(count: int) -> None:
-        nonlocal passages
-        passages += count
-        bar.set_postfix(passages=passages)
-
     try:
         with tqdm(total=total, unit="file", desc="ingest", file=sys.stderr, disable=None) as bar:
+            passages = _PassageCount(bar)
             report = ingest(
                 library,
                 args.user,
                 paths,
                 kind=args.type,
                 on_file=lambda _: bar.update(),
-                on_progress=embedded,
+                on_progress=passages.add,
                 max_bytes=int(settings.ingest_max_file_mb * 1e6),
             )
     except (IndexBusy, LibraryUnavailable) as busy:
