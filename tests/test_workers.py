@@ -214,6 +214,9 @@ async def test_two_workers_share_the_port_and_survive_a_sigkill(tmp_path, redis_
         await asyncio.sleep(0.5)
         os.kill(victim, signal.SIGKILL)
         assert await ends[survivor] == "path"  # the other worker's task completes
+        # the replacement's gauges count from its start, before it settles: scraped once it answers
+        await server.logged(r"worker \d started \(pid \d+\)", times=3)
+        await pids_answering(url, 2)
         await assert_collector_settled(url)
         assert await ends[victim] == "closed"
         # the killed worker's job, resumed on any worker, ends failed: its process is gone (on this
