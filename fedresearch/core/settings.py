@@ -4,16 +4,22 @@
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from fedresearch.core.redis import SentinelAddress, is_sentinel_url
 from fedresearch.core.text import split_commas
 
 CommaList = Annotated[list[str], NoDecode]
+Part = TypeVar("Part", bound=BaseSettings)
+
+# How every settings class reads its values: given ones first, then the environment, then `.env`;
+# a field is given by its name or its environment name, and names of other classes' are ignored.
+SETTINGS_SOURCES = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
 
 
 def _split_commas(value: object) -> object:
@@ -29,7 +35,10 @@ def load_toml(path: Path, setting: str) -> dict[str, Any]:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
+    """The server's own settings, and what reads each upstream's (`upstream`): values given for upstreams
+    (`upstreams=`, by field name) and the way these were read (`_env_file=None`: no `.env`) carry over."""
+
+    model_config = SETTINGS_SOURCES
 
     host: str = Field("127.0.0.1", validation_alias="FEDRESEARCH_HOST")
     port: int = Field(8000, validation_alias="FEDRESEARCH_PORT")
@@ -147,6 +156,22 @@ class Settings(BaseSettings):
     _split = field_validator(
         "default_retrievers", "internal_api_allowed_hosts", "fetch_allowed_hosts", "llm_allowed_models", mode="before"
     )(staticmethod(_split_commas))
+
+    # not fields: nothing here is read from the environment, and only `upstream` hands them on
+    _upstream_values: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _sources: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def __init__(self, *, upstreams: Mapping[str, Any] | None = None, **values: Any) -> None:
+        super().__init__(**values)
+        self._upstream_values = dict(upstreams or {})
+        # pydantic-settings' init options (`_env_file`, `_env_file_encoding`, ...) say where values come from
+        self._sources = {name: value for name, value in values.items() if name.startswith("_")}
+
+    def upstream(self, settings: type[Part]) -> Part:
+        """One upstream's settings, read as these were (the same `.env`, or none), with the values
+        given for its fields in `upstreams`."""
+        given = {name: value for name, value in self._upstream_values.items() if name in settings.model_fields}
+        return settings(**self._sources, **given)
 
     @field_validator("default_retrievers", mode="after")
     @classmethod
