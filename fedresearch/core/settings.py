@@ -1,5 +1,6 @@
-"""Every operator setting, read from the environment or `.env` (the names are a contract with operators:
-`.env.example` lists each one with its default)."""
+"""The server's operator settings, read from the environment or `.env` (the names are a contract with
+operators: `.env.example` lists each one with its default). Each upstream declares its own settings
+(`UpstreamSettings` in federation/contract.py), read the same way through `Settings.upstream`."""
 
 from __future__ import annotations
 
@@ -102,36 +103,9 @@ class Settings(BaseSettings):
     breaker_error_suspend_s: float = Field(30.0, ge=0, validation_alias="BREAKER_ERROR_SUSPEND_S")
     upstream_cache_ttl_s: float = Field(600.0, ge=0, validation_alias="UPSTREAM_CACHE_TTL_S")
 
-    internal_api_base_url: str | None = Field(None, validation_alias="INTERNAL_API_BASE_URL")
-    internal_api_key: SecretStr | None = Field(None, validation_alias="INTERNAL_API_KEY")
-    internal_api_timeout_s: float = Field(30.0, gt=0, validation_alias="INTERNAL_API_TIMEOUT_S")
+    # hosts a client may name in headers.internal_api_base_url: request planning checks them, so the
+    # setting is the server's, not the literature API adapter's (which has its own settings)
     internal_api_allowed_hosts: CommaList = Field([], validation_alias="INTERNAL_API_ALLOWED_HOSTS")
-
-    tavily_api_key: SecretStr | None = Field(None, validation_alias="TAVILY_API_KEY")
-    tavily_api_base_url: str = Field("https://api.tavily.com", validation_alias="TAVILY_API_BASE_URL")
-    google_api_key: SecretStr | None = Field(None, validation_alias="GOOGLE_API_KEY")
-    google_cx_key: SecretStr | None = Field(None, validation_alias="GOOGLE_CX_KEY")
-    google_api_base_url: str = Field("https://www.googleapis.com", validation_alias="GOOGLE_API_BASE_URL")
-
-    # scholarly sources and the web defaults that outlive Google's Custom Search JSON API
-    openalex_api_key: SecretStr | None = Field(None, validation_alias="OPENALEX_API_KEY")
-    openalex_api_base_url: str = Field("https://api.openalex.org", validation_alias="OPENALEX_API_BASE_URL")
-    crossref_mailto: str | None = Field(None, validation_alias="CROSSREF_MAILTO")
-    crossref_api_base_url: str = Field("https://api.crossref.org", validation_alias="CROSSREF_API_BASE_URL")
-    arxiv_api_base_url: str = Field("https://export.arxiv.org", validation_alias="ARXIV_API_BASE_URL")
-    semantic_scholar_api_key: SecretStr | None = Field(None, validation_alias="SEMANTIC_SCHOLAR_API_KEY")
-    semantic_scholar_api_base_url: str = Field(
-        "https://api.semanticscholar.org", validation_alias="SEMANTIC_SCHOLAR_API_BASE_URL"
-    )
-    pubmed_api_key: SecretStr | None = Field(None, validation_alias="PUBMED_API_KEY")
-    pubmed_email: str | None = Field(None, validation_alias="PUBMED_EMAIL")
-    pubmed_tool: str = Field("fedresearch", validation_alias="PUBMED_TOOL")
-    pubmed_api_base_url: str = Field("https://eutils.ncbi.nlm.nih.gov", validation_alias="PUBMED_API_BASE_URL")
-    europepmc_api_base_url: str = Field("https://www.ebi.ac.uk", validation_alias="EUROPEPMC_API_BASE_URL")
-    searxng_url: str | None = Field(None, validation_alias="SEARXNG_URL")
-    brave_api_key: SecretStr | None = Field(None, validation_alias="BRAVE_API_KEY")
-    brave_api_base_url: str = Field("https://api.search.brave.com", validation_alias="BRAVE_API_BASE_URL")
-    brave_requests_per_s: float = Field(1.0, gt=0, validation_alias="BRAVE_REQUESTS_PER_S")
 
     # the LLM writer (unset: the extractive writer)
     llm_base_url: str | None = Field(None, validation_alias="LLM_BASE_URL")
@@ -145,7 +119,6 @@ class Settings(BaseSettings):
     api_keys: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS")
     api_keys_file: Path | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS_FILE")
     knowledge_bases: Path | None = Field(None, validation_alias="FEDRESEARCH_KNOWLEDGE_BASES")
-    dify_upstreams: Path | None = Field(None, validation_alias="DIFY_UPSTREAMS")
     webhook_url: str | None = Field(None, validation_alias="WEBHOOK_URL")
     webhook_api_key: SecretStr | None = Field(None, validation_alias="WEBHOOK_API_KEY")
     webhook_attempts: int = Field(5, ge=1, le=20, validation_alias="WEBHOOK_ATTEMPTS")
@@ -198,14 +171,9 @@ class Settings(BaseSettings):
 
     @field_validator(
         "default_user",
-        "internal_api_base_url",
         "webhook_url",
         "api_keys_file",
         "knowledge_bases",
-        "dify_upstreams",
-        "crossref_mailto",
-        "pubmed_email",
-        "searxng_url",
         "llm_base_url",
         "llm_model",
         "model_cache_dir",
@@ -217,16 +185,8 @@ class Settings(BaseSettings):
         return None if value == "" else value
 
     @field_validator(
-        "internal_api_key",
-        "tavily_api_key",
-        "google_api_key",
-        "google_cx_key",
         "api_keys",
         "webhook_api_key",
-        "openalex_api_key",
-        "semantic_scholar_api_key",
-        "pubmed_api_key",
-        "brave_api_key",
         "llm_api_key",
         "redis_url",
         "library_url",

@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings
 from typing_extensions import TypeVar
 
 from fedresearch.core.models import SearchResult, SourceKind
-from fedresearch.core.settings import SETTINGS_SOURCES, Settings
+from fedresearch.core.settings import SETTINGS_SOURCES
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.library.search import Passage
 
@@ -160,15 +160,20 @@ class Hits:
 
 
 class Adapter(Protocol):
+    """One retriever. Its upstream module's factory builds it from that upstream's settings alone
+    (`About.settings`), so it holds whatever of them it reads; nothing else reaches it."""
+
     name: str  # the retriever name clients use
     label: str  # how messages name the upstream
-    about: About
 
-    def missing_setup(self, settings: Settings) -> str | None:
+    @property
+    def about(self) -> About: ...  # read-only: an About of any upstream's settings class is an About
+
+    def missing_setup(self) -> str | None:
         """What the operator must set before this adapter can run with no per-request key; None when ready."""
         ...
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> Request:
+    def build_request(self, options: SearchOptions) -> Request:
         """Pure: the first request for `options`; raises RetrieverSkipped when it cannot run."""
         ...
 
