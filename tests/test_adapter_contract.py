@@ -4,6 +4,10 @@ setting takes effect as documented."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import websockets
 from pydantic_settings import BaseSettings
@@ -67,6 +71,18 @@ def test_each_adapter_holds_its_own_upstreams_settings_and_nothing_else(tmp_path
     for name, adapter in registry_of(settings).items():
         held = [value for value in vars(adapter).values() if isinstance(value, BaseSettings)]
         assert all(type(value) is adapter.about.settings for value in held), name  # never the server's `Settings`
+
+
+def test_a_bad_upstream_setting_stops_the_server_with_its_name_and_never_its_value(tmp_path):
+    """An upstream's settings are read as its process starts (the registry is built), and a bad one
+    is reported as the server's own are: by name, without the value given."""
+    env = {**os.environ, "FEDRESEARCH_DATA_DIR": str(tmp_path / "data"), "FEDRESEARCH_EMBEDDINGS": "false"}
+    env["INTERNAL_API_TIMEOUT_S"] = "hunter2"
+    command = [sys.executable, "-m", "fedresearch", "serve", "--port", "0"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "fedresearch: invalid settings: INTERNAL_API_TIMEOUT_S: Input should be a valid number" in done.stderr
+    assert "hunter2" not in done.stderr and "Traceback" not in done.stderr
 
 
 async def run_one(server, headers):
