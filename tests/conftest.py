@@ -52,9 +52,9 @@ _UPSTREAM_SETTINGS = {name for upstream in ADAPTERS for name in upstream.about.s
 
 
 def _unreachable_upstreams() -> dict[str, Any]:
-    """Every upstream's settings as a test starts from, read off the registry tuple: unset where unset
-    by default (keys, URLs, files: whatever the developer's environment says), and a closed local
-    port for each API's URL, so that nothing in tests reaches the internet unless pointed at a fake."""
+    """Every upstream's settings as a test starts from, read off the registry tuple: those unset by
+    default (keys, URLs, files) unset, whatever the developer's environment says, and each API's URL
+    a closed local port, so that nothing in tests reaches the internet unless pointed at a fake."""
     values: dict[str, Any] = {}
     for upstream in ADAPTERS:
         for name, field in upstream.about.settings.model_fields.items():
