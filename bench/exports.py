@@ -47,10 +47,7 @@ def demo_settings(data_dir: Path) -> Settings:
     return Settings(
         _env_file=None,
         data_dir=data_dir,
-        tavily_api_key=None,
-        google_api_key=None,
-        google_cx_key=None,
-        internal_api_base_url=None,
+        upstreams=dict.fromkeys(("tavily_api_key", "google_api_key", "google_cx_key", "internal_api_base_url")),
         api_keys=None,
     )
 

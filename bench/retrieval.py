@@ -79,8 +79,7 @@ async def concurrent(clients: int, rounds: int, shipped_only: bool) -> None:
         data_dir=directory / "data",
         knowledge_bases=bases,
         api_keys="bench-key:alice",
-        tavily_api_key=FakeTavily.api_key,
-        tavily_api_base_url=web_search.url,
+        upstreams={"tavily_api_key": FakeTavily.api_key, "tavily_api_base_url": web_search.url},
     )
     ingest(open_library(settings), "alice", [EXAMPLES])
     runner = web.AppRunner(create_app(settings), access_log=None)

@@ -264,10 +264,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedresearch: {error}", file=sys.stderr)
         return 1
     except ValidationError as error:
-        if error.title != Settings.__name__:
+        if error.title not in settings_classes():
             raise
         print(f"fedresearch: {settings_problems(error)}", file=sys.stderr)
         return 2
+
+
+def settings_classes() -> set[str]:
+    """The names of the classes that hold operator settings: the server's, and each upstream's (read
+    when the registry is built, as a server process starts)."""
+    from fedresearch.retrievers import ADAPTERS  # only once something failed: a supervisor imports no adapter
+
+    return {Settings.__name__, *(upstream.about.settings.__name__ for upstream in ADAPTERS)}
 
 
 def settings_problems(error: ValidationError) -> str:

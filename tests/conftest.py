@@ -18,7 +18,9 @@ from aiohttp import web
 
 from fedresearch.core.settings import Settings
 from fedresearch.federation.contract import Adapter, Hits, SearchOptions
+from fedresearch.federation.registry import build_registry
 from fedresearch.federation.runner import Deps, search_one
+from fedresearch.retrievers import ADAPTERS
 from fedresearch.web.app import create_app
 from tests.fakes import FakeGoogle, FakeLiteratureApi, FakeTavily, FakeUpstream, start_all
 from tests.pgbouncer import pgbouncer_port, pooled_url  # noqa: F401  (fixtures for every test module)
@@ -47,31 +49,37 @@ async def fakes() -> AsyncIterator[dict[str, FakeUpstream]]:
         await fake.stop()
 
 
+_UPSTREAM_SETTINGS = {name for upstream in ADAPTERS for name in upstream.about.settings.model_fields}
+
+
+def _unreachable_upstreams() -> dict[str, Any]:
+    """Every upstream's settings as a test starts from, read off the registry tuple: those unset by
+    default (keys, URLs, files) unset, whatever the developer's environment says, and each API's URL
+    a closed local port, so that nothing in tests reaches the internet unless pointed at a fake."""
+    values: dict[str, Any] = {}
+    for upstream in ADAPTERS:
+        for name, field in upstream.about.settings.model_fields.items():
+            if field.default is None:
+                values[name] = None
+            elif isinstance(field.default, str) and field.default.startswith(("http://", "https://")):
+                values[name] = "http://127.0.0.1:9"
+    return values
+
+
 def make_settings(tmp_path: Path, fakes: dict[str, FakeUpstream] | None = None, **overrides: Any) -> Settings:
+    """Settings for a test, no `.env` read: `overrides` name the server's settings and the upstreams'
+    alike, by field name (`tavily_api_key=...`); `fakes` points Tavily, Google and the literature
+    API's key at the fakes."""
     values: dict[str, Any] = {
         "data_dir": tmp_path / "data",
-        "tavily_api_key": None,
-        "google_api_key": None,
-        "google_cx_key": None,
-        "openalex_api_key": None,
-        "crossref_mailto": None,
-        "semantic_scholar_api_key": None,
-        "pubmed_api_key": None,
-        "pubmed_email": None,
-        "searxng_url": None,
-        "brave_api_key": None,
-        # nothing in tests may reach the internet: unless a test points them at fakes, the keyless
-        # scholarly upstreams are a closed local port
-        **{f"{name}_api_base_url": "http://127.0.0.1:9" for name in ("crossref", "arxiv", "pubmed", "europepmc")},
-        "semantic_scholar_api_base_url": "http://127.0.0.1:9",
-        "internal_api_base_url": None,
         "default_user": None,
         "api_keys": None,
         "fetch_pages": False,  # the tests that read pages turn it on, with their own resolver
         "shutdown_grace_s": 0.0,  # a test's server, stopped with a task still running, stops it at once
     }
+    upstreams = _unreachable_upstreams()
     if fakes:
-        values.update(
+        upstreams.update(
             tavily_api_key=FakeTavily.api_key,
             tavily_api_base_url=fakes["tavily"].url,
             google_api_key=FakeGoogle.api_key,
@@ -79,8 +87,16 @@ def make_settings(tmp_path: Path, fakes: dict[str, FakeUpstream] | None = None, 
             google_api_base_url=fakes["google"].url,
             internal_api_key=FakeLiteratureApi.api_key,
         )
-    values.update(overrides)
-    return Settings(_env_file=None, **values)
+    for name, value in overrides.items():
+        if name not in Settings.model_fields and name not in _UPSTREAM_SETTINGS:
+            raise TypeError(f"make_settings: neither the server nor an upstream has a setting {name!r}")
+        (values if name in Settings.model_fields else upstreams)[name] = value
+    return Settings(_env_file=None, upstreams=upstreams, **values)
+
+
+def registry_of(settings: Settings) -> dict[str, Adapter]:
+    """Every retriever of the registry tuple, built from `settings` as a server process builds them."""
+    return build_registry(settings, ADAPTERS)
 
 
 @dataclass
@@ -163,6 +179,7 @@ __all__ = [
     "error_of",
     "logs",
     "make_settings",
+    "registry_of",
     "report_of",
     "run_task",
     "search_with",

@@ -4,13 +4,20 @@ setting takes effect as documented."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import websockets
+from pydantic_settings import BaseSettings
 
+from fedresearch.federation.contract import UpstreamSettings
+from fedresearch.federation.registry import Upstream
 from fedresearch.retrievers import ADAPTERS
-from tests.conftest import logs, make_settings, report_of, run_task
+from tests.conftest import logs, make_settings, registry_of, report_of, run_task
 from tests.fakes import FakeCustomRetrieverEndpoint
-from tests.throwaway_adapter import LabSearch
+from tests.throwaway_adapter import LabSearch, about
 
 
 @pytest.fixture
@@ -22,13 +29,16 @@ async def lab():
 
 async def test_a_new_adapter_is_one_module_and_one_registry_line(tmp_path, fakes, lab, start_server):
     adapter = LabSearch(lab.url)
-    server = await start_server(make_settings(tmp_path, fakes), adapters=(*ADAPTERS, lambda settings: [adapter]))
+    given: list[object] = []
+    lab_upstream = Upstream.of(about, lambda settings: given.append(settings) or [adapter])
+    server = await start_server(make_settings(tmp_path, fakes), adapters=(*ADAPTERS, lab_upstream))
     headers = {"retrievers": "scholar,tavily", "lab_token": "t-1", "tavily_api_key": FAKE_TAVILY_KEY}
     async with websockets.connect(server.ws_url) as ws:
         frames = await run_task(ws, {"task": "rank fusion", "report_type": "resource_report", "headers": headers})
     assert {f["metadata"]["name"] for f in logs(frames, "retriever_done")} == {"lab", "tavily"}
     assert lab.requests[0]["query"] == {"query": "rank fusion"}
     assert adapter.seen_credentials == [{"lab_token": "t-1"}]  # never another adapter's key
+    assert [type(settings) for settings in given] == [UpstreamSettings]  # nor another's settings: it has none
     report = report_of(frames)
     assert "## From the scholarly record" in report and "https://lab.example/1" in report  # About.kind groups it
     async with websockets.connect(server.ws_url) as ws:  # without its key it is skipped, with the reason
@@ -39,7 +49,8 @@ async def test_a_new_adapter_is_one_module_and_one_registry_line(tmp_path, fakes
 async def test_api_retrievers_lists_what_about_declares(tmp_path, fakes, lab, start_server):
     import aiohttp
 
-    server = await start_server(make_settings(tmp_path, fakes), adapters=(*ADAPTERS, lambda s: [LabSearch(lab.url)]))
+    lab_upstream = Upstream.of(about, lambda settings: [LabSearch(lab.url)])
+    server = await start_server(make_settings(tmp_path, fakes), adapters=(*ADAPTERS, lab_upstream))
     async with aiohttp.ClientSession() as session, session.get(f"{server.url}/api/retrievers") as response:
         listed = {entry["name"]: entry for entry in (await response.json())["retrievers"]}
     assert listed["lab"] == {
@@ -53,6 +64,25 @@ async def test_api_retrievers_lists_what_about_declares(tmp_path, fakes, lab, st
         "credentials": ["lab_token"],
     }
     assert listed["tavily"]["configured"] is True and listed["internal_biblio"]["kind"] == "library"
+
+
+def test_each_adapter_holds_its_own_upstreams_settings_and_nothing_else(tmp_path, fakes):
+    settings = make_settings(tmp_path, fakes, brave_api_key="brave-key", openalex_api_key="openalex-key")
+    for name, adapter in registry_of(settings).items():
+        held = [value for value in vars(adapter).values() if isinstance(value, BaseSettings)]
+        assert all(type(value) is adapter.about.settings for value in held), name  # never the server's `Settings`
+
+
+def test_a_bad_upstream_setting_stops_the_server_with_its_name_and_never_its_value(tmp_path):
+    """An upstream's settings are read as its process starts (the registry is built), and a bad one
+    is reported as the server's own are: by name, without the value given."""
+    env = {**os.environ, "FEDRESEARCH_DATA_DIR": str(tmp_path / "data"), "FEDRESEARCH_EMBEDDINGS": "false"}
+    env["INTERNAL_API_TIMEOUT_S"] = "hunter2"
+    command = [sys.executable, "-m", "fedresearch", "serve", "--port", "0"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "fedresearch: invalid settings: INTERNAL_API_TIMEOUT_S: Input should be a valid number" in done.stderr
+    assert "hunter2" not in done.stderr and "Traceback" not in done.stderr
 
 
 async def run_one(server, headers):

@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fedresearch.federation.contract import RetrieverFailed, RetrieverSkipped, SearchOptions
-from fedresearch.retrievers.google import Google
-from fedresearch.retrievers.internal_api import LiteratureApi, parse_response
-from fedresearch.retrievers.tavily import Tavily
-from tests.conftest import make_settings, search_with
+from fedresearch.retrievers.internal_api import parse_response
+from tests.conftest import make_settings, registry_of, search_with
 
 OPTIONS = SearchOptions(query="rank fusion", max_results=5, user_id="alice")
 
@@ -19,7 +17,8 @@ def session():
 
 
 async def tavily_search(tmp_path, fakes, session, **overrides):
-    return await search_with(Tavily(), OPTIONS, make_settings(tmp_path, fakes, **overrides))
+    settings = make_settings(tmp_path, fakes, **overrides)
+    return await search_with(registry_of(settings)["tavily"], OPTIONS, settings)
 
 
 async def test_tavily_maps_results(tmp_path, fakes, session):
@@ -59,12 +58,13 @@ async def test_tavily_unreachable_and_keyless(tmp_path, fakes, session):
 async def test_tavily_per_request_key_overrides_the_environment(tmp_path, fakes, session):
     options = SearchOptions(query="q", max_results=3, credentials={"tavily_api_key": "tvly-test-key"})
     settings = make_settings(tmp_path, fakes, tavily_api_key="wrong")
-    hits = await search_with(Tavily(), options, settings)
+    hits = await search_with(registry_of(settings)["tavily"], options, settings)
     assert len(hits.results) == 3
 
 
 async def google_search(tmp_path, fakes, session, options=OPTIONS, **overrides):
-    return await search_with(Google(), options, make_settings(tmp_path, fakes, **overrides))
+    settings = make_settings(tmp_path, fakes, **overrides)
+    return await search_with(registry_of(settings)["google"], options, settings)
 
 
 async def test_google_maps_items_and_pages(tmp_path, fakes, session):
@@ -108,9 +108,8 @@ async def test_internal_api_wrapped_answers_and_skipped_items(tmp_path, fakes, s
         {"content": "no identifier at all"},
         {"id": "x-1"},
     ]
-    retriever = LiteratureApi("internal_highlight", "highlight")
     settings = make_settings(tmp_path, fakes, internal_api_base_url=fakes["internal"].url)
-    hits = await search_with(retriever, OPTIONS, settings)
+    hits = await search_with(registry_of(settings)["internal_highlight"], OPTIONS, settings)
     assert [r.href for r in hits.results] == ["https://lab.example/p/1", "h-9"]
     assert hits.results[1].score is None and hits.results[1].metadata["raw_score"] == 3.2
     assert len(hits.warnings) == 2
@@ -124,7 +123,7 @@ async def test_internal_api_errors(tmp_path, fakes, session, mode, expected):
     fakes["internal"].behaviour.mode = mode
     settings = make_settings(tmp_path, fakes, internal_api_base_url=fakes["internal"].url)
     with pytest.raises(RetrieverFailed, match=expected):
-        await search_with(LiteratureApi("internal_biblio", None), OPTIONS, settings)
+        await search_with(registry_of(settings)["internal_biblio"], OPTIONS, settings)
 
 
 def test_internal_api_field_fallbacks():

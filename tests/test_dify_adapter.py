@@ -6,8 +6,7 @@ import pytest
 import websockets
 
 from fedresearch.federation.contract import RetrieverFailed, SearchOptions
-from fedresearch.retrievers.dify import adapters as retrievers
-from tests.conftest import logs, make_settings, report_of, run_task, search_with
+from tests.conftest import logs, make_settings, registry_of, report_of, run_task, search_with
 from tests.fakes import FakeDifyKnowledge
 
 
@@ -30,8 +29,7 @@ OPTIONS = SearchOptions(query="rank fusion", max_results=2)
 
 
 async def search(settings):
-    (retriever,) = retrievers(settings)
-    return await search_with(retriever, OPTIONS, settings)
+    return await search_with(registry_of(settings)["adbpg"], OPTIONS, settings)
 
 
 async def test_sends_dify_body_and_maps_records(tmp_path, knowledge, monkeypatch):
@@ -71,7 +69,7 @@ async def test_server_error_and_missing_env_key(tmp_path, knowledge, monkeypatch
         await search(settings)
     monkeypatch.delenv("ADBPG_KEY", raising=False)
     with pytest.raises(ValueError, match="ADBPG_KEY is not set"):
-        retrievers(make_settings(tmp_path, dify_upstreams=upstreams_file(tmp_path, knowledge)))
+        registry_of(make_settings(tmp_path, dify_upstreams=upstreams_file(tmp_path, knowledge)))
 
 
 async def test_usable_by_name_in_a_research_task(tmp_path, knowledge, fakes, start_server):

@@ -20,6 +20,7 @@ from aiohttp import web
 from fedresearch.core.settings import Settings
 from fedresearch.jobs import runs as tasks
 from fedresearch.jobs.store import Job, JobStatus
+from fedresearch.retrievers.internal_api import InternalApiSettings
 from fedresearch.web.app import create_app
 from fedresearch.web.keys import RUNTIME, SETTINGS
 from tests.conftest import make_settings, report_of, run_task
@@ -319,7 +320,7 @@ async def test_retention_limits_and_jobs_surviving_a_restart(tmp_path, fakes):
 def _overrides(settings: Settings) -> dict[str, Any]:
     return {
         "data_dir": settings.data_dir,
-        "internal_api_base_url": settings.internal_api_base_url,
+        "internal_api_base_url": settings.upstream(InternalApiSettings).internal_api_base_url,
         "api_keys": KEYS,
         "report_max_per_user": 2,
         "embeddings": False,

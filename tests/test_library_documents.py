@@ -9,7 +9,7 @@ from fedresearch.federation.contract import LibraryRequest, SearchOptions
 from fedresearch.library.facade import Library
 from fedresearch.library.formats import Document, Section
 from fedresearch.library.search import fuse_documents
-from fedresearch.retrievers.internal_api import LiteratureApi
+from fedresearch.retrievers.internal_api import InternalApiSettings, LiteratureApi
 from tests.conftest import make_settings, settings_at
 
 _FILLER = " ".join(
@@ -74,10 +74,10 @@ def test_aggregations_rank_documents(aggregation):
 
 
 def test_the_internal_adapter_asks_for_papers_only_for_biblio(tmp_path):
-    settings = make_settings(tmp_path)
+    own = make_settings(tmp_path).upstream(InternalApiSettings)
     options = SearchOptions(query="q", max_results=5, user_id="alice")
-    for adapter, documents in ((LiteratureApi("internal_biblio", None), True), (LiteratureApi("f", "file"), False)):
-        request = adapter.build_request(options, settings)
+    for adapter, documents in ((LiteratureApi("b", None, own), True), (LiteratureApi("f", "file", own), False)):
+        request = adapter.build_request(options)
         assert isinstance(request, LibraryRequest) and request.documents is documents
 
 

@@ -112,15 +112,19 @@ def test_python_server_py_starts_the_server() -> None:
 
 
 def test_env_example_lists_every_setting() -> None:
+    """The server's settings and every upstream's (each its own class, named by its About), each once."""
     from fedresearch.core.settings import Settings
+    from fedresearch.retrievers import ADAPTERS
 
-    names = {field.validation_alias for field in Settings.model_fields.values()}
-    listed = {
+    classes = [Settings, *(upstream.about.settings for upstream in ADAPTERS)]
+    names = [field.validation_alias for settings in classes for field in settings.model_fields.values()]
+    listed = [
         line.split("=")[0]
         for line in (ROOT / ".env.example").read_text().splitlines()
         if "=" in line and not line.startswith("#")
-    }
-    assert names == listed
+    ]
+    assert sorted(names) == sorted(listed)
+    assert len(set(names)) == len(names)  # no two classes read the same name
 
 
 _WHAT_A_PROCESS_IMPORTS = """

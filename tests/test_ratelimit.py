@@ -14,8 +14,7 @@ from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.ratelimit import LocalRateLimiter, Rate, announced_rate
 from fedresearch.federation.resilience import Guard
 from fedresearch.federation.runner import DeadlineExceeded, Deps, search_one
-from fedresearch.retrievers import arxiv, brave, pubmed
-from tests.conftest import make_settings
+from tests.conftest import make_settings, registry_of
 from tests.scholarly_fakes import scholarly_settings, start_scholarly
 
 OPTIONS = SearchOptions(query="dense passage retrieval", max_results=3)
@@ -42,7 +41,7 @@ def settings_for(tmp_path, upstreams, **overrides):
 
 async def test_fifty_tasks_together_keep_to_the_upstreams_rate(tmp_path, upstreams):
     settings = settings_for(tmp_path, upstreams, brave_requests_per_s=20, retriever_timeout_s=30)
-    outcomes = await run_tasks(brave.adapters(settings)[0], settings, 50)
+    outcomes = await run_tasks(registry_of(settings)["brave"], settings, 50)
     assert all(not isinstance(outcome, BaseException) for outcome in outcomes)
     fake = upstreams["brave"]
     arrivals = [entry["at"] for entry in fake.requests]
@@ -52,13 +51,13 @@ async def test_fifty_tasks_together_keep_to_the_upstreams_rate(tmp_path, upstrea
 
     fake.requests.clear()  # the same fifty without a limit to keep arrive at once: the limiter did it
     unlimited = settings_for(tmp_path, upstreams, brave_requests_per_s=100_000, retriever_timeout_s=30)
-    await run_tasks(brave.adapters(unlimited)[0], unlimited, 50)
+    await run_tasks(registry_of(unlimited)["brave"], unlimited, 50)
     assert fake.per_second() >= 40
 
 
 async def test_pubmed_keyless_tasks_never_exceed_three_requests_a_second(tmp_path, upstreams):
     settings = settings_for(tmp_path, upstreams, retriever_timeout_s=30)
-    outcomes = await run_tasks(pubmed.adapters(settings)[0], settings, 5)  # 10 requests: esearch + efetch each
+    outcomes = await run_tasks(registry_of(settings)["pubmed"], settings, 5)  # 10 requests: esearch + efetch each
     assert all(not isinstance(outcome, BaseException) for outcome in outcomes)
     assert len(upstreams["pubmed"].requests) == 10
     assert upstreams["pubmed"].per_second() <= 4  # 3 by design, +1 for arrival jitter on a loaded box
@@ -67,7 +66,7 @@ async def test_pubmed_keyless_tasks_never_exceed_three_requests_a_second(tmp_pat
 async def test_arxiv_gets_one_request_every_three_seconds_over_one_connection(tmp_path, upstreams):
     upstreams["arxiv"].behaviour.delay_s = 0.3
     settings = settings_for(tmp_path, upstreams, retriever_timeout_s=30)
-    outcomes = await run_tasks(arxiv.adapters(settings)[0], settings, 3)
+    outcomes = await run_tasks(registry_of(settings)["arxiv"], settings, 3)
     assert all(not isinstance(outcome, BaseException) for outcome in outcomes)
     arrivals = sorted(entry["at"] for entry in upstreams["arxiv"].requests)
     assert [round(b - a, 1) >= 2.9 for a, b in itertools.pairwise(arrivals)] == [True, True]
@@ -76,7 +75,7 @@ async def test_arxiv_gets_one_request_every_three_seconds_over_one_connection(tm
 
 async def test_waiting_for_the_rate_limit_counts_against_the_deadline_and_says_so(tmp_path, upstreams):
     settings = settings_for(tmp_path, upstreams, retriever_timeout_s=1.0)
-    first, second = await run_tasks(arxiv.adapters(settings)[0], settings, 2)
+    first, second = await run_tasks(registry_of(settings)["arxiv"], settings, 2)
     assert not isinstance(first, BaseException)
     assert isinstance(second, DeadlineExceeded)
     assert str(second) == (
@@ -89,7 +88,7 @@ async def test_waiting_for_the_rate_limit_counts_against_the_deadline_and_says_s
 async def test_a_429_without_retry_after_pauses_the_upstream_then_is_retried(tmp_path, upstreams):
     upstreams["arxiv"].behaviour.mode, upstreams["arxiv"].behaviour.fail_times = "429", 1
     settings = settings_for(tmp_path, upstreams, retry_attempts=2, retriever_timeout_s=10)
-    (guarded,) = await run_tasks(arxiv.adapters(settings)[0], settings, 1, guard=Guard(settings))
+    (guarded,) = await run_tasks(registry_of(settings)["arxiv"], settings, 1, guard=Guard(settings))
     assert not isinstance(guarded, BaseException)
     assert guarded.attempts == 2 and guarded.hits.results
     first, second = (entry["at"] for entry in upstreams["arxiv"].requests)
@@ -122,10 +121,8 @@ def test_crossref_announced_limits_replace_the_declared_ones():
 
 
 async def test_crossref_polite_pool_answers_tune_the_limiter(tmp_path, upstreams):
-    from fedresearch.retrievers import crossref
-
     settings = settings_for(tmp_path, upstreams, crossref_mailto="ops@example.org")
-    adapter = crossref.adapters(settings)[0]
+    adapter = registry_of(settings)["crossref"]
     assert adapter.about.rate == Rate(10, connections=3)
     async with aiohttp.ClientSession() as session:
         deps = Deps(session, settings)

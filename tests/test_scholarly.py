@@ -10,7 +10,7 @@ import pytest
 from fedresearch.federation.contract import RetrieverFailed, RetrieverSkipped, SearchOptions
 from fedresearch.retrievers import arxiv, brave, crossref, europepmc, openalex, pubmed, searxng, semantic_scholar
 from fedresearch.retrievers.scholarly import parse_xml
-from tests.conftest import make_settings, search_with
+from tests.conftest import make_settings, registry_of, search_with
 from tests.scholarly_fakes import (
     BILLION_LAUGHS,
     DPR_ABSTRACT,
@@ -41,23 +41,9 @@ async def upstreams():
         await fake.stop()
 
 
-def adapter_named(name, settings):
-    module = {
-        "openalex": openalex,
-        "crossref": crossref,
-        "arxiv": arxiv,
-        "semantic_scholar": semantic_scholar,
-        "pubmed": pubmed,
-        "europepmc": europepmc,
-        "searxng": searxng,
-        "brave": brave,
-    }[name]
-    return module.adapters(settings)[0]
-
-
 async def search(name, tmp_path, upstreams, options=OPTIONS, **overrides):
     settings = make_settings(tmp_path, **{**scholarly_settings(upstreams), "retry_attempts": 0, **overrides})
-    return await search_with(adapter_named(name, settings), options, settings)
+    return await search_with(registry_of(settings)[name], options, settings)
 
 
 def assert_dpr(result, *, venue_part: str, pdf: str | None = ACL_PDF):
@@ -148,8 +134,8 @@ async def test_pubmed_searches_then_fetches_with_tool_email_and_key(tmp_path, up
     }
     assert fetch_query["id"] == "34265844,30000000" and fetch_query["retmode"] == "xml"
     assert identity.items() <= fetch_query.items()
-    assert str(adapter_named("pubmed", make_settings(tmp_path, **overrides)).about.rate) == "10 requests per s"
-    assert str(adapter_named("pubmed", make_settings(tmp_path)).about.rate) == "3 requests per s"
+    assert str(registry_of(make_settings(tmp_path, **overrides))["pubmed"].about.rate) == "10 requests per s"
+    assert str(registry_of(make_settings(tmp_path))["pubmed"].about.rate) == "3 requests per s"
 
 
 async def test_europepmc_maps_a_core_result_with_its_open_access_pdf(tmp_path, upstreams):
@@ -220,7 +206,7 @@ async def test_every_adapter_names_a_429_and_when_to_retry(tmp_path, upstreams, 
     with pytest.raises(RetrieverFailed) as failure:
         await search(name, tmp_path, upstreams)
     assert failure.value.status == 429 and "429" in str(failure.value)
-    adapter = adapter_named(name, make_settings(tmp_path, **scholarly_settings(upstreams)))
+    adapter = registry_of(make_settings(tmp_path, **scholarly_settings(upstreams)))[name]
     if retry_after is not None:
         assert failure.value.retry_after == 7.0
     elif adapter.about.rate is not None:  # no Retry-After: the limiter's backoff says when

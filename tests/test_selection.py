@@ -10,16 +10,17 @@ from fedresearch.core.settings import Settings
 from fedresearch.federation.planning import follow_up_request, plan_request, scope_of
 from fedresearch.federation.registry import build_registry
 from fedresearch.retrievers import ADAPTERS
-from tests.conftest import make_settings
+from tests.conftest import make_settings, registry_of
 
 REGISTRY = build_registry(Settings(_env_file=None), ADAPTERS)
 
 
-def plan(tmp_path, headers, report_source=None, **settings):
+def plan(tmp_path, headers, report_source=None, **overrides):
     body = {"task": "q", "headers": headers}
     if report_source:
         body["report_source"] = report_source
-    return plan_request(ResearchRequest.model_validate(body), make_settings(tmp_path, **settings), REGISTRY)
+    settings = make_settings(tmp_path, **overrides)  # the adapters too: which are configured depends on it
+    return plan_request(ResearchRequest.model_validate(body), settings, registry_of(settings))
 
 
 def test_names_are_trimmed_case_insensitive_and_deduplicated(tmp_path):

@@ -37,9 +37,8 @@ from fedresearch.federation.answer_cache import RedisAnswerCache
 from fedresearch.federation.contract import Hits, SearchOptions
 from fedresearch.federation.ratelimit import Rate, RedisRateLimiter
 from fedresearch.federation.runner import Deps, search_one
-from fedresearch.retrievers import brave
 from fedresearch.web.keys import RUNTIME
-from tests.conftest import error_of, logs, make_settings, run_task
+from tests.conftest import error_of, logs, make_settings, registry_of, run_task
 from tests.redis_cluster import RedisTarget, start_redis_cluster
 from tests.redis_sentinel import start_redis_sentinel
 from tests.redis_server import start_redis
@@ -149,7 +148,7 @@ async def test_two_processes_together_keep_to_the_upstreams_rate(tmp_path, redis
         settings = make_settings(
             tmp_path, **scholarly_settings(upstreams), brave_requests_per_s=20, retriever_timeout_s=30, retry_attempts=0
         )
-        adapter = brave.adapters(settings)[0]
+        adapter = registry_of(settings)["brave"]
         options = SearchOptions(query="dense passage retrieval", max_results=3)
 
         async def one_process() -> list[object]:

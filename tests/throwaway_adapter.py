@@ -1,7 +1,8 @@
 """A throwaway adapter, written the way every adapter is: one module, pure steps, an `About`.
 
 It searches GPT-Researcher's `custom` retriever contract (GET ?query= answering [{url, raw_content}]),
-declares itself scholarly, and reads one per-request key of its own.
+declares itself scholarly, and reads one per-request key of its own; it has no operator settings, so
+its `About` names none (the default settings class, `UpstreamSettings`, has no fields).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from fedresearch.core.models import SearchResult
-from fedresearch.core.settings import Settings
 from fedresearch.federation.contract import (
     About,
     Answer,
@@ -35,10 +35,10 @@ class LabSearch:
         self.base_url = base_url
         self.seen_credentials: list[dict[str, str]] = []
 
-    def missing_setup(self, settings: Settings) -> str | None:
+    def missing_setup(self) -> str | None:
         return "send headers.lab_token"
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> HttpRequest:
+    def build_request(self, options: SearchOptions) -> HttpRequest:
         self.seen_credentials.append(dict(options.credentials))
         token = options.credential("lab_token")
         if token is None:

@@ -1,19 +1,26 @@
-"""Every operator setting, read from the environment or `.env` (the names are a contract with operators:
-`.env.example` lists each one with its default)."""
+"""The server's operator settings, read from the environment or `.env` (the names are a contract with
+operators: `.env.example` lists each one with its default). Each upstream declares its own settings
+(`UpstreamSettings` in federation/contract.py), read the same way through `Settings.upstream`."""
 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from fedresearch.core.redis import SentinelAddress, is_sentinel_url
 from fedresearch.core.text import split_commas
 
 CommaList = Annotated[list[str], NoDecode]
+Part = TypeVar("Part", bound=BaseSettings)
+
+# How every settings class reads its values: given ones first, then the environment, then `.env`;
+# a field is given by its name or its environment name, and names of other classes' are ignored.
+SETTINGS_SOURCES = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
 
 
 def _split_commas(value: object) -> object:
@@ -29,7 +36,10 @@ def load_toml(path: Path, setting: str) -> dict[str, Any]:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
+    """The server's own settings, and what reads each upstream's (`upstream`): values given for upstreams
+    (`upstreams=`, by field name) and the way these were read (`_env_file=None`: no `.env`) carry over."""
+
+    model_config = SETTINGS_SOURCES
 
     host: str = Field("127.0.0.1", validation_alias="FEDRESEARCH_HOST")
     port: int = Field(8000, validation_alias="FEDRESEARCH_PORT")
@@ -93,36 +103,9 @@ class Settings(BaseSettings):
     breaker_error_suspend_s: float = Field(30.0, ge=0, validation_alias="BREAKER_ERROR_SUSPEND_S")
     upstream_cache_ttl_s: float = Field(600.0, ge=0, validation_alias="UPSTREAM_CACHE_TTL_S")
 
-    internal_api_base_url: str | None = Field(None, validation_alias="INTERNAL_API_BASE_URL")
-    internal_api_key: SecretStr | None = Field(None, validation_alias="INTERNAL_API_KEY")
-    internal_api_timeout_s: float = Field(30.0, gt=0, validation_alias="INTERNAL_API_TIMEOUT_S")
+    # hosts a client may name in headers.internal_api_base_url: request planning checks them, so the
+    # setting is the server's, not the literature API adapter's (which has its own settings)
     internal_api_allowed_hosts: CommaList = Field([], validation_alias="INTERNAL_API_ALLOWED_HOSTS")
-
-    tavily_api_key: SecretStr | None = Field(None, validation_alias="TAVILY_API_KEY")
-    tavily_api_base_url: str = Field("https://api.tavily.com", validation_alias="TAVILY_API_BASE_URL")
-    google_api_key: SecretStr | None = Field(None, validation_alias="GOOGLE_API_KEY")
-    google_cx_key: SecretStr | None = Field(None, validation_alias="GOOGLE_CX_KEY")
-    google_api_base_url: str = Field("https://www.googleapis.com", validation_alias="GOOGLE_API_BASE_URL")
-
-    # scholarly sources and the web defaults that outlive Google's Custom Search JSON API
-    openalex_api_key: SecretStr | None = Field(None, validation_alias="OPENALEX_API_KEY")
-    openalex_api_base_url: str = Field("https://api.openalex.org", validation_alias="OPENALEX_API_BASE_URL")
-    crossref_mailto: str | None = Field(None, validation_alias="CROSSREF_MAILTO")
-    crossref_api_base_url: str = Field("https://api.crossref.org", validation_alias="CROSSREF_API_BASE_URL")
-    arxiv_api_base_url: str = Field("https://export.arxiv.org", validation_alias="ARXIV_API_BASE_URL")
-    semantic_scholar_api_key: SecretStr | None = Field(None, validation_alias="SEMANTIC_SCHOLAR_API_KEY")
-    semantic_scholar_api_base_url: str = Field(
-        "https://api.semanticscholar.org", validation_alias="SEMANTIC_SCHOLAR_API_BASE_URL"
-    )
-    pubmed_api_key: SecretStr | None = Field(None, validation_alias="PUBMED_API_KEY")
-    pubmed_email: str | None = Field(None, validation_alias="PUBMED_EMAIL")
-    pubmed_tool: str = Field("fedresearch", validation_alias="PUBMED_TOOL")
-    pubmed_api_base_url: str = Field("https://eutils.ncbi.nlm.nih.gov", validation_alias="PUBMED_API_BASE_URL")
-    europepmc_api_base_url: str = Field("https://www.ebi.ac.uk", validation_alias="EUROPEPMC_API_BASE_URL")
-    searxng_url: str | None = Field(None, validation_alias="SEARXNG_URL")
-    brave_api_key: SecretStr | None = Field(None, validation_alias="BRAVE_API_KEY")
-    brave_api_base_url: str = Field("https://api.search.brave.com", validation_alias="BRAVE_API_BASE_URL")
-    brave_requests_per_s: float = Field(1.0, gt=0, validation_alias="BRAVE_REQUESTS_PER_S")
 
     # the LLM writer (unset: the extractive writer)
     llm_base_url: str | None = Field(None, validation_alias="LLM_BASE_URL")
@@ -136,7 +119,6 @@ class Settings(BaseSettings):
     api_keys: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS")
     api_keys_file: Path | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS_FILE")
     knowledge_bases: Path | None = Field(None, validation_alias="FEDRESEARCH_KNOWLEDGE_BASES")
-    dify_upstreams: Path | None = Field(None, validation_alias="DIFY_UPSTREAMS")
     webhook_url: str | None = Field(None, validation_alias="WEBHOOK_URL")
     webhook_api_key: SecretStr | None = Field(None, validation_alias="WEBHOOK_API_KEY")
     webhook_attempts: int = Field(5, ge=1, le=20, validation_alias="WEBHOOK_ATTEMPTS")
@@ -147,6 +129,22 @@ class Settings(BaseSettings):
     _split = field_validator(
         "default_retrievers", "internal_api_allowed_hosts", "fetch_allowed_hosts", "llm_allowed_models", mode="before"
     )(staticmethod(_split_commas))
+
+    # not fields: nothing here is read from the environment, and only `upstream` hands them on
+    _upstream_values: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _sources: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def __init__(self, *, upstreams: Mapping[str, Any] | None = None, **values: Any) -> None:
+        super().__init__(**values)
+        self._upstream_values = dict(upstreams or {})
+        # pydantic-settings' init options (`_env_file`, `_env_file_encoding`, ...) say where values come from
+        self._sources = {name: value for name, value in values.items() if name.startswith("_")}
+
+    def upstream(self, settings: type[Part]) -> Part:
+        """One upstream's settings, read as these were (the same `.env`, or none), with the values
+        given for its fields in `upstreams`."""
+        given = {name: value for name, value in self._upstream_values.items() if name in settings.model_fields}
+        return settings(**self._sources, **given)
 
     @field_validator("default_retrievers", mode="after")
     @classmethod
@@ -173,14 +171,9 @@ class Settings(BaseSettings):
 
     @field_validator(
         "default_user",
-        "internal_api_base_url",
         "webhook_url",
         "api_keys_file",
         "knowledge_bases",
-        "dify_upstreams",
-        "crossref_mailto",
-        "pubmed_email",
-        "searxng_url",
         "llm_base_url",
         "llm_model",
         "model_cache_dir",
@@ -192,16 +185,8 @@ class Settings(BaseSettings):
         return None if value == "" else value
 
     @field_validator(
-        "internal_api_key",
-        "tavily_api_key",
-        "google_api_key",
-        "google_cx_key",
         "api_keys",
         "webhook_api_key",
-        "openalex_api_key",
-        "semantic_scholar_api_key",
-        "pubmed_api_key",
-        "brave_api_key",
         "llm_api_key",
         "redis_url",
         "library_url",

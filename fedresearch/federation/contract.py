@@ -1,4 +1,5 @@
-"""The adapter contract: what an upstream is (`About`), and two pure steps around the I/O.
+"""The adapter contract: what an upstream is (`About`), its settings (`UpstreamSettings`), and two pure
+steps around the I/O.
 
 As in SearxNG's engines, an adapter builds its request and parses the answer; it never opens a
 connection, sets a deadline or retries. The runner (runner.py) owns all of that, so a new adapter
@@ -9,22 +10,49 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol
+
+from pydantic import ValidationInfo, field_validator
+from pydantic_settings import BaseSettings
+from typing_extensions import TypeVar
 
 from fedresearch.core.models import SearchResult, SourceKind
-from fedresearch.core.settings import Settings
+from fedresearch.core.settings import SETTINGS_SOURCES
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.library.search import Passage
 
 
+class UpstreamSettings(BaseSettings):
+    """One upstream's operator settings, read from the environment and `.env` as the server's own are
+    (core/settings.py): each upstream module declares a subclass with its fields, env names given as
+    `validation_alias`, secrets as `SecretStr`, and its adapters see nothing else. This class itself
+    has no fields: the settings of an upstream that needs none."""
+
+    model_config = SETTINGS_SOURCES
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object, info: ValidationInfo) -> object:
+        # `NAME=` (in `.env` or the environment) leaves a setting that is unset by default unset
+        unset_by_default = info.field_name is not None and cls.model_fields[info.field_name].default is None
+        return None if value == "" and unset_by_default else value
+
+
+# the settings class an About names; covariant, so that any upstream's About is an `About`
+Own = TypeVar("Own", bound=UpstreamSettings, default=UpstreamSettings, covariant=True)
+# About's default for it: `Own`'s own default, typed Any as mypy matches no class to a class-scoped TypeVar
+_NO_SETTINGS: Any = UpstreamSettings
+
+
 @dataclass(frozen=True)
-class About:
+class About(Generic[Own]):
     """What an upstream is. Every field is read: `kind` groups results in reports and decides how a
     score is calibrated and whether answers are cached; `credentials` names the per-request headers
     the adapter may read; `needs_user` makes `user_id` required; `results` is how the runner decodes
     the answer; `rate` is the upstream's published limit, which the runner keeps every task of the
     process under (ratelimit.py; None: no limit to keep); `website` and `needs_key` are shown to
-    operators (GET /api/retrievers)."""
+    operators (GET /api/retrievers); `settings` is the upstream's settings class, whose instance the
+    registry builds and hands to the module's adapter factory (federation/registry.py)."""
 
     website: str
     kind: SourceKind
@@ -33,6 +61,7 @@ class About:
     results: Literal["JSON", "XML", "text"] = "JSON"
     credentials: tuple[str, ...] = ()
     rate: Rate | None = None
+    settings: type[Own] = _NO_SETTINGS
 
 
 class RetrieverFailed(Exception):
@@ -131,15 +160,20 @@ class Hits:
 
 
 class Adapter(Protocol):
+    """One retriever. Its upstream module's factory builds it from that upstream's settings alone
+    (`About.settings`), so it holds whatever of them it reads; nothing else reaches it."""
+
     name: str  # the retriever name clients use
     label: str  # how messages name the upstream
-    about: About
 
-    def missing_setup(self, settings: Settings) -> str | None:
+    @property
+    def about(self) -> About: ...  # read-only: an About of any upstream's settings class is an About
+
+    def missing_setup(self) -> str | None:
         """What the operator must set before this adapter can run with no per-request key; None when ready."""
         ...
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> Request:
+    def build_request(self, options: SearchOptions) -> Request:
         """Pure: the first request for `options`; raises RetrieverSkipped when it cannot run."""
         ...
 

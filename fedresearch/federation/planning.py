@@ -30,7 +30,7 @@ class Plan:
     notes: tuple[str, ...] = ()  # how the request was read, said to the client as warnings
 
 
-def expand(name: str, registry: Mapping[str, Adapter], settings: Settings) -> list[str]:
+def expand(name: str, registry: Mapping[str, Adapter]) -> list[str]:
     """A retriever name, or the names an alias stands for. `web` means the configured web retrievers
     (all of them when none is configured, so that each says why it is skipped)."""
     kind = ALIASES.get(name)
@@ -38,7 +38,7 @@ def expand(name: str, registry: Mapping[str, Adapter], settings: Settings) -> li
         return [name]
     members = [n for n, adapter in registry.items() if adapter.about.kind == kind]
     if kind == "web":
-        configured = [n for n in members if registry[n].missing_setup(settings) is None]
+        configured = [n for n in members if registry[n].missing_setup() is None]
         return configured or members
     return members
 
@@ -87,7 +87,7 @@ def choose_retrievers(request: ResearchRequest, settings: Settings, registry: Ma
             f"unknown retriever{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
             f"in {origin}; known retrievers: {known_names(registry)}"
         )
-    chosen = list(dict.fromkeys(member for name in names for member in expand(name, registry, settings)))
+    chosen = list(dict.fromkeys(member for name in names for member in expand(name, registry)))
     if not chosen:
         raise RequestError(f"{origin} names no retriever this server offers; known retrievers: {known_names(registry)}")
     return chosen

@@ -202,7 +202,7 @@ async def search_one(
     Raises RetrieverSkipped when it cannot run, RetrieverFailed (DeadlineExceeded past the deadline).
     """
     options = options.for_adapter(adapter.about)
-    first = adapter.build_request(options, deps.settings)
+    first = adapter.build_request(options)
     deadline = deadline_of(first, deps.settings, cap)
     pacing = _Pacing()
     on_suspended = functools.partial(_count_suspension, deps.metrics, adapter.name)

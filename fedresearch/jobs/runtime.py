@@ -28,7 +28,7 @@ from fedresearch.federation.answer_cache import RedisAnswerCache
 from fedresearch.federation.breaker import RedisBreaker
 from fedresearch.federation.contract import Adapter
 from fedresearch.federation.ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter
-from fedresearch.federation.registry import AdapterFactory, build_registry
+from fedresearch.federation.registry import Upstream, build_registry
 from fedresearch.federation.resilience import Guard
 from fedresearch.federation.runner import Deps
 from fedresearch.jobs import webhooks
@@ -137,11 +137,11 @@ async def open_state(settings: Settings, running: collections.Counter[str]) -> A
 
 @dataclass(frozen=True)
 class Given:
-    """What the caller of `open_runtime` provides rather than the settings: the adapter factories
-    (the registry tuple), the process's metrics and its stop, and for tests, a resolver for the
+    """What the caller of `open_runtime` provides rather than the settings: the upstreams (the
+    registry tuple), the process's metrics and its stop, and for tests, a resolver for the
     pages' hosts and a job store."""
 
-    adapters: tuple[AdapterFactory, ...]
+    adapters: tuple[Upstream, ...]
     metrics: Metrics
     stopping: Stopping
     resolver: AbstractResolver | None = None

@@ -10,11 +10,28 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from pydantic import Field
+
 from fedresearch.core.identifiers import arxiv_id_of
-from fedresearch.core.settings import Settings
-from fedresearch.federation.contract import About, Answer, Hits, HttpAnswer, HttpRequest, RetrieverFailed, SearchOptions
+from fedresearch.federation.contract import (
+    About,
+    Answer,
+    Hits,
+    HttpAnswer,
+    HttpRequest,
+    RetrieverFailed,
+    SearchOptions,
+    UpstreamSettings,
+)
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.retrievers.scholarly import Paper, papers_to_hits, parse_xml, xml_text, year_of
+
+
+class ArxivSettings(UpstreamSettings):
+    """arXiv's: where the API is."""
+
+    arxiv_api_base_url: str = Field("https://export.arxiv.org", validation_alias="ARXIV_API_BASE_URL")
+
 
 about = About(
     website="https://info.arxiv.org/help/api/",
@@ -23,6 +40,7 @@ about = About(
     needs_user=False,
     results="XML",
     rate=Rate(1, per_s=3, connections=1, backoff_s=3),
+    settings=ArxivSettings,
 )
 
 PATH = "/api/query"
@@ -91,11 +109,14 @@ class Arxiv:
     label = "arXiv"
     about = about
 
-    def missing_setup(self, settings: Settings) -> str | None:
+    def __init__(self, settings: ArxivSettings) -> None:
+        self.settings = settings
+
+    def missing_setup(self) -> str | None:
         return None
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> HttpRequest:
-        return build_request(options, settings.arxiv_api_base_url)
+    def build_request(self, options: SearchOptions) -> HttpRequest:
+        return build_request(options, self.settings.arxiv_api_base_url)
 
     def parse_response(self, answer: Answer, options: SearchOptions) -> Hits:
         assert isinstance(answer, HttpAnswer)
@@ -105,5 +126,5 @@ class Arxiv:
         return describe_error(answer.status, answer.payload)
 
 
-def adapters(settings: Settings) -> list[Arxiv]:
-    return [Arxiv()]
+def adapters(settings: ArxivSettings) -> list[Arxiv]:
+    return [Arxiv(settings)]

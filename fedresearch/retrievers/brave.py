@@ -8,8 +8,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from pydantic import Field, SecretStr
+
 from fedresearch.core.models import SearchResult
-from fedresearch.core.settings import Settings, secret
+from fedresearch.core.settings import secret
 from fedresearch.federation.contract import (
     About,
     Answer,
@@ -19,19 +21,30 @@ from fedresearch.federation.contract import (
     RetrieverFailed,
     RetrieverSkipped,
     SearchOptions,
+    UpstreamSettings,
     first_text,
 )
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.retrievers.google import with_sites
 from fedresearch.retrievers.scholarly import plain_text
 
-about = About(
+
+class BraveSettings(UpstreamSettings):
+    """Brave's: the API key (a request's own overrides it), where the API is, and the plan's rate."""
+
+    brave_api_key: SecretStr | None = Field(None, validation_alias="BRAVE_API_KEY")
+    brave_api_base_url: str = Field("https://api.search.brave.com", validation_alias="BRAVE_API_BASE_URL")
+    brave_requests_per_s: float = Field(1.0, gt=0, validation_alias="BRAVE_REQUESTS_PER_S")
+
+
+about = About(  # the free plan's rate; BRAVE_REQUESTS_PER_S replaces it
     website="https://brave.com/search/api/",
     kind="web",
     needs_key=True,
     needs_user=False,
     credentials=("brave_api_key",),
     rate=Rate(1),
+    settings=BraveSettings,
 )
 
 PATH = "/res/v1/web/search"
@@ -92,17 +105,18 @@ class Brave:
     name = "brave"
     label = "Brave"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: BraveSettings) -> None:
+        self.settings = settings
         self.about = replace(about, rate=Rate(settings.brave_requests_per_s))
 
-    def missing_setup(self, settings: Settings) -> str | None:
-        return None if secret(settings.brave_api_key) else "set BRAVE_API_KEY"
+    def missing_setup(self) -> str | None:
+        return None if secret(self.settings.brave_api_key) else "set BRAVE_API_KEY"
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> HttpRequest:
-        api_key = options.credential("brave_api_key") or secret(settings.brave_api_key)
+    def build_request(self, options: SearchOptions) -> HttpRequest:
+        api_key = options.credential("brave_api_key") or secret(self.settings.brave_api_key)
         if not api_key:
             raise RetrieverSkipped("no Brave API key: set BRAVE_API_KEY (or send headers.brave_api_key)")
-        return build_request(options, settings.brave_api_base_url, api_key)
+        return build_request(options, self.settings.brave_api_base_url, api_key)
 
     def parse_response(self, answer: Answer, options: SearchOptions) -> Hits:
         assert isinstance(answer, HttpAnswer)
@@ -112,5 +126,5 @@ class Brave:
         return describe_error(answer.status, answer.payload)
 
 
-def adapters(settings: Settings) -> list[Brave]:
+def adapters(settings: BraveSettings) -> list[Brave]:
     return [Brave(settings)]

@@ -13,7 +13,8 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from fedresearch.core.settings import Settings
+from pydantic import Field
+
 from fedresearch.core.text import author_names
 from fedresearch.federation.contract import (
     About,
@@ -23,19 +24,29 @@ from fedresearch.federation.contract import (
     HttpRequest,
     RetrieverFailed,
     SearchOptions,
+    UpstreamSettings,
     first_text,
 )
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.retrievers.scholarly import Paper, papers_to_hits
 
-_PUBLIC = About(
+
+class CrossrefSettings(UpstreamSettings):
+    """Crossref's: the address that joins the polite pool, and where the API is."""
+
+    crossref_mailto: str | None = Field(None, validation_alias="CROSSREF_MAILTO")
+    crossref_api_base_url: str = Field("https://api.crossref.org", validation_alias="CROSSREF_API_BASE_URL")
+
+
+about = About(  # the public pool's; with CROSSREF_MAILTO, the polite pool's rate replaces it
     website="https://www.crossref.org/documentation/retrieve-metadata/rest-api/",
     kind="scholarly",
     needs_key=False,
     needs_user=False,
     rate=Rate(5, connections=1),
+    settings=CrossrefSettings,
 )
-_POLITE = replace(_PUBLIC, rate=Rate(10, connections=3))
+_POLITE = replace(about, rate=Rate(10, connections=3))
 
 PATH = "/works"
 _MAX_ROWS = 100
@@ -110,14 +121,15 @@ class Crossref:
     name = "crossref"
     label = "Crossref"
 
-    def __init__(self, settings: Settings) -> None:
-        self.about = _POLITE if settings.crossref_mailto else _PUBLIC
+    def __init__(self, settings: CrossrefSettings) -> None:
+        self.settings = settings
+        self.about = _POLITE if settings.crossref_mailto else about
 
-    def missing_setup(self, settings: Settings) -> str | None:
+    def missing_setup(self) -> str | None:
         return None
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> HttpRequest:
-        return build_request(options, settings.crossref_api_base_url, settings.crossref_mailto)
+    def build_request(self, options: SearchOptions) -> HttpRequest:
+        return build_request(options, self.settings.crossref_api_base_url, self.settings.crossref_mailto)
 
     def parse_response(self, answer: Answer, options: SearchOptions) -> Hits:
         assert isinstance(answer, HttpAnswer)
@@ -127,5 +139,5 @@ class Crossref:
         return describe_error(answer.status, answer.payload)
 
 
-def adapters(settings: Settings) -> list[Crossref]:
+def adapters(settings: CrossrefSettings) -> list[Crossref]:
     return [Crossref(settings)]

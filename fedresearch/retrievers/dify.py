@@ -11,6 +11,7 @@ fedresearch), configured by name in the TOML file named by DIFY_UPSTREAMS:
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fedresearch.core.identifiers import doi_of, doi_url
 from fedresearch.core.models import SearchResult
 from fedresearch.core.secrets import resolve_secret
-from fedresearch.core.settings import Settings, load_toml
+from fedresearch.core.settings import load_toml
 from fedresearch.federation.contract import (
     About,
     Answer,
@@ -27,15 +28,24 @@ from fedresearch.federation.contract import (
     HttpRequest,
     RetrieverFailed,
     SearchOptions,
+    UpstreamSettings,
     first_text,
     unit_score,
 )
+
+
+class DifySettings(UpstreamSettings):
+    """The TOML file naming the Dify-compatible endpoints (unset: none)."""
+
+    dify_upstreams: Path | None = Field(None, validation_alias="DIFY_UPSTREAMS")
+
 
 about = About(
     website="https://docs.dify.ai/guides/knowledge-base/api-documentation/external-knowledge-api-documentation",
     kind="knowledge",
     needs_key=True,
     needs_user=False,
+    settings=DifySettings,
 )
 
 _HREF_KEYS = ("href", "url", "source_url", "link", "document_url")
@@ -119,10 +129,10 @@ class DifyKnowledge:
         self.name = self.label = name
         self.upstream = upstream
 
-    def missing_setup(self, settings: Settings) -> str | None:
+    def missing_setup(self) -> str | None:
         return None  # configured by its table in DIFY_UPSTREAMS
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> HttpRequest:
+    def build_request(self, options: SearchOptions) -> HttpRequest:
         return build_request(self.upstream, options)
 
     def parse_response(self, answer: Answer, options: SearchOptions) -> Hits:
@@ -135,7 +145,7 @@ class DifyKnowledge:
         return describe_error(self.name, answer.status, answer.payload)
 
 
-def adapters(settings: Settings) -> list[DifyKnowledge]:
+def adapters(settings: DifySettings) -> list[DifyKnowledge]:
     if settings.dify_upstreams is None:
         return []
     tables = load_toml(settings.dify_upstreams, "DIFY_UPSTREAMS")

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedresearch.core.settings import Settings
+from pydantic import Field
+
 from fedresearch.core.text import author_names
 from fedresearch.federation.contract import (
     About,
@@ -17,10 +18,18 @@ from fedresearch.federation.contract import (
     HttpRequest,
     RetrieverFailed,
     SearchOptions,
+    UpstreamSettings,
     first_text,
 )
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.retrievers.scholarly import Paper, as_dict, papers_to_hits, year_of
+
+
+class EuropePmcSettings(UpstreamSettings):
+    """Europe PMC's: where the API is."""
+
+    europepmc_api_base_url: str = Field("https://www.ebi.ac.uk", validation_alias="EUROPEPMC_API_BASE_URL")
+
 
 about = About(
     website="https://europepmc.org/RestfulWebService",
@@ -28,6 +37,7 @@ about = About(
     needs_key=False,
     needs_user=False,
     rate=Rate(10),
+    settings=EuropePmcSettings,
 )
 
 PATH = "/europepmc/webservices/rest/search"
@@ -89,11 +99,14 @@ class EuropePmc:
     label = "Europe PMC"
     about = about
 
-    def missing_setup(self, settings: Settings) -> str | None:
+    def __init__(self, settings: EuropePmcSettings) -> None:
+        self.settings = settings
+
+    def missing_setup(self) -> str | None:
         return None
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> HttpRequest:
-        return build_request(options, settings.europepmc_api_base_url)
+    def build_request(self, options: SearchOptions) -> HttpRequest:
+        return build_request(options, self.settings.europepmc_api_base_url)
 
     def parse_response(self, answer: Answer, options: SearchOptions) -> Hits:
         assert isinstance(answer, HttpAnswer)
@@ -103,5 +116,5 @@ class EuropePmc:
         return describe_error(answer.status, answer.payload)
 
 
-def adapters(settings: Settings) -> list[EuropePmc]:
-    return [EuropePmc()]
+def adapters(settings: EuropePmcSettings) -> list[EuropePmc]:
+    return [EuropePmc(settings)]

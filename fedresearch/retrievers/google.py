@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field, SecretStr
+
 from fedresearch.core.models import SearchResult
-from fedresearch.core.settings import Settings, secret
+from fedresearch.core.settings import secret
 from fedresearch.federation.contract import (
     About,
     Answer,
@@ -19,7 +21,17 @@ from fedresearch.federation.contract import (
     RetrieverFailed,
     RetrieverSkipped,
     SearchOptions,
+    UpstreamSettings,
 )
+
+
+class GoogleSettings(UpstreamSettings):
+    """Google Custom Search's: the API key and engine id (a request's own override them) and where the API is."""
+
+    google_api_key: SecretStr | None = Field(None, validation_alias="GOOGLE_API_KEY")
+    google_cx_key: SecretStr | None = Field(None, validation_alias="GOOGLE_CX_KEY")
+    google_api_base_url: str = Field("https://www.googleapis.com", validation_alias="GOOGLE_API_BASE_URL")
+
 
 about = About(
     website="https://developers.google.com/custom-search/v1/overview",
@@ -27,6 +39,7 @@ about = About(
     needs_key=True,
     needs_user=False,
     credentials=("google_api_key", "google_cx_key"),
+    settings=GoogleSettings,
 )
 
 PATH = "/customsearch/v1"
@@ -106,19 +119,22 @@ class Google:
     label = "Google"
     about = about
 
-    def missing_setup(self, settings: Settings) -> str | None:
-        missing = [name for name, value in _credentials(settings) if not value]
+    def __init__(self, settings: GoogleSettings) -> None:
+        self.settings = settings
+
+    def missing_setup(self) -> str | None:
+        missing = [name for name, value in _credentials(self.settings) if not value]
         return f"set {' and '.join(missing)}" if missing else None
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> HttpRequest:
-        api_key = options.credential("google_api_key") or secret(settings.google_api_key)
-        cx = options.credential("google_cx_key") or secret(settings.google_cx_key)
+    def build_request(self, options: SearchOptions) -> HttpRequest:
+        api_key = options.credential("google_api_key") or secret(self.settings.google_api_key)
+        cx = options.credential("google_cx_key") or secret(self.settings.google_cx_key)
         if not api_key or not cx:
             missing = " and ".join(
                 name for name, value in (("GOOGLE_API_KEY", api_key), ("GOOGLE_CX_KEY", cx)) if not value
             )
             raise RetrieverSkipped(f"Google is not configured: set {missing}")
-        return build_request(settings.google_api_base_url, api_key, cx, options)
+        return build_request(self.settings.google_api_base_url, api_key, cx, options)
 
     def parse_response(self, answer: Answer, options: SearchOptions) -> Hits:
         assert isinstance(answer, HttpAnswer)
@@ -131,9 +147,9 @@ class Google:
         return describe_error(answer.status, answer.payload)
 
 
-def _credentials(settings: Settings) -> list[tuple[str, str | None]]:
+def _credentials(settings: GoogleSettings) -> list[tuple[str, str | None]]:
     return [("GOOGLE_API_KEY", secret(settings.google_api_key)), ("GOOGLE_CX_KEY", secret(settings.google_cx_key))]
 
 
-def adapters(settings: Settings) -> list[Google]:
-    return [Google()]
+def adapters(settings: GoogleSettings) -> list[Google]:
+    return [Google(settings)]

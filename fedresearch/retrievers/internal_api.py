@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field, SecretStr
+
 from fedresearch.core.identifiers import doi_of, doi_url, string_ids
 from fedresearch.core.models import SearchResult
-from fedresearch.core.settings import Settings, secret
+from fedresearch.core.settings import secret
 from fedresearch.core.text import author_names
 from fedresearch.federation.contract import (
     About,
@@ -24,17 +26,29 @@ from fedresearch.federation.contract import (
     Request,
     RetrieverFailed,
     SearchOptions,
+    UpstreamSettings,
     first_text,
     http_error,
     unit_score,
 )
 from fedresearch.library.search import Passage
 
+
+class InternalApiSettings(UpstreamSettings):
+    """A remote literature API in place of the embedded library (the hosts a client may name instead
+    are the server's INTERNAL_API_ALLOWED_HOSTS: request planning checks them)."""
+
+    internal_api_base_url: str | None = Field(None, validation_alias="INTERNAL_API_BASE_URL")
+    internal_api_key: SecretStr | None = Field(None, validation_alias="INTERNAL_API_KEY")
+    internal_api_timeout_s: float = Field(30.0, gt=0, validation_alias="INTERNAL_API_TIMEOUT_S")
+
+
 about = About(
     website="(your literature API, or the embedded library)",
     kind="library",
     needs_key=False,
     needs_user=True,
+    settings=InternalApiSettings,
 )
 
 ENDPOINT_PATH = "/internal/biblios/vector_search/"
@@ -142,27 +156,28 @@ class LiteratureApi:
     about = about
     label = "literature API"
 
-    def __init__(self, name: str, fixed_type: str | None) -> None:
+    def __init__(self, name: str, fixed_type: str | None, settings: InternalApiSettings) -> None:
         self.name = name
         self.fixed_type = fixed_type
+        self.settings = settings
 
-    def missing_setup(self, settings: Settings) -> str | None:
+    def missing_setup(self) -> str | None:
         return None  # the embedded library is always there
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> Request:
+    def build_request(self, options: SearchOptions) -> Request:
         kind = self.fixed_type or options.internal_api_type
         if options.user_id is None:
             raise RetrieverFailed("no user_id: the literature API is always searched for one user")
-        base_url = options.internal_api_base_url or settings.internal_api_base_url
+        base_url = options.internal_api_base_url or self.settings.internal_api_base_url
         if base_url is None:
             return LibraryRequest(options.user_id, kind, options.query, options.max_results, documents=kind == "biblio")
-        api_key = secret(settings.internal_api_key)
+        api_key = secret(self.settings.internal_api_key)
         return HttpRequest(
             "POST",
             base_url.rstrip("/") + ENDPOINT_PATH,
             json={"type": kind, "user_id": options.user_id, "query": options.query, "top_k": options.max_results},
             headers={"Content-Type": "application/json", **({"x-api-key": api_key} if api_key else {})},
-            deadline=(settings.internal_api_timeout_s, "INTERNAL_API_TIMEOUT_S"),
+            deadline=(self.settings.internal_api_timeout_s, "INTERNAL_API_TIMEOUT_S"),
         )
 
     def parse_response(self, answer: Answer, options: SearchOptions) -> Hits:
@@ -174,9 +189,9 @@ class LiteratureApi:
         return http_error(self.label, answer)
 
 
-def adapters(settings: Settings) -> list[LiteratureApi]:
+def adapters(settings: InternalApiSettings) -> list[LiteratureApi]:
     return [
-        LiteratureApi("internal_biblio", None),
-        LiteratureApi("internal_highlight", "highlight"),
-        LiteratureApi("internal_file", "file"),
+        LiteratureApi("internal_biblio", None, settings),
+        LiteratureApi("internal_highlight", "highlight", settings),
+        LiteratureApi("internal_file", "file", settings),
     ]

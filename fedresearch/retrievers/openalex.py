@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field, SecretStr
+
 from fedresearch.core.identifiers import arxiv_id_of
-from fedresearch.core.settings import Settings, secret
+from fedresearch.core.settings import secret
 from fedresearch.federation.contract import (
     About,
     Answer,
@@ -20,10 +22,19 @@ from fedresearch.federation.contract import (
     RetrieverFailed,
     RetrieverSkipped,
     SearchOptions,
+    UpstreamSettings,
     first_text,
 )
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.retrievers.scholarly import Paper, as_dict, papers_to_hits, year_of
+
+
+class OpenAlexSettings(UpstreamSettings):
+    """OpenAlex's: the API key (a request's own overrides it) and where the API is."""
+
+    openalex_api_key: SecretStr | None = Field(None, validation_alias="OPENALEX_API_KEY")
+    openalex_api_base_url: str = Field("https://api.openalex.org", validation_alias="OPENALEX_API_BASE_URL")
+
 
 about = About(
     website="https://developers.openalex.org",
@@ -32,6 +43,7 @@ about = About(
     needs_user=False,
     credentials=("openalex_api_key",),
     rate=Rate(100),
+    settings=OpenAlexSettings,
 )
 
 PATH = "/works"
@@ -114,14 +126,17 @@ class OpenAlex:
     label = "OpenAlex"
     about = about
 
-    def missing_setup(self, settings: Settings) -> str | None:
-        return None if secret(settings.openalex_api_key) else _NO_KEY
+    def __init__(self, settings: OpenAlexSettings) -> None:
+        self.settings = settings
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> HttpRequest:
-        api_key = options.credential("openalex_api_key") or secret(settings.openalex_api_key)
+    def missing_setup(self) -> str | None:
+        return None if secret(self.settings.openalex_api_key) else _NO_KEY
+
+    def build_request(self, options: SearchOptions) -> HttpRequest:
+        api_key = options.credential("openalex_api_key") or secret(self.settings.openalex_api_key)
         if not api_key:
             raise RetrieverSkipped(_NO_KEY)
-        return build_request(options, settings.openalex_api_base_url, api_key)
+        return build_request(options, self.settings.openalex_api_base_url, api_key)
 
     def parse_response(self, answer: Answer, options: SearchOptions) -> Hits:
         assert isinstance(answer, HttpAnswer)
@@ -131,5 +146,5 @@ class OpenAlex:
         return describe_error(answer.status, answer.payload)
 
 
-def adapters(settings: Settings) -> list[OpenAlex]:
-    return [OpenAlex()]
+def adapters(settings: OpenAlexSettings) -> list[OpenAlex]:
+    return [OpenAlex(settings)]

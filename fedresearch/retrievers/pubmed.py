@@ -14,27 +14,49 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 from typing import Any
 
-from fedresearch.core.settings import Settings, secret
-from fedresearch.federation.contract import About, Answer, Hits, HttpAnswer, HttpRequest, RetrieverFailed, SearchOptions
+from pydantic import Field, SecretStr
+
+from fedresearch.core.settings import secret
+from fedresearch.federation.contract import (
+    About,
+    Answer,
+    Hits,
+    HttpAnswer,
+    HttpRequest,
+    RetrieverFailed,
+    SearchOptions,
+    UpstreamSettings,
+)
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.retrievers.scholarly import Paper, papers_to_hits, parse_xml, xml_text, year_of
 
-_KEYLESS = About(
+
+class PubMedSettings(UpstreamSettings):
+    """PubMed's: the optional API key, the `email` and `tool` NCBI asks for, and where E-utilities are."""
+
+    pubmed_api_key: SecretStr | None = Field(None, validation_alias="PUBMED_API_KEY")
+    pubmed_email: str | None = Field(None, validation_alias="PUBMED_EMAIL")
+    pubmed_tool: str = Field("fedresearch", validation_alias="PUBMED_TOOL")
+    pubmed_api_base_url: str = Field("https://eutils.ncbi.nlm.nih.gov", validation_alias="PUBMED_API_BASE_URL")
+
+
+about = About(  # keyless; with PUBMED_API_KEY, the keyed rate replaces it
     website="https://www.ncbi.nlm.nih.gov/books/NBK25497/",
     kind="scholarly",
     needs_key=False,
     needs_user=False,
     results="XML",
     rate=Rate(3),
+    settings=PubMedSettings,
 )
-_KEYED = replace(_KEYLESS, rate=Rate(10))
+_KEYED = replace(about, rate=Rate(10))
 
 ESEARCH = "/entrez/eutils/esearch.fcgi"
 EFETCH = "/entrez/eutils/efetch.fcgi"
 _RETMAX = 100
 
 
-def _identity(settings: Settings) -> dict[str, str]:
+def _identity(settings: PubMedSettings) -> dict[str, str]:
     params = {"tool": settings.pubmed_tool}
     if settings.pubmed_email:
         params["email"] = settings.pubmed_email
@@ -43,7 +65,7 @@ def _identity(settings: Settings) -> dict[str, str]:
     return params
 
 
-def build_request(options: SearchOptions, settings: Settings) -> HttpRequest:
+def build_request(options: SearchOptions, settings: PubMedSettings) -> HttpRequest:
     params = {"db": "pubmed", "term": options.query, "retmax": str(min(options.max_results, _RETMAX))}
     params["sort"] = "relevance"
     url = settings.pubmed_api_base_url.rstrip("/") + ESEARCH
@@ -129,14 +151,15 @@ class PubMed:
     name = "pubmed"
     label = "PubMed"
 
-    def __init__(self, settings: Settings) -> None:
-        self.about = _KEYED if secret(settings.pubmed_api_key) else _KEYLESS
+    def __init__(self, settings: PubMedSettings) -> None:
+        self.settings = settings
+        self.about = _KEYED if secret(settings.pubmed_api_key) else about
 
-    def missing_setup(self, settings: Settings) -> str | None:
+    def missing_setup(self) -> str | None:
         return None
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> HttpRequest:
-        return build_request(options, settings)
+    def build_request(self, options: SearchOptions) -> HttpRequest:
+        return build_request(options, self.settings)
 
     def parse_response(self, answer: Answer, options: SearchOptions) -> Hits:
         assert isinstance(answer, HttpAnswer)
@@ -146,5 +169,5 @@ class PubMed:
         return describe_error(answer.status, answer.payload)
 
 
-def adapters(settings: Settings) -> list[PubMed]:
+def adapters(settings: PubMedSettings) -> list[PubMed]:
     return [PubMed(settings)]

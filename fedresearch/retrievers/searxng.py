@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from fedresearch.core.models import SearchResult
-from fedresearch.core.settings import Settings
 from fedresearch.core.text import author_names
 from fedresearch.federation.contract import (
     About,
@@ -21,12 +22,26 @@ from fedresearch.federation.contract import (
     RetrieverFailed,
     RetrieverSkipped,
     SearchOptions,
+    UpstreamSettings,
     first_text,
 )
 from fedresearch.retrievers.google import with_sites
 from fedresearch.retrievers.scholarly import plain_text
 
-about = About(website="https://docs.searxng.org/dev/search_api.html", kind="web", needs_key=True, needs_user=False)
+
+class SearxngSettings(UpstreamSettings):
+    """SearxNG's: the instance's URL (unset: the retriever is skipped)."""
+
+    searxng_url: str | None = Field(None, validation_alias="SEARXNG_URL")
+
+
+about = About(
+    website="https://docs.searxng.org/dev/search_api.html",
+    kind="web",
+    needs_key=True,
+    needs_user=False,
+    settings=SearxngSettings,
+)
 
 PATH = "/search"
 _NOT_SET = "set SEARXNG_URL to your SearxNG instance (with json in its search.formats)"
@@ -87,13 +102,16 @@ class Searxng:
     label = "SearxNG"
     about = about
 
-    def missing_setup(self, settings: Settings) -> str | None:
-        return None if settings.searxng_url else _NOT_SET
+    def __init__(self, settings: SearxngSettings) -> None:
+        self.settings = settings
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> HttpRequest:
-        if not settings.searxng_url:
+    def missing_setup(self) -> str | None:
+        return None if self.settings.searxng_url else _NOT_SET
+
+    def build_request(self, options: SearchOptions) -> HttpRequest:
+        if not self.settings.searxng_url:
             raise RetrieverSkipped(f"SearxNG is not configured: {_NOT_SET}")
-        return build_request(options, settings.searxng_url)
+        return build_request(options, self.settings.searxng_url)
 
     def parse_response(self, answer: Answer, options: SearchOptions) -> Hits:
         assert isinstance(answer, HttpAnswer)
@@ -103,5 +121,5 @@ class Searxng:
         return describe_error(answer.status)
 
 
-def adapters(settings: Settings) -> list[Searxng]:
-    return [Searxng()]
+def adapters(settings: SearxngSettings) -> list[Searxng]:
+    return [Searxng(settings)]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedresearch.core.settings import Settings, secret
+from pydantic import Field, SecretStr
+
+from fedresearch.core.settings import secret
 from fedresearch.core.text import author_names
 from fedresearch.federation.contract import (
     About,
@@ -19,10 +21,21 @@ from fedresearch.federation.contract import (
     HttpRequest,
     RetrieverFailed,
     SearchOptions,
+    UpstreamSettings,
     first_text,
 )
 from fedresearch.federation.ratelimit import Rate
 from fedresearch.retrievers.scholarly import Paper, as_dict, papers_to_hits, year_of
+
+
+class SemanticScholarSettings(UpstreamSettings):
+    """Semantic Scholar's: the optional API key (a request's own overrides it) and where the API is."""
+
+    semantic_scholar_api_key: SecretStr | None = Field(None, validation_alias="SEMANTIC_SCHOLAR_API_KEY")
+    semantic_scholar_api_base_url: str = Field(
+        "https://api.semanticscholar.org", validation_alias="SEMANTIC_SCHOLAR_API_BASE_URL"
+    )
+
 
 about = About(
     website="https://www.semanticscholar.org/product/api",
@@ -31,6 +44,7 @@ about = About(
     needs_user=False,
     credentials=("semantic_scholar_api_key",),
     rate=Rate(1, backoff_s=2),
+    settings=SemanticScholarSettings,
 )
 
 PATH = "/graph/v1/paper/search"
@@ -87,12 +101,15 @@ class SemanticScholar:
     label = "Semantic Scholar"
     about = about
 
-    def missing_setup(self, settings: Settings) -> str | None:
+    def __init__(self, settings: SemanticScholarSettings) -> None:
+        self.settings = settings
+
+    def missing_setup(self) -> str | None:
         return None
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> HttpRequest:
-        api_key = options.credential("semantic_scholar_api_key") or secret(settings.semantic_scholar_api_key)
-        return build_request(options, settings.semantic_scholar_api_base_url, api_key)
+    def build_request(self, options: SearchOptions) -> HttpRequest:
+        api_key = options.credential("semantic_scholar_api_key") or secret(self.settings.semantic_scholar_api_key)
+        return build_request(options, self.settings.semantic_scholar_api_base_url, api_key)
 
     def parse_response(self, answer: Answer, options: SearchOptions) -> Hits:
         assert isinstance(answer, HttpAnswer)
@@ -102,5 +119,5 @@ class SemanticScholar:
         return describe_error(answer.status, answer.payload)
 
 
-def adapters(settings: Settings) -> list[SemanticScholar]:
-    return [SemanticScholar()]
+def adapters(settings: SemanticScholarSettings) -> list[SemanticScholar]:
+    return [SemanticScholar(settings)]

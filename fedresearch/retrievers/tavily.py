@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field, SecretStr
+
 from fedresearch.core.models import SearchResult
-from fedresearch.core.settings import Settings, secret
+from fedresearch.core.settings import secret
 from fedresearch.federation.contract import (
     About,
     Answer,
@@ -20,11 +22,25 @@ from fedresearch.federation.contract import (
     RetrieverFailed,
     RetrieverSkipped,
     SearchOptions,
+    UpstreamSettings,
     unit_score,
 )
 
+
+class TavilySettings(UpstreamSettings):
+    """Tavily's: the API key (a request's own overrides it) and where the API is."""
+
+    tavily_api_key: SecretStr | None = Field(None, validation_alias="TAVILY_API_KEY")
+    tavily_api_base_url: str = Field("https://api.tavily.com", validation_alias="TAVILY_API_BASE_URL")
+
+
 about = About(
-    website="https://tavily.com", kind="web", needs_key=True, needs_user=False, credentials=("tavily_api_key",)
+    website="https://tavily.com",
+    kind="web",
+    needs_key=True,
+    needs_user=False,
+    credentials=("tavily_api_key",),
+    settings=TavilySettings,
 )
 
 _MAX_RESULTS = 20  # the API's largest max_results
@@ -87,14 +103,17 @@ class Tavily:
     label = "Tavily"
     about = about
 
-    def missing_setup(self, settings: Settings) -> str | None:
-        return None if secret(settings.tavily_api_key) else "set TAVILY_API_KEY"
+    def __init__(self, settings: TavilySettings) -> None:
+        self.settings = settings
 
-    def build_request(self, options: SearchOptions, settings: Settings) -> HttpRequest:
-        api_key = options.credential("tavily_api_key") or secret(settings.tavily_api_key)
+    def missing_setup(self) -> str | None:
+        return None if secret(self.settings.tavily_api_key) else "set TAVILY_API_KEY"
+
+    def build_request(self, options: SearchOptions) -> HttpRequest:
+        api_key = options.credential("tavily_api_key") or secret(self.settings.tavily_api_key)
         if not api_key:
             raise RetrieverSkipped("no Tavily API key: set TAVILY_API_KEY (or send headers.tavily_api_key)")
-        return build_request(options, api_key, settings.tavily_api_base_url)
+        return build_request(options, api_key, self.settings.tavily_api_base_url)
 
     def parse_response(self, answer: Answer, options: SearchOptions) -> Hits:
         assert isinstance(answer, HttpAnswer)
@@ -104,5 +123,5 @@ class Tavily:
         return describe_error(answer.status, answer.payload)
 
 
-def adapters(settings: Settings) -> list[Tavily]:
-    return [Tavily()]
+def adapters(settings: TavilySettings) -> list[Tavily]:
+    return [Tavily(settings)]

@@ -17,7 +17,7 @@ from aiohttp.typedefs import Handler
 from fedresearch.core.auth import ApiKeys
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.settings import Settings
-from fedresearch.federation.registry import AdapterFactory
+from fedresearch.federation.registry import Upstream
 from fedresearch.jobs.runs import retention_sweeps, stop_jobs
 from fedresearch.jobs.runtime import Given, open_runtime
 from fedresearch.jobs.stopping import Stopping, stop_limits
@@ -39,7 +39,6 @@ from fedresearch.web import (
 )
 from fedresearch.web.auth import json_error
 from fedresearch.web.keys import (
-    ADAPTER_FACTORIES,
     JOB_STORE,
     KEYS,
     METRICS,
@@ -49,6 +48,7 @@ from fedresearch.web.keys import (
     SETTINGS,
     SOCKETS,
     STOPPING,
+    UPSTREAMS,
     OpenSocket,
 )
 
@@ -67,7 +67,7 @@ async def _library_unavailable(request: web.Request, handler: Handler) -> web.St
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     """The process's runtime (library, HTTP session, registry, shared state, jobs), from start to stop."""
-    given = Given(app[ADAPTER_FACTORIES], app[METRICS], app[STOPPING], app.get(RESOLVER), app.get(JOB_STORE))
+    given = Given(app[UPSTREAMS], app[METRICS], app[STOPPING], app.get(RESOLVER), app.get(JOB_STORE))
     async with open_runtime(app[SETTINGS], given) as runtime:
         app[RUNTIME] = runtime
         app[KEYS] = app[KEYS].with_keys(knowledge_base_keys(runtime.knowledge_bases))
@@ -124,13 +124,14 @@ async def _close_sockets(app: web.Application) -> None:
 
 def create_app(
     settings: Settings | None = None,
-    adapters: Sequence[AdapterFactory] = ADAPTERS,
+    adapters: Sequence[Upstream] = ADAPTERS,
     resolver: AbstractResolver | None = None,
     job_store: JobStore | None = None,
 ) -> web.Application:
-    """The app; `adapters` is the registry tuple (a test may pass one with an adapter of its own),
-    `resolver` resolves the hosts of pages to read (tests inject one; the SSRF check wraps it),
-    `job_store` keeps the jobs (default: this process's, saved under the data dir, or Redis's)."""
+    """The app; `adapters` is the registry tuple of upstreams (a test may pass one with an upstream of
+    its own, `Upstream.of(about, factory)`), `resolver` resolves the hosts of pages to read (tests
+    inject one; the SSRF check wraps it), `job_store` keeps the jobs (default: this process's, saved
+    under the data dir, or Redis's)."""
     settings = settings or Settings()
     app = web.Application(client_max_size=1 << 20, middlewares=[_library_unavailable])
     if job_store is not None:
@@ -138,7 +139,7 @@ def create_app(
     if resolver is not None:
         app[RESOLVER] = resolver
     app[SETTINGS] = settings
-    app[ADAPTER_FACTORIES] = tuple(adapters)
+    app[UPSTREAMS] = tuple(adapters)
     app[KEYS] = ApiKeys.from_settings(settings)
     app[METRICS] = Metrics()
     sockets: set[OpenSocket] = set()

@@ -11,7 +11,7 @@ from aiohttp.abc import AbstractResolver
 from fedresearch.core.auth import ApiKeys
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.settings import Settings
-from fedresearch.federation.registry import AdapterFactory
+from fedresearch.federation.registry import Upstream
 from fedresearch.jobs.runtime import Runtime
 from fedresearch.jobs.stopping import Stopping
 from fedresearch.jobs.store import JobStore
@@ -31,7 +31,7 @@ class OpenSocket(Protocol):
 SETTINGS = web.AppKey("settings", Settings)
 KEYS = web.AppKey("keys", ApiKeys)
 METRICS = web.AppKey("metrics", Metrics)
-ADAPTER_FACTORIES = web.AppKey[tuple[AdapterFactory, ...]]("adapter_factories")
+UPSTREAMS = web.AppKey[tuple[Upstream, ...]]("upstreams")
 RESOLVER = web.AppKey("resolver", AbstractResolver)  # the pages' hosts (tests give one)
 JOB_STORE = web.AppKey[JobStore]("job_store")  # one given to create_app (default: the runtime makes one)
 STOPPING = web.AppKey("stopping", Stopping)  # begun on SIGTERM: no new tasks, running ones finish

@@ -145,7 +145,7 @@ class McpTools:
 
     async def list_retrievers(self, ctx: Context) -> dict[str, Any]:
         caller(self.app, ctx)
-        return retriever_list(self.app[RUNTIME].registry, self.app[SETTINGS])
+        return retriever_list(self.app[RUNTIME].registry)
 
     async def get_report(self, research_id: str, ctx: Context) -> dict[str, Any]:
         principal = caller(self.app, ctx)

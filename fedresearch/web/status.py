@@ -9,13 +9,12 @@ from typing import Any
 
 from aiohttp import web
 
-from fedresearch.core.settings import Settings
 from fedresearch.federation.contract import Adapter
 from fedresearch.federation.planning import ALIASES
 from fedresearch.report.exports import EXPORT_FORMATS
 from fedresearch.report.types import offered_forms
 from fedresearch.web.auth import principal_of
-from fedresearch.web.keys import METRICS, RUNTIME, SETTINGS
+from fedresearch.web.keys import METRICS, RUNTIME
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -38,11 +37,11 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
-def retriever_list(registry: dict[str, Adapter], settings: Settings) -> dict[str, Any]:
+def retriever_list(registry: dict[str, Adapter]) -> dict[str, Any]:
     """Each retriever this server offers, what it is, and whether it can run without a per-request key."""
     listed: list[dict[str, Any]] = []
     for name, adapter in registry.items():
-        missing = adapter.missing_setup(settings)
+        missing = adapter.missing_setup()
         about = adapter.about
         entry: dict[str, Any] = {"name": name, "kind": about.kind, "configured": missing is None}
         if missing is not None:
@@ -59,7 +58,7 @@ def retriever_list(registry: dict[str, Adapter], settings: Settings) -> dict[str
 
 async def retrievers(request: web.Request) -> web.Response:
     principal_of(request)
-    return web.json_response(retriever_list(request.app[RUNTIME].registry, request.app[SETTINGS]))
+    return web.json_response(retriever_list(request.app[RUNTIME].registry))
 
 
 async def report_forms(request: web.Request) -> web.Response:
