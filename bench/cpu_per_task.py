@@ -53,7 +53,7 @@ from redis import Redis
 
 from bench.load import ROOT, cpu_seconds, free_port, raise_fd_limit
 from bench.scaling import closed_loop, start_server_env, steady, upstreams
-from tests.fake_openai import Answer, FakeOpenAI, passages_of
+from tests.fakes.openai_chat import Answer, FakeOpenAI, passages_of
 from tests.redis_server import start_redis
 
 

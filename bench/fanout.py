@@ -33,7 +33,10 @@ from fedresearch.federation.registry import build_registry
 from fedresearch.federation.resilience import Guard
 from fedresearch.federation.runner import Deps, federate
 from fedresearch.retrievers import ADAPTERS
-from tests.fakes import FakeCustomRetrieverEndpoint, FakeGoogle, FakeLiteratureApi, FakeTavily
+from tests.fakes.custom_retriever import FakeCustomRetrieverEndpoint
+from tests.fakes.google import FakeGoogle
+from tests.fakes.literature_api import FakeLiteratureApi
+from tests.fakes.tavily import FakeTavily
 
 VENV = Path(os.environ.get("BENCH_GPTR_VENV", "/tmp/fedresearch-bench-gptr"))
 PEER = Path(__file__).resolve().parent / "gptr_peer.py"

@@ -28,7 +28,7 @@ from fedresearch.jobs.local_store import LocalJobStore
 from fedresearch.jobs.store import Job, JobStatus, follow
 from fedresearch.web.app import create_app
 from tests.conftest import make_settings
-from tests.fakes import FakeTavily
+from tests.fakes.tavily import FakeTavily
 
 UPSTREAM_S = 0.05
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import websockets
 
-from tests.fakes import FakeGoogle, FakeTavily
+from tests.fakes.google import FakeGoogle
+from tests.fakes.tavily import FakeTavily
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM_S = 0.05

@@ -32,7 +32,7 @@ from fedresearch.knowledge import retrieval
 from fedresearch.library.ingest import ingest
 from fedresearch.library.open import open_library
 from fedresearch.web.app import create_app
-from tests.fakes import FakeTavily
+from tests.fakes.tavily import FakeTavily
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "library"
 QUESTIONS = [

@@ -61,7 +61,8 @@ from aiohttp import web
 
 from bench.extract import site
 from bench.load import ROOT, UPSTREAM_S, cpu_seconds, cpu_topology, free_port, machine_busy, percentile, raise_fd_limit
-from tests.fakes import FakeGoogle, FakeTavily
+from tests.fakes.google import FakeGoogle
+from tests.fakes.tavily import FakeTavily
 from tests.redis_cluster import RedisCluster, start_redis_cluster
 from tests.redis_server import RedisServer, start_redis
 

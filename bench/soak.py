@@ -36,7 +36,8 @@ import aiohttp
 import websockets
 
 from bench.load import free_port, percentile, raise_fd_limit
-from tests.fakes import FakeGoogle, FakeTavily
+from tests.fakes.google import FakeGoogle
+from tests.fakes.tavily import FakeTavily
 from tests.pdfs import write_flate_bomb
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,11 @@ from fedresearch.federation.registry import build_registry
 from fedresearch.federation.runner import Deps, search_one
 from fedresearch.retrievers import ADAPTERS
 from fedresearch.web.app import create_app
-from tests.fakes import FakeGoogle, FakeLiteratureApi, FakeTavily, FakeUpstream, start_all
+from tests.fakes import start_all
+from tests.fakes.base import FakeUpstream
+from tests.fakes.google import FakeGoogle
+from tests.fakes.literature_api import FakeLiteratureApi
+from tests.fakes.tavily import FakeTavily
 from tests.pgbouncer import pgbouncer_port, pooled_url  # noqa: F401  (fixtures for every test module)
 from tests.redis_cluster import redis_cluster, redis_target  # noqa: F401  (fixtures for every test module)
 from tests.redis_sentinel import redis_sentinel  # noqa: F401  (fixtures for every test module)

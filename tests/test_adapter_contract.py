@@ -16,7 +16,7 @@ from fedresearch.federation.contract import UpstreamSettings
 from fedresearch.federation.registry import Upstream
 from fedresearch.retrievers import ADAPTERS
 from tests.conftest import logs, make_settings, registry_of, report_of, run_task
-from tests.fakes import FakeCustomRetrieverEndpoint
+from tests.fakes.custom_retriever import FakeCustomRetrieverEndpoint
 from tests.throwaway_adapter import LabSearch, about
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_settings
-from tests.fake_openai import Answer, FakeOpenAI
+from tests.fakes.openai_chat import Answer, FakeOpenAI
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".venv-agentscope" / "bin" / "python"

@@ -7,7 +7,7 @@ import websockets
 
 from fedresearch.federation.contract import RetrieverFailed, SearchOptions
 from tests.conftest import logs, make_settings, registry_of, report_of, run_task, search_with
-from tests.fakes import FakeDifyKnowledge
+from tests.fakes.dify import FakeDifyKnowledge
 
 
 @pytest.fixture

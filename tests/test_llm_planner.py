@@ -11,7 +11,7 @@ import websockets
 
 from fedresearch.report.planner import numbered_list
 from tests.conftest import logs, make_settings, report_of, run_task
-from tests.fake_openai import Answer, FakeOpenAI
+from tests.fakes.openai_chat import Answer, FakeOpenAI
 from tests.test_report import check_invariants
 
 TASK = "How do hybrid retrieval systems combine lexical and dense rankings?"

@@ -16,7 +16,7 @@ from fedresearch.report.compose import Composed, compose
 from fedresearch.report.llm import LlmConfig, ThinkFilter
 from fedresearch.report.verify import UNCITED, UNSUPPORTED, Verifier
 from fedresearch.report.writer import Brief
-from tests.fake_openai import Answer, FakeOpenAI, number_of
+from tests.fakes.openai_chat import Answer, FakeOpenAI, number_of
 from tests.test_report import check_invariants
 
 QUESTION = "How do hybrid retrieval systems combine lexical and dense rankings?"
@@ -261,7 +261,7 @@ async def test_over_the_websocket_the_report_streams_and_its_json_keeps_every_se
 
 def passage_line(body: dict[str, Any]) -> str:
     """The first sentence of passage [1], cited: what a faithful model writes."""
-    from tests.fake_openai import passages_of
+    from tests.fakes.openai_chat import passages_of
 
     text = passages_of(body)[1].split(") ", 1)[-1]
     return text.split(". ")[0].rstrip(".") + ". [1]"

@@ -15,7 +15,7 @@ from fedresearch.federation.ratelimit import LocalRateLimiter, Rate, announced_r
 from fedresearch.federation.resilience import Guard
 from fedresearch.federation.runner import DeadlineExceeded, Deps, search_one
 from tests.conftest import make_settings, registry_of
-from tests.scholarly_fakes import scholarly_settings, start_scholarly
+from tests.fakes import scholarly_settings, start_scholarly
 
 OPTIONS = SearchOptions(query="dense passage retrieval", max_results=3)
 

@@ -11,22 +11,14 @@ from fedresearch.federation.contract import RetrieverFailed, RetrieverSkipped, S
 from fedresearch.retrievers import arxiv, brave, crossref, europepmc, openalex, pubmed, searxng, semantic_scholar
 from fedresearch.retrievers.scholarly import parse_xml
 from tests.conftest import make_settings, registry_of, search_with
-from tests.scholarly_fakes import (
-    BILLION_LAUGHS,
-    DPR_ABSTRACT,
-    DPR_ARXIV,
-    DPR_DOI,
-    DPR_TITLE,
-    FakeBrave,
-    FakeOpenAlex,
-    FakePubMed,
-    FakeSemanticScholar,
-    dpr_crossref,
-    dpr_openalex,
-    dpr_semantic_scholar,
-    scholarly_settings,
-    start_scholarly,
-)
+from tests.fakes import scholarly_settings, start_scholarly
+from tests.fakes.arxiv import BILLION_LAUGHS
+from tests.fakes.brave import FakeBrave
+from tests.fakes.crossref import dpr_crossref
+from tests.fakes.openalex import FakeOpenAlex, dpr_openalex
+from tests.fakes.papers import DPR_ABSTRACT, DPR_ARXIV, DPR_DOI, DPR_TITLE
+from tests.fakes.pubmed import FakePubMed
+from tests.fakes.semantic_scholar import FakeSemanticScholar, dpr_semantic_scholar
 
 OPTIONS = SearchOptions(query="dense passage retrieval", max_results=5)
 ACL_PDF = "https://www.aclweb.org/anthology/2020.emnlp-main.550.pdf"
@@ -96,7 +88,7 @@ async def test_arxiv_maps_an_entry_with_its_journal_doi(tmp_path, upstreams):
 
 
 def test_arxiv_entry_without_journal_doi_is_linked_to_its_abstract_page():
-    from tests.scholarly_fakes import ATOM_HEAD, dpr_atom_entry
+    from tests.fakes.arxiv import ATOM_HEAD, dpr_atom_entry
 
     hits = arxiv.parse_response(f"{ATOM_HEAD}{dpr_atom_entry(journal_doi=False)}</feed>")
     assert hits.results[0].href == f"http://arxiv.org/abs/{DPR_ARXIV}v3" and "doi" not in hits.results[0].metadata
@@ -258,7 +250,9 @@ def test_recorded_answers_parse_without_a_server():
 
 def test_recorded_pubmed_europepmc_searxng_and_brave_answers_parse_without_a_server():
     from fedresearch.federation.contract import HttpRequest
-    from tests.scholarly_fakes import EFETCH_HEAD, ESEARCH_HEAD, alphafold_europepmc, pubmed_article, searxng_results
+    from tests.fakes.europepmc import alphafold_europepmc
+    from tests.fakes.pubmed import EFETCH_HEAD, ESEARCH_HEAD, pubmed_article
+    from tests.fakes.searxng import searxng_results
 
     search = HttpRequest("GET", "https://e.example/entrez/eutils/esearch.fcgi", params={"tool": "t", "term": "q"})
     found = pubmed.parse_response(f"{ESEARCH_HEAD}<eSearchResult><IdList><Id>1</Id></IdList></eSearchResult>", search)

@@ -14,7 +14,8 @@ from fedresearch.federation.registry import build_registry
 from fedresearch.federation.runner import Deps, federate
 from fedresearch.retrievers import ADAPTERS
 from tests.conftest import make_settings
-from tests.scholarly_fakes import DPR_ARXIV, DPR_DOI, scholarly_settings, start_scholarly
+from tests.fakes import scholarly_settings, start_scholarly
+from tests.fakes.papers import DPR_ARXIV, DPR_DOI
 
 FOUR = ["internal_biblio", "crossref", "arxiv", "searxng"]
 

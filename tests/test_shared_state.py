@@ -39,10 +39,10 @@ from fedresearch.federation.ratelimit import Rate, RedisRateLimiter
 from fedresearch.federation.runner import Deps, search_one
 from fedresearch.web.keys import RUNTIME
 from tests.conftest import error_of, logs, make_settings, registry_of, run_task
+from tests.fakes import scholarly_settings, start_scholarly
 from tests.redis_cluster import RedisTarget, start_redis_cluster
 from tests.redis_sentinel import start_redis_sentinel
 from tests.redis_server import start_redis
-from tests.scholarly_fakes import scholarly_settings, start_scholarly
 from tests.tcp_proxy import TcpProxy
 from tests.test_faults import outcome
 

@@ -24,7 +24,7 @@ import websockets
 
 from fedresearch.web.keys import STOPPING
 from tests.conftest import error_of, make_settings, run_task
-from tests.fakes import FakeTavily
+from tests.fakes.tavily import FakeTavily
 
 ROOT = Path(__file__).resolve().parent.parent
 
