@@ -15,7 +15,7 @@ from typing import Any
 
 from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
-from fedresearch.core.events import ProgressEvent
+from fedresearch.core.events import ProgressEvent, ProgressStep
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.models import ResearchRequest
 from fedresearch.core.redis import cancelled
@@ -36,14 +36,17 @@ log = logging.getLogger("fedresearch")
 
 # how far along a job is when it reports a step (retriever_done moves it between the two marks)
 _PROGRESS = {
-    "starting_research": 0.05,
-    "planning": 0.1,
-    "merging": 0.45,
-    "fetching": 0.5,
-    "writing_report": 0.7,
-    "verification": 0.9,
-    "report_written": 0.98,
+    ProgressStep.starting_research: 0.05,
+    ProgressStep.planning: 0.1,
+    ProgressStep.merging: 0.45,
+    ProgressStep.fetching: 0.5,
+    ProgressStep.writing_report: 0.7,
+    ProgressStep.verification: 0.9,
+    ProgressStep.report_written: 0.98,
 }
+_RETRIEVER_ENDS = frozenset(
+    {ProgressStep.retriever_done, ProgressStep.retriever_failed, ProgressStep.retriever_skipped}
+)
 _RETRIEVERS_FROM, _RETRIEVERS_TO = 0.05, 0.45
 
 
@@ -93,10 +96,10 @@ class JobRun:
     async def emit(self, frame: Frame) -> None:
         await self.runtime.jobs.append(self.research_id, EncodedFrame(frame))
         if frame.get("type") == "logs":
-            await self._advance(str(frame.get("content")))
+            await self._advance(frame["content"])  # a ProgressStep, or the name of one (error_frames)
 
-    async def _advance(self, step: str) -> None:
-        if step in ("retriever_done", "retriever_failed", "retriever_skipped"):
+    async def _advance(self, step: ProgressStep) -> None:
+        if step in _RETRIEVER_ENDS:
             self._done_retrievers += 1
             share = min(1.0, self._done_retrievers / self._retrievers)
             progress = _RETRIEVERS_FROM + (_RETRIEVERS_TO - _RETRIEVERS_FROM) * share
@@ -110,7 +113,7 @@ class JobRun:
 
     async def log_event(self, event: ProgressEvent) -> None:
         metadata = event.metadata
-        if event.step == "starting_research":  # the first frame names the job, for resume and REST
+        if event.step == ProgressStep.starting_research:  # the first frame names the job, for resume and REST
             metadata = {**(metadata or {}), "research_id": self.research_id}
         await self.emit({"type": "logs", "content": event.step, "output": event.output, "metadata": metadata})
 
@@ -128,7 +131,7 @@ class JobRun:
         if self.record is not None:  # readable from the moment `path` names it, on this worker too
             await self.runtime.jobs.keep_report(self.research_id, self.record)
         metadata = {"files": files, "research_id": self.research_id}
-        await self.log_event(ProgressEvent("report_written", message, metadata))
+        await self.log_event(ProgressEvent(ProgressStep.report_written, message, metadata))
         if self.slot is not None:
             self.slot.give_back()
         await self.emit({"type": "path", "output": files})
