@@ -22,7 +22,7 @@ from fedresearch.core.redis import cancelled
 from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.planning import Plan, follow_up_request, plan_request, scope_of
 from fedresearch.jobs import webhooks
-from fedresearch.jobs.frames import EncodedFrame, Frame, error_frames
+from fedresearch.jobs.frames import Frame, LogsFrame, PathFrame, ReportFrame, error_frames
 from fedresearch.jobs.retention import RetentionPace, enforce_retention
 from fedresearch.jobs.runtime import LiveJob, Runtime
 from fedresearch.jobs.slots import Release
@@ -94,9 +94,9 @@ class JobRun:
         self._progress = 0.0
 
     async def emit(self, frame: Frame) -> None:
-        await self.runtime.jobs.append(self.research_id, EncodedFrame(frame))
-        if frame.get("type") == "logs":
-            await self._advance(frame["content"])  # a ProgressStep, or the name of one (error_frames)
+        await self.runtime.jobs.append(self.research_id, frame)
+        if isinstance(frame, LogsFrame):
+            await self._advance(frame.content)
 
     async def _advance(self, step: ProgressStep) -> None:
         if step in _RETRIEVER_ENDS:
@@ -115,14 +115,14 @@ class JobRun:
         metadata = event.metadata
         if event.step == ProgressStep.starting_research:  # the first frame names the job, for resume and REST
             metadata = {**(metadata or {}), "research_id": self.research_id}
-        await self.emit({"type": "logs", "content": event.step, "output": event.output, "metadata": metadata})
+        await self.emit(LogsFrame(content=event.step, output=event.output, metadata=metadata))
 
     async def error(self, message: str, metadata: dict[str, Any] | None = None) -> None:
         for frame in error_frames(message, metadata):
             await self.emit(frame)
 
     async def send_report(self, chunk: str) -> None:
-        await self.emit({"type": "report", "output": chunk})
+        await self.emit(ReportFrame(output=chunk))
 
     async def deliver(self, markdown: str, saved: dict[str, str], message: str, streamed: bool = False) -> None:
         for chunk in [] if streamed else report_chunks(markdown):
@@ -134,7 +134,7 @@ class JobRun:
         await self.log_event(ProgressEvent(ProgressStep.report_written, message, metadata))
         if self.slot is not None:
             self.slot.give_back()
-        await self.emit({"type": "path", "output": files})
+        await self.emit(PathFrame(output=files))
 
     async def cannot_run(self, failure: Failure) -> None:
         """A task that cannot run ends as a finished one does on GPT-Researcher's page: the error,
