@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedresearch.core.auth import Principal
-from fedresearch.core.errors import RequestError
+from fedresearch.core.errors import FailureKind, RequestError, ServerStopping, TooManyTasks
 from fedresearch.core.events import ProgressEvent, ProgressStep
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.models import ResearchRequest
@@ -52,10 +52,11 @@ _RETRIEVERS_FROM, _RETRIEVERS_TO = 0.05, 0.45
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a job failed, and the HTTP status a REST caller waiting for it gets."""
+    """Why a job failed: the message its client reads, and which kind of failure it is (what a
+    REST caller waiting for the job is answered with depends on the kind: web/jobs.py)."""
 
     reason: str
-    http_status: int
+    kind: FailureKind
 
 
 def chat_plan(
@@ -158,7 +159,7 @@ class JobRun:
         """The job's whole life; it ends completed, failed or cancelled, never left running."""
         try:
             if plan is None:
-                await self.cannot_run(refusal or Failure("the task was refused", 400))
+                await self.cannot_run(refusal or Failure("the task was refused", FailureKind.bad_request))
             else:
                 self._retrievers = max(1, len(plan.names))
                 await self._research(plan)
@@ -191,12 +192,12 @@ class JobRun:
                 )
         except TimeoutError:
             late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"
-            await self.cannot_run(Failure(late, 504))
+            await self.cannot_run(Failure(late, FailureKind.timed_out))
             return
         except Exception:
             log.exception("research task failed")
             reason = "internal error while running the task; the server log has the details"
-            await self.cannot_run(Failure(reason, 500))
+            await self.cannot_run(Failure(reason, FailureKind.internal))
             return
         self.record = self.outcome.record
         live = self.runtime.live.get(self.research_id)
@@ -272,11 +273,11 @@ class Slot:
 
 async def _take_slot(runtime: Runtime, key: str) -> Slot:
     """One of `key`'s MAX_TASKS_PER_KEY places (shared by every worker with Redis). Taken atomically,
-    so two callers cannot both slip under the limit; RequestError when all are taken."""
+    so two callers cannot both slip under the limit; TooManyTasks when all are taken."""
     limit = runtime.settings.max_tasks_per_key
     taken = await runtime.slots.take(key, limit)
     if isinstance(taken, int):
-        raise RequestError(
+        raise TooManyTasks(
             f"{taken} tasks are already running for this API key (MAX_TASKS_PER_KEY={limit}); wait for one to finish"
         )
     runtime.metrics.tasks.inc()
@@ -284,7 +285,7 @@ async def _take_slot(runtime: Runtime, key: str) -> Slot:
 
 
 def _admit(runtime: Runtime, principal: Principal, request: ResearchRequest) -> Plan:
-    """The plan for `request`, if this caller may run it now."""
+    """The plan for `request`, if this caller may run it now; else RequestError saying why."""
     settings = runtime.settings
     if len(request.task) > settings.max_task_chars:
         raise RequestError(f"task is {len(request.task)} characters; MAX_TASK_CHARS is {settings.max_task_chars}")
@@ -298,12 +299,6 @@ _STOPPING = (
 )
 
 
-def _refusal_status(reason: str) -> int:
-    if reason == _STOPPING:
-        return 503  # a client retrying reaches a server that runs it
-    return 429 if "MAX_TASKS_PER_KEY" in reason else 400
-
-
 async def start_job(
     runtime: Runtime, principal: Principal, request: ResearchRequest, origin: str, detached: bool
 ) -> tuple[JobRun, LiveJob]:
@@ -315,12 +310,12 @@ async def start_job(
     slot = None
     try:
         if runtime.stopping.begun:
-            raise RequestError(_STOPPING)
+            raise ServerStopping(_STOPPING)
         admitted = _admit(runtime, principal, request)
         slot = await _take_slot(runtime, principal.key_id)
         plan, owner = admitted, principal.user_id or admitted.options.user_id
     except RequestError as error:
-        refusal = Failure(str(error), _refusal_status(str(error)))
+        refusal = Failure(str(error), error.kind)
         owner = principal.user_id or request.header("user_id") or runtime.settings.default_user
     job = Job(
         run.research_id,
