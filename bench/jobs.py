@@ -24,6 +24,8 @@ from pathlib import Path
 import websockets
 from aiohttp import web
 
+from fedresearch.core.events import ProgressStep
+from fedresearch.jobs.frames import LogsFrame
 from fedresearch.jobs.local_store import LocalJobStore
 from fedresearch.jobs.store import Job, JobStatus, follow
 from fedresearch.web.app import create_app
@@ -77,7 +79,7 @@ async def store_throughput(directory: Path, frames: int, followers: int) -> floa
 
     async def produce() -> None:
         for number in range(frames):
-            await store.append(research_id, {"type": "logs", "content": "step", "output": str(number)})
+            await store.append(research_id, LogsFrame(content=ProgressStep.fetching, output=str(number)))
             if number % 64 == 0:
                 await asyncio.sleep(0)  # a real task yields between frames
         await store.finish(research_id, JobStatus.completed)

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from fedresearch.core.events import ProgressStep
 from fedresearch.core.lineage import process_space
 from fedresearch.core.work import WorkPool
 from fedresearch.jobs import local_store as jobs_module
-from fedresearch.jobs.frames import EncodedFrame, frame_text
+from fedresearch.jobs.frames import Frame, LogsFrame, PathFrame, ReportFrame
 from fedresearch.jobs.local_store import LocalJobStore
 from fedresearch.jobs.retention import RetentionPace, enforce_retention
 from fedresearch.jobs.store import Job, JobStatus, follow
@@ -28,22 +29,32 @@ def _id(n: int) -> str:
     return f"{n:032x}"
 
 
+def _numbered(n: int) -> LogsFrame:
+    """A frame that says its number, and some text that ASCII cannot."""
+    return LogsFrame(content=ProgressStep.fetching, output="文献 ✓", metadata={"n": n})
+
+
+def _number(frame: Frame) -> int:
+    assert isinstance(frame, LogsFrame) and frame.metadata is not None
+    return int(frame.metadata["n"])
+
+
 async def test_a_follower_that_joins_late_gets_every_frame_once_in_order(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
     await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
 
     async def produce() -> None:
         for n in range(50):
-            await store.append(_id(1), {"n": n})
+            await store.append(_id(1), _numbered(n))
             if n % 7 == 0:
                 await asyncio.sleep(0)
         await store.finish(_id(1), JobStatus.completed)
 
     for n in range(5):
-        await store.append(_id(1), {"n": -5 + n})
+        await store.append(_id(1), _numbered(-5 + n))
     producer = asyncio.create_task(produce())
-    early = [frame["n"] async for frame in follow(store, _id(1))]
-    late = [frame["n"] async for frame in follow(store, _id(1), start=3)]
+    early = [_number(frame) async for frame in follow(store, _id(1))]
+    late = [_number(frame) async for frame in follow(store, _id(1), start=3)]
     await producer
     assert early == list(range(-5, 50))
     assert late == list(range(-2, 50))
@@ -54,16 +65,16 @@ async def test_a_follower_that_joins_late_gets_every_frame_once_in_order(tmp_pat
 async def test_finished_jobs_survive_a_restart_and_running_ones_are_marked_failed(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
     await store.create(Job(_id(1), "alice", "done", status=JobStatus.running))
-    await store.append(_id(1), {"type": "logs"})
+    await store.append(_id(1), _numbered(1))
     await store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"})
     await store.create(Job(_id(2), "alice", "cut short", status=JobStatus.running))
-    await store.append(_id(2), {"type": "logs"})
+    await store.append(_id(2), _numbered(2))
 
     again = LocalJobStore(tmp_path)
     assert await again.load() == 2
     done, cut = await again.get(_id(1)), await again.get(_id(2))
     assert done is not None and done.status is JobStatus.completed and done.files == {"md": "reports/x.md"}
-    assert await again.frames(_id(1)) == [{"type": "logs"}]
+    assert await again.frames(_id(1)) == [_numbered(1)]
     assert cut is not None and cut.status is JobStatus.failed and cut.error
     assert [job.research_id for job in await again.list("alice")] == [_id(2), _id(1)]
     assert await again.list("bob") == []
@@ -160,11 +171,11 @@ async def test_a_deletion_killed_midway_never_leaves_a_deleted_reports_file_behi
 async def test_saving_client_fields_keeps_the_frames(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
     await store.create(Job(_id(1), None, "q", status=JobStatus.running))
-    await store.append(_id(1), {"n": 1})
+    await store.append(_id(1), _numbered(1))
     job = await store.get(_id(1))
     assert job is not None
     await store.save(replace(job, progress=0.5, client={"chatMessages": []}))
-    assert await store.frames(_id(1)) == [{"n": 1}]
+    assert await store.frames(_id(1)) == [_numbered(1)]
     saved = await store.get(_id(1))
     assert saved is not None and saved.progress == 0.5 and saved.client == {"chatMessages": []}
 
@@ -244,7 +255,7 @@ async def test_a_job_is_one_file_appended_to_and_read_back_after_a_restart(tmp_p
     await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
     inode = (tmp_path / f"{_id(1)}.job.jsonl").stat().st_ino
     # U+2028 and U+0085 end lines for str.splitlines: a finished job holding one could not be replayed
-    frames = [{"type": "logs", "content": "step", "output": "a\u2028b\u0085c\nd"}, {"type": "report", "output": "x"}]
+    frames = [LogsFrame(content=ProgressStep.fetching, output="a\u2028b\u0085c\nd"), ReportFrame(output="x")]
     for frame in frames:
         await store.append(_id(1), frame)
     await store.finish(_id(1), JobStatus.completed, files={"md": "reports/a.md"})
@@ -256,12 +267,13 @@ async def test_a_job_is_one_file_appended_to_and_read_back_after_a_restart(tmp_p
     assert job is not None and job.status is JobStatus.completed and job.files == {"md": "reports/a.md"}
     assert await again.frames(_id(1)) == frames
     assert await again.frames(_id(1), start=1) == frames[1:]
+    assert [frame.text for frame in await again.frames(_id(1))] == [frame.text for frame in frames]
 
 
 async def test_a_write_torn_by_a_crash_leaves_the_state_before_it(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
     await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-    await store.append(_id(1), {"type": "logs", "content": "one"})
+    await store.append(_id(1), ReportFrame(output="one"))
     await store.finish(_id(1), JobStatus.completed)
     path = tmp_path / f"{_id(1)}.job.jsonl"
     whole = path.read_bytes()
@@ -270,7 +282,7 @@ async def test_a_write_torn_by_a_crash_leaves_the_state_before_it(tmp_path: Path
     await second.load()
     job = await second.get(_id(1))
     assert job is not None and job.status is JobStatus.failed  # the last whole state said running
-    assert await second.frames(_id(1)) == [{"type": "logs", "content": "one"}]
+    assert await second.frames(_id(1)) == [ReportFrame(output="one")]
     third = LocalJobStore(tmp_path)  # the failed state was written on a line of its own
     await third.load()
     job = await third.get(_id(1))
@@ -281,7 +293,7 @@ async def test_the_state_of_a_job_with_large_frames_is_read_from_its_end(tmp_pat
     store = LocalJobStore(tmp_path)
     await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
     for n in range(40):
-        await store.append(_id(1), {"type": "report", "output": f"{n} " + "word " * 1000})
+        await store.append(_id(1), ReportFrame(output=f"{n} " + "word " * 1000))
     await store.finish(_id(1), JobStatus.completed)
     big_states = {2: 100_000, 3: 10_000}  # state lines longer than the ends that are read first
     for n, size in big_states.items():
@@ -303,20 +315,22 @@ async def test_records_of_earlier_versions_are_converted_at_load(tmp_path: Path)
     finished = Job(_id(1), "alice", "q", status=JobStatus.completed).to_json()
     (tmp_path / f"{_id(1)}.json").write_text(json.dumps(finished))
     # U+0085 (NEL, common in text taken from PDFs) ends a line for str.splitlines, not for JSON Lines
-    (tmp_path / f"{_id(1)}.frames.jsonl").write_text('{"type": "logs", "content": "a\u0085b"}\n{"type": "path"}\n')
+    earlier = '{"type": "logs", "content": "warning", "output": "a\u0085b"}\n{"type": "path", "output": {"md": "x"}}\n'
+    (tmp_path / f"{_id(1)}.frames.jsonl").write_text(earlier)
+    frames = [LogsFrame(content=ProgressStep.warning, output="a\u0085b"), PathFrame(output={"md": "x"})]
     running = Job(_id(2), "bob", "q", status=JobStatus.running).to_json()
     (tmp_path / f"{_id(2)}.json").write_text(json.dumps(running))
     (tmp_path / f"{_id(3)}.json").write_text("{not json")
     store = LocalJobStore(tmp_path)
     assert await store.load() == 2
-    assert await store.frames(_id(1)) == [{"type": "logs", "content": "a\u0085b"}, {"type": "path"}]
+    assert await store.frames(_id(1)) == frames
     second = await store.get(_id(2))
     assert second is not None and second.status is JobStatus.failed
     names = sorted(path.name for path in tmp_path.iterdir())
     assert names == [f"{_id(1)}.job.jsonl", f"{_id(2)}.job.jsonl", f"{_id(3)}.json"]  # the unreadable one left
     again = LocalJobStore(tmp_path)
     assert await again.load() == 2
-    assert await again.frames(_id(1)) == [{"type": "logs", "content": "a\u0085b"}, {"type": "path"}]
+    assert await again.frames(_id(1)) == frames
 
 
 def test_an_evolved_job_is_a_new_frozen_job_with_only_known_fields_changed() -> None:
@@ -333,17 +347,18 @@ def test_an_evolved_job_is_a_new_frozen_job_with_only_known_fields_changed() -> 
 async def test_a_frame_encoded_once_is_stored_as_any_frame_would_be(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
     await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-    plain = {"type": "logs", "content": "x", "output": "文献 \u2028 ✓", "metadata": {"n": [1, 2.5, None]}}
-    encoded = EncodedFrame(plain)
-    assert encoded == plain and encoded.text == json.dumps(plain, ensure_ascii=False) == frame_text(plain)
+    plain = {"type": "logs", "content": "warning", "output": "文献 \u2028 ✓", "metadata": {"n": [1, 2.5, None]}}
+    encoded = LogsFrame(content=ProgressStep.warning, output="文献 \u2028 ✓", metadata={"n": [1, 2.5, None]})
+    assert encoded.text == json.dumps(plain, ensure_ascii=False) and encoded.text is encoded.text  # made once
     await store.append(_id(1), encoded)
-    await store.append(_id(1), plain)
+    await store.append(_id(1), LogsFrame.model_validate(plain))
     await store.finish(_id(1), JobStatus.completed)
     lines = (tmp_path / f"{_id(1)}.job.jsonl").read_text(encoding="utf-8").split("\n")
     assert lines[1] == lines[2] == json.dumps({"frame": plain}, ensure_ascii=False)
     again = LocalJobStore(tmp_path)
     await again.load()
-    assert await again.frames(_id(1)) == [plain, plain]
+    read = await again.frames(_id(1))
+    assert read == [encoded, encoded] and [frame.text for frame in read] == [encoded.text] * 2
 
 
 async def test_a_jobs_appends_run_on_the_event_loop_not_on_the_work_threads(
@@ -362,14 +377,14 @@ async def test_a_jobs_appends_run_on_the_event_loop_not_on_the_work_threads(
     try:
         store = LocalJobStore(tmp_path, pool)
         await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-        await store.append(_id(1), {"type": "logs", "output": "one"})
+        await store.append(_id(1), ReportFrame(output="one"))
         await store.finish(_id(1), JobStatus.completed)
     finally:
         pool.close()
     assert threads == [threading.current_thread().name] * 2
     again = LocalJobStore(tmp_path)
     assert await again.load() == 1
-    assert await again.frames(_id(1)) == [{"type": "logs", "output": "one"}]
+    assert await again.frames(_id(1)) == [ReportFrame(output="one")]
     job = await again.get(_id(1))
     assert job is not None and job.status is JobStatus.completed
 
@@ -389,25 +404,25 @@ async def test_a_follower_behind_when_its_job_ends_catches_up_from_memory_not_th
     store.frames_kept_s = 0.2
     await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
     follower = follow(store, _id(1))
-    await store.append(_id(1), {"n": 0})
-    assert await anext(follower) == {"n": 0}
+    await store.append(_id(1), _numbered(0))
+    assert await anext(follower) == _numbered(0)
     for n in range(1, 4):  # the job ends before its follower runs again
-        await store.append(_id(1), {"n": n})
+        await store.append(_id(1), _numbered(n))
     await store.finish(_id(1), JobStatus.completed)
-    assert [frame["n"] async for frame in follower] == [1, 2, 3]
+    assert [_number(frame) async for frame in follower] == [1, 2, 3]
     assert read_back == []
     await asyncio.sleep(0.3)  # then memory lets them go: the file has them
-    assert [frame["n"] for frame in await store.frames(_id(1), 1)] == [1, 2, 3]
+    assert [_number(frame) for frame in await store.frames(_id(1), 1)] == [1, 2, 3]
     assert len(read_back) == 1
     await store.finish(_id(1), JobStatus.completed)  # a second end writes no frame twice
-    assert [frame["n"] for frame in await store.frames(_id(1))] == [0, 1, 2, 3]
+    assert [_number(frame) for frame in await store.frames(_id(1))] == [0, 1, 2, 3]
 
 
 async def test_a_jobs_report_is_kept_in_its_file_and_read_back_by_any_store_of_the_folder(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
     record = record_bytes("# q\n\nline\u2028one\n", {"owner": "alice", "id": _id(1)})
     await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-    await store.append(_id(1), {"type": "report", "output": "# q"})
+    await store.append(_id(1), ReportFrame(output="# q"))
     await store.keep_report(_id(1), record)  # announced (`path`), not yet finished
     sibling = LocalJobStore(tmp_path)  # another worker of the host: nothing of the job in memory
     assert await sibling.records([_id(1), _id(2), "../x"]) == {_id(1): record}
@@ -425,7 +440,7 @@ async def test_a_jobs_report_is_kept_in_its_file_and_read_back_by_any_store_of_t
     again = LocalJobStore(tmp_path)
     assert await again.load() == 3
     assert await again.records([_id(1), _id(2), _id(3)]) == {_id(1): record, _id(2): record}
-    assert await again.frames(_id(1)) == [{"type": "report", "output": "# q"}]
+    assert await again.frames(_id(1)) == [ReportFrame(output="# q")]
     await again.delete(_id(1))
     assert await again.records([_id(1)]) == {}
 

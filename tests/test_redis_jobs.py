@@ -13,8 +13,10 @@ import pytest
 import websockets
 from pydantic import SecretStr
 
+from fedresearch.core.events import ProgressStep
 from fedresearch.core.lineage import process_space
 from fedresearch.core.redis import SharedDown, SharedRedis, cancelled, connect
+from fedresearch.jobs.frames import Frame, LogsFrame
 from fedresearch.jobs.redis_store import RedisJobStore
 from fedresearch.jobs.store import Job, JobStatus, died_here, follow, runner_id
 from fedresearch.web.keys import RUNTIME
@@ -26,6 +28,20 @@ from tests.test_jobs_api import ALICE, BOB, KEYS, TASK, WebhookReceiver
 
 def _id(n: int) -> str:
     return f"{n:032x}"
+
+
+def _numbered(n: int) -> LogsFrame:
+    """A frame that says its number, and some text that ASCII cannot."""
+    return LogsFrame(content=ProgressStep.fetching, output="文献 ✓", metadata={"n": n})
+
+
+def _number(frame: Frame) -> int:
+    assert isinstance(frame, LogsFrame) and frame.metadata is not None
+    return int(frame.metadata["n"])
+
+
+def _step(output: str, step: ProgressStep = ProgressStep.fetching) -> LogsFrame:
+    return LogsFrame(content=step, output=output)
 
 
 @pytest.fixture
@@ -52,26 +68,27 @@ async def test_a_follower_that_joins_late_gets_every_frame_once_in_order(store, 
 
     async def produce() -> None:
         for n in range(50):
-            await store.append(_id(1), {"n": n, "text": "文献 ✓"})
+            await store.append(_id(1), _numbered(n))
             if n % 7 == 0:
                 await asyncio.sleep(0.01)
         await store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"})
 
     for n in range(5):
-        assert await store.append(_id(1), {"n": -5 + n}) == n
+        assert await store.append(_id(1), _numbered(-5 + n)) == n
     producer = asyncio.create_task(produce())
     early = asyncio.create_task(_numbers(follow(elsewhere, _id(1))))  # through Redis, while it is written
-    here = [frame["n"] async for frame in follow(store, _id(1), start=3)]  # the worker's own mirror
+    here = [_number(frame) async for frame in follow(store, _id(1), start=3)]  # the worker's own mirror
     await producer
     assert await early == list(range(-5, 50)) and here == list(range(-2, 50))
-    assert [frame["n"] async for frame in follow(elsewhere, _id(1), start=3)] == here
-    assert (await elsewhere.frames(_id(1), 54))[0] == {"n": 49, "text": "文献 ✓"}
+    assert [_number(frame) async for frame in follow(elsewhere, _id(1), start=3)] == here
+    last = (await elsewhere.frames(_id(1), 54))[0]
+    assert last == _numbered(49) and last.text == _numbered(49).text  # sent again as it was first sent
     job = await elsewhere.get(_id(1))
     assert job is not None and job.status is JobStatus.completed and job.progress == 1.0
     assert job.files == {"md": "reports/x.md"}
     for writer in (store, elsewhere):
         with pytest.raises(ValueError, match="no frame may follow"):
-            await writer.append(_id(1), {"n": 50})
+            await writer.append(_id(1), _numbered(50))
     assert len(await elsewhere.frames(_id(1))) == 55  # the end marker is no frame
 
 
@@ -81,10 +98,10 @@ async def test_finishing_writes_the_last_frames_state_and_end_in_one_round_trip(
     await store.create(Job(_id(2), "alice", "q", status=JobStatus.running))
     before = await _scripts_run(store)
     for n in range(3):
-        await store.append(_id(2), {"n": n})
+        await store.append(_id(2), _numbered(n))
     await store.finish(_id(2), JobStatus.completed)
     assert await _scripts_run(store) == before + 1
-    assert [frame["n"] async for frame in follow(elsewhere, _id(2))] == [0, 1, 2]
+    assert [_number(frame) async for frame in follow(elsewhere, _id(2))] == [0, 1, 2]
     job = await elsewhere.get(_id(2))
     assert job is not None and job.status is JobStatus.completed
 
@@ -100,13 +117,13 @@ async def _scripts_run(store: RedisJobStore) -> int:
 async def test_frames_of_a_job_deleted_elsewhere_do_not_bring_it_back(store, elsewhere) -> None:
     await store.create(Job(_id(3), "alice", "q", status=JobStatus.running))
     assert await elsewhere.delete(_id(3))
-    await store.append(_id(3), {"n": 0})
+    await store.append(_id(3), _numbered(0))
     await store.finish(_id(3), JobStatus.completed)
     assert await store.redis.exists(f"fedresearch:job:{_id(3)}:frames", f"fedresearch:job:{_id(3)}:ended") == 0
 
 
 async def _numbers(frames) -> list[int]:
-    return [frame["n"] async for frame in frames]
+    return [_number(frame) async for frame in frames]
 
 
 async def test_jobs_are_listed_by_owner_newest_first_and_deleted(store, elsewhere) -> None:
@@ -184,7 +201,7 @@ async def test_a_report_is_kept_in_redis_read_here_from_its_announcement_and_on_
     try:
         store = RedisJobStore(shared, reports_dir=tmp_path)
         await store.create(Job(_id(3), "alice", "q", status=JobStatus.running))
-        await store.append(_id(3), {"type": "logs"})
+        await store.append(_id(3), _numbered(0))
         await store.keep_report(_id(3), record)
         server_of_redis.stop()  # the job's end, its report with it, cannot reach Redis
         job = await store.finish(_id(3), JobStatus.completed, record=record)
@@ -229,13 +246,13 @@ async def test_a_running_job_whose_worker_died_is_ended_failed_by_the_next_reade
     try:
         for number in (1, 2):
             await dying.create(Job(_id(number), "alice", f"q{number}", status=JobStatus.running))
-        await dying.append(_id(1), {"type": "logs", "content": "starting_research"})
+        await dying.append(_id(1), _step("starting", ProgressStep.starting_research))
         await dying._written(_id(1))
         await asyncio.sleep(1.0)  # twice the lease: renewed meanwhile
         job = await living.get(_id(1))
         assert job is not None and job.status is JobStatus.running and job.runner == dying.runner
 
-        async def frames_followed() -> list[dict]:
+        async def frames_followed() -> list[Frame]:
             return [frame async for frame in follow(living, _id(1))]
 
         followed = asyncio.create_task(frames_followed())
@@ -243,9 +260,9 @@ async def test_a_running_job_whose_worker_died_is_ended_failed_by_the_next_reade
         assert dying._renewing is not None
         await cancelled(dying._renewing)  # killed: no renewal, nothing cleaned up
         frames = await asyncio.wait_for(followed, 10)
-        assert frames[0]["content"] == "starting_research"
-        assert [frame["type"] for frame in frames[1:]] == ["error", "logs"]
-        assert "stopped before it ended" in frames[-1]["output"]
+        assert frames[0] == _step("starting", ProgressStep.starting_research)
+        assert [frame.type for frame in frames[1:]] == ["error", "logs"]
+        assert isinstance(frames[-1], LogsFrame) and "stopped before it ended" in frames[-1].output
         job = await living.get(_id(1))
         assert job is not None and job.status is JobStatus.failed and "stopped before it ended" in (job.error or "")
         assert {job.research_id: job.status for job in await RedisJobStore(shared).list("alice")} == {
@@ -311,17 +328,17 @@ async def test_a_job_whose_writes_redis_failed_midway_is_written_whole_with_its_
     record = json.dumps({"owner": "alice", "report": "# q\n"}).encode()
     try:
         await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-        await store.append(_id(1), {"type": "logs", "content": "starting_research"})
+        await store.append(_id(1), _step("starting", ProgressStep.starting_research))
         await store._written(_id(1))
         path.down()  # mid-job
         for number in range(3):
-            await store.append(_id(1), {"type": "logs", "content": f"step {number}"})
+            await store.append(_id(1), _step(f"step {number}"))
         await store._written(_id(1))
         path.up()
         await store.keep_report(_id(1), record)
         await store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"}, record=record)
         frames = await asyncio.wait_for(_all_frames(elsewhere, _id(1)), 10)  # paid by the worker's upkeep
-        assert [frame["content"] for frame in frames] == ["starting_research", "step 0", "step 1", "step 2"]
+        assert frames == [_step("starting", ProgressStep.starting_research)] + [_step(f"step {n}") for n in range(3)]
         job = await elsewhere.get(_id(1))
         assert job is not None and job.status is JobStatus.completed and job.files == {"md": "reports/x.md"}
         assert await elsewhere.records([_id(1)]) == {_id(1): record}
@@ -354,7 +371,7 @@ async def test_a_job_run_while_redis_failed_is_written_whole_once_it_answers(red
     try:
         await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))  # Redis away
         for number in range(3):
-            await store.append(_id(1), {"type": "logs", "content": f"step {number}"})
+            await store.append(_id(1), _step(f"step {number}"))
         await store.keep_report(_id(1), record)
         finishing = asyncio.create_task(
             store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"}, record=record)
@@ -376,7 +393,7 @@ async def test_a_job_run_while_redis_failed_is_written_whole_once_it_answers(red
             await asyncio.sleep(0.1)
         assert not store._ends_owed and not store._never_in_redis and _id(1) not in store.here  # forgotten
         frames = await asyncio.wait_for(_all_frames(elsewhere, _id(1)), 10)
-        assert [frame["content"] for frame in frames] == ["step 0", "step 1", "step 2"]
+        assert frames == [_step(f"step {n}") for n in range(3)]
         assert [job.research_id for job in await elsewhere.list("alice")] == [_id(1)]
         job = await elsewhere.get(_id(1))
         assert job is not None and job.status is JobStatus.completed and job.files == {"md": "reports/x.md"}
@@ -389,7 +406,7 @@ async def test_a_job_run_while_redis_failed_is_written_whole_once_it_answers(red
         await direct.close()
 
 
-async def _all_frames(store: RedisJobStore, research_id: str) -> list[dict]:
+async def _all_frames(store: RedisJobStore, research_id: str) -> list[Frame]:
     return [frame async for frame in follow(store, research_id)]
 
 
@@ -419,7 +436,7 @@ async def test_a_job_naming_no_worker_is_ended_once_no_task_could_still_run(redi
         assert [job.status for job in await unbounded.list("alice")] == [JobStatus.running] * 2
         listed = {job.research_id: job for job in await living.list("alice")}
         assert listed[_id(1)].status is JobStatus.failed and listed[_id(2)].status is JobStatus.running
-        assert [frame["type"] for frame in await _all_frames(living, _id(1))][-2:] == ["error", "logs"]
+        assert [frame.type for frame in await _all_frames(living, _id(1))][-2:] == ["error", "logs"]
     finally:
         for store in (earlier, unbounded, living):
             await store.close()
@@ -560,12 +577,12 @@ async def test_a_finished_jobs_mirror_is_dropped_and_redis_serves_it_after(redis
     store = RedisJobStore(shared, keep_finished_s=0.1)
     await store.create(Job(_id(7), "alice", "q", status=JobStatus.running))
     for n in range(3):
-        await store.append(_id(7), {"n": n})
+        await store.append(_id(7), _numbered(n))
     await store.finish(_id(7), JobStatus.completed)
     assert _id(7) in store.here
     await asyncio.sleep(0.5)
     assert _id(7) not in store.here  # memory holds only recent jobs
-    assert [frame["n"] async for frame in follow(store, _id(7))] == [0, 1, 2]
+    assert [_number(frame) async for frame in follow(store, _id(7))] == [0, 1, 2]
     job = await store.get(_id(7))
     assert job is not None and job.status is JobStatus.completed
     await shared.close()

@@ -7,6 +7,7 @@ import json
 
 import websockets
 
+from fedresearch.jobs.frames import PathFrame
 from fedresearch.web.research_socket import ResearchSocket
 from tests.conftest import error_of, logs, make_settings, report_of, run_task
 
@@ -156,7 +157,7 @@ async def test_the_next_task_is_taken_while_paths_send_is_still_waiting(tmp_path
 
     async def path_resumes_late(self, frame):
         await sending(self, frame)
-        if frame.get("type") == "path":
+        if isinstance(frame, PathFrame):
             await asyncio.sleep(0.5)  # as when the send buffer was full: the coroutine resumes after the reader read
 
     monkeypatch.setattr(ResearchSocket, "send", path_resumes_late)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from fedresearch.core.events import Emit, ProgressEvent
+from fedresearch.core.events import Emit, ProgressEvent, ProgressStep
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.models import RetrieverOutcome, RetrieverStatus, SearchResult
 from fedresearch.core.secrets import is_credential_name, without_secrets
@@ -253,13 +253,13 @@ async def _run_one(
     others_done: asyncio.Event | None = None,
 ) -> tuple[RetrieverOutcome, list[SearchResult]]:
     name = adapter.name
-    await emit(ProgressEvent("retriever_started", f"🔎 {name}: searching", {"retriever": name}))
+    await emit(ProgressEvent(ProgressStep.retriever_started, f"🔎 {name}: searching", {"retriever": name}))
     elapsed = _Elapsed()
     try:
         guarded = await search_one(adapter, options, deps, cap, others_done)
     except RetrieverSkipped as reason:
         outcome = RetrieverOutcome(name=name, status=RetrieverStatus.skipped, error=str(reason))
-        await emit(ProgressEvent("retriever_skipped", f"⏭️ {name} skipped: {reason}", outcome.model_dump()))
+        await emit(ProgressEvent(ProgressStep.retriever_skipped, f"⏭️ {name} skipped: {reason}", outcome.model_dump()))
         return outcome, []
     except RetrieverFailed as failure:
         return await _failed(name, str(failure), failure, elapsed(), deps.metrics, emit), []
@@ -289,10 +289,10 @@ async def _done(
         if guarded.cached:
             metrics.cache_hits.labels(name).inc()
     for warning in hits.warnings:
-        await emit(ProgressEvent("warning", f"⚠️ {name}: {warning}", {"retriever": name}))
+        await emit(ProgressEvent(ProgressStep.warning, f"⚠️ {name}: {warning}", {"retriever": name}))
     how = " (cached)" if guarded.cached else f" after {guarded.attempts} tries" if guarded.attempts > 1 else ""
     text = f"✅ {name}: {outcome.count} results in {elapsed_ms:.0f} ms{how}"
-    await emit(ProgressEvent("retriever_done", text, outcome.model_dump(exclude={"warnings"})))
+    await emit(ProgressEvent(ProgressStep.retriever_done, text, outcome.model_dump(exclude={"warnings"})))
     return outcome
 
 
@@ -303,7 +303,7 @@ async def _failed(
     if metrics is not None:
         metrics.requests.labels(name).inc()
         metrics.failures.labels(name, failure_reason(failure, isinstance(failure, DeadlineExceeded))).inc()
-    await emit(ProgressEvent("retriever_failed", f"❌ {name} failed: {error}", outcome.model_dump()))
+    await emit(ProgressEvent(ProgressStep.retriever_failed, f"❌ {name} failed: {error}", outcome.model_dump()))
     return outcome
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from fedresearch.core.lineage import process_space
 from fedresearch.core.work import QuickWrites, WorkPool, run_on
-from fedresearch.jobs.frames import Frame, frame_text
+from fedresearch.jobs.frames import Frame, decode
 from fedresearch.jobs.store import JOB_ID, Job, JobStatus, runner_id, sibling_runs
 from fedresearch.report.store import write_atomic
 
@@ -247,7 +247,7 @@ class LocalJobStore:
             entry = self._entries.get(job.research_id)
             if entry is None:
                 return  # deleted meanwhile: writing it now would bring it back
-            lines = _record_lines(entry.job.to_json(), frames).encode()
+            lines = _record_lines(entry.job.to_json(), [frame.text for frame in frames or ()]).encode()
             data = (b"\n" if fresh_line else b"") + (_report_line(report) if report else b"") + lines
             await self._appends.run(_append, self.directory, job.research_id, data)
             if report is not None:
@@ -256,6 +256,7 @@ class LocalJobStore:
 
 _JOB_SUFFIX = ".job.jsonl"
 _STATE_LINE = b'{"job":'
+_FRAME_LINE = b'{"frame": '
 _REPORT_LINE = b'{"report": '
 # where a job's latest state is looked for: its file's last 4 KiB (a state line is about 600 bytes),
 # then 64 KiB, then all of it; a finished job's frames come before it and are not read at start-up
@@ -272,9 +273,9 @@ def _report_line(record: bytes) -> bytes:
     return b"%s%s}\n" % (_REPORT_LINE, record)
 
 
-def _record_lines(meta: dict[str, Any], frames: list[Frame] | None) -> str:
-    # frames before the state that says the job finished, which promises them
-    lines = [f'{{"frame": {frame_text(frame)}}}' for frame in frames or ()]
+def _record_lines(meta: dict[str, Any], frames: list[str]) -> str:
+    # frames (their texts) before the state that says the job finished, which promises them
+    lines = [f'{{"frame": {frame}}}' for frame in frames]
     lines.append(json.dumps({"job": meta}, ensure_ascii=False))
     return "\n".join(lines) + "\n"
 
@@ -362,12 +363,14 @@ def _convert_earlier_records(directory: Path) -> None:
                 done.unlink()
 
 
-def _read_earlier_frames(path: Path) -> list[Frame]:
+def _read_earlier_frames(path: Path) -> list[str]:
+    """The texts of the frames in an earlier version's frames file, each as this version writes it."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return []
-    return [json.loads(line) for line in text.split("\n") if line]  # not splitlines: U+2028 is in lines
+    lines = text.split("\n")  # not splitlines: U+2028 is in lines
+    return [json.dumps(json.loads(line), ensure_ascii=False) for line in lines if line]
 
 
 def _read_frames(path: Path) -> list[Frame]:
@@ -377,9 +380,10 @@ def _read_frames(path: Path) -> list[Frame]:
         return []
     frames = []
     for line in data.split(b"\n"):
-        if line.startswith(b'{"frame":'):
+        if line.startswith(_FRAME_LINE):
             try:
-                frames.append(json.loads(line)["frame"])
+                # the frame's text as it was written, so it is sent again as it was first sent
+                frames.append(decode(line[len(_FRAME_LINE) : -1].decode()))
             except ValueError:
                 continue  # torn by a crash mid-write: the frames before it stand
     return frames

@@ -42,7 +42,7 @@ from typing import Any, TypeVar, cast
 
 from fedresearch.core.lineage import process_space
 from fedresearch.core.redis import PREFIX, SharedDown, SharedRedis, cancelled, failures
-from fedresearch.jobs.frames import Frame, error_frames, frame_text
+from fedresearch.jobs.frames import Frame, decode, error_frames
 from fedresearch.jobs.local_store import LocalJobStore
 from fedresearch.jobs.store import Job, JobStatus, died_here, runner_id
 from fedresearch.report.store import save_report
@@ -340,7 +340,7 @@ class RedisJobStore:
         unless it ended meanwhile. Returns it as it stands after, and whether it was ended here."""
         failed = job.evolve(status=JobStatus.failed, error=_STRANDED, updated_at=time.time())
         frames = error_frames(_STRANDED, {"research_id": job.research_id})
-        args = [_dumps(failed.to_json()), JobStatus.failed.value, "", "", *map(frame_text, frames)]
+        args = [_dumps(failed.to_json()), JobStatus.failed.value, "", "", *(frame.text for frame in frames)]
         ended_here = int(await self._write_behind_script(keys=self._keys.all(job.research_id), args=args)) >= 0
         now = await self._get(job.research_id)
         if ended_here and now is not None and self.on_stranded is not None:
@@ -372,7 +372,7 @@ class RedisJobStore:
             return await self.shared.attempt("adding a frame", lambda: self._append_one(research_id, frame))
         index = await self.here.append(research_id, frame)
         if research_id not in self._only_here:
-            self._frames_due.setdefault(research_id, []).append(frame_text(frame))
+            self._frames_due.setdefault(research_id, []).append(frame.text)
             self._write_behind(research_id)
         return index
 
@@ -418,7 +418,7 @@ class RedisJobStore:
             await asyncio.shield(writing)
 
     async def _append_one(self, research_id: str, frame: Frame) -> int:
-        index = int(await self._append(keys=self._keys.all(research_id)[:2], args=[frame_text(frame)]))
+        index = int(await self._append(keys=self._keys.all(research_id)[:2], args=[frame.text]))
         if index < 0:
             raise ValueError(f"job {research_id} is finished: no frame may follow")
         return index
@@ -426,14 +426,13 @@ class RedisJobStore:
     async def frames(self, research_id: str, start: int = 0) -> builtins.list[Frame]:
         if research_id in self.here:
             return await self.here.frames(research_id, start)
-        return await self.shared.attempt("reading frames", lambda: self._frames_from(research_id, start))
+        entries = await self.shared.attempt("reading frames", lambda: self._entries_from(research_id, start))
+        # each as it was stored, so it is sent again as it was first sent
+        return [decode(fields[b"f"].decode()) for _, fields in entries if b"f" in fields]
 
-    async def _frames_from(self, research_id: str, start: int) -> builtins.list[Frame]:
-        entries = cast(
-            builtins.list[tuple[bytes, dict[bytes, bytes]]],
-            await self.redis.xrange(self._keys.frames(research_id), min=f"0-{start + 1}"),
-        )
-        return [json.loads(fields[b"f"]) for _, fields in entries if b"f" in fields]
+    async def _entries_from(self, research_id: str, start: int) -> builtins.list[tuple[bytes, dict[bytes, bytes]]]:
+        entries = await self.redis.xrange(self._keys.frames(research_id), min=f"0-{start + 1}")
+        return cast(builtins.list[tuple[bytes, dict[bytes, bytes]]], entries)
 
     async def wait(self, research_id: str, seen: int) -> bool:
         if research_id in self.here:
@@ -511,7 +510,7 @@ class RedisJobStore:
             with contextlib.suppress(ValueError):  # there already: a research id is a fresh UUID
                 await self._create(job.evolve(status=JobStatus.running))
             self._never_in_redis.discard(research_id)
-        frames = [frame_text(frame) for frame in await self.here.frames(research_id)]
+        frames = [frame.text for frame in await self.here.frames(research_id)]
         args = [_dumps(job.evolve(updated_at=time.time()).to_json()), job.status.value, record, "1", *frames]
         keys = self._keys.all(research_id)
         written = int(await self._write_behind_script(keys=keys, args=args))

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedresearch.core.auth import Principal
-from fedresearch.core.errors import RequestError
-from fedresearch.core.events import ProgressEvent
+from fedresearch.core.errors import FailureKind, RequestError, ServerStopping, TooManyTasks
+from fedresearch.core.events import ProgressEvent, ProgressStep
 from fedresearch.core.metrics import Metrics
 from fedresearch.core.models import ResearchRequest
 from fedresearch.core.redis import cancelled
 from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.planning import Plan, follow_up_request, plan_request, scope_of
 from fedresearch.jobs import webhooks
-from fedresearch.jobs.frames import EncodedFrame, Frame, error_frames
+from fedresearch.jobs.frames import Frame, LogsFrame, PathFrame, ReportFrame, error_frames
 from fedresearch.jobs.retention import RetentionPace, enforce_retention
 from fedresearch.jobs.runtime import LiveJob, Runtime
 from fedresearch.jobs.slots import Release
@@ -36,23 +36,27 @@ log = logging.getLogger("fedresearch")
 
 # how far along a job is when it reports a step (retriever_done moves it between the two marks)
 _PROGRESS = {
-    "starting_research": 0.05,
-    "planning": 0.1,
-    "merging": 0.45,
-    "fetching": 0.5,
-    "writing_report": 0.7,
-    "verification": 0.9,
-    "report_written": 0.98,
+    ProgressStep.starting_research: 0.05,
+    ProgressStep.planning: 0.1,
+    ProgressStep.merging: 0.45,
+    ProgressStep.fetching: 0.5,
+    ProgressStep.writing_report: 0.7,
+    ProgressStep.verification: 0.9,
+    ProgressStep.report_written: 0.98,
 }
+_RETRIEVER_ENDS = frozenset(
+    {ProgressStep.retriever_done, ProgressStep.retriever_failed, ProgressStep.retriever_skipped}
+)
 _RETRIEVERS_FROM, _RETRIEVERS_TO = 0.05, 0.45
 
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a job failed, and the HTTP status a REST caller waiting for it gets."""
+    """Why a job failed: the message its client reads, and which kind of failure it is (what a
+    REST caller waiting for the job is answered with depends on the kind: web/jobs.py)."""
 
     reason: str
-    http_status: int
+    kind: FailureKind
 
 
 def chat_plan(
@@ -91,12 +95,12 @@ class JobRun:
         self._progress = 0.0
 
     async def emit(self, frame: Frame) -> None:
-        await self.runtime.jobs.append(self.research_id, EncodedFrame(frame))
-        if frame.get("type") == "logs":
-            await self._advance(str(frame.get("content")))
+        await self.runtime.jobs.append(self.research_id, frame)
+        if isinstance(frame, LogsFrame):
+            await self._advance(frame.content)
 
-    async def _advance(self, step: str) -> None:
-        if step in ("retriever_done", "retriever_failed", "retriever_skipped"):
+    async def _advance(self, step: ProgressStep) -> None:
+        if step in _RETRIEVER_ENDS:
             self._done_retrievers += 1
             share = min(1.0, self._done_retrievers / self._retrievers)
             progress = _RETRIEVERS_FROM + (_RETRIEVERS_TO - _RETRIEVERS_FROM) * share
@@ -110,16 +114,16 @@ class JobRun:
 
     async def log_event(self, event: ProgressEvent) -> None:
         metadata = event.metadata
-        if event.step == "starting_research":  # the first frame names the job, for resume and REST
+        if event.step == ProgressStep.starting_research:  # the first frame names the job, for resume and REST
             metadata = {**(metadata or {}), "research_id": self.research_id}
-        await self.emit({"type": "logs", "content": event.step, "output": event.output, "metadata": metadata})
+        await self.emit(LogsFrame(content=event.step, output=event.output, metadata=metadata))
 
     async def error(self, message: str, metadata: dict[str, Any] | None = None) -> None:
         for frame in error_frames(message, metadata):
             await self.emit(frame)
 
     async def send_report(self, chunk: str) -> None:
-        await self.emit({"type": "report", "output": chunk})
+        await self.emit(ReportFrame(output=chunk))
 
     async def deliver(self, markdown: str, saved: dict[str, str], message: str, streamed: bool = False) -> None:
         for chunk in [] if streamed else report_chunks(markdown):
@@ -128,10 +132,10 @@ class JobRun:
         if self.record is not None:  # readable from the moment `path` names it, on this worker too
             await self.runtime.jobs.keep_report(self.research_id, self.record)
         metadata = {"files": files, "research_id": self.research_id}
-        await self.log_event(ProgressEvent("report_written", message, metadata))
+        await self.log_event(ProgressEvent(ProgressStep.report_written, message, metadata))
         if self.slot is not None:
             self.slot.give_back()
-        await self.emit({"type": "path", "output": files})
+        await self.emit(PathFrame(output=files))
 
     async def cannot_run(self, failure: Failure) -> None:
         """A task that cannot run ends as a finished one does on GPT-Researcher's page: the error,
@@ -155,7 +159,7 @@ class JobRun:
         """The job's whole life; it ends completed, failed or cancelled, never left running."""
         try:
             if plan is None:
-                await self.cannot_run(refusal or Failure("the task was refused", 400))
+                await self.cannot_run(refusal or Failure("the task was refused", FailureKind.bad_request))
             else:
                 self._retrievers = max(1, len(plan.names))
                 await self._research(plan)
@@ -188,12 +192,12 @@ class JobRun:
                 )
         except TimeoutError:
             late = f"the task did not finish within {settings.task_timeout_s:g} s (TASK_TIMEOUT_S)"
-            await self.cannot_run(Failure(late, 504))
+            await self.cannot_run(Failure(late, FailureKind.timed_out))
             return
         except Exception:
             log.exception("research task failed")
             reason = "internal error while running the task; the server log has the details"
-            await self.cannot_run(Failure(reason, 500))
+            await self.cannot_run(Failure(reason, FailureKind.internal))
             return
         self.record = self.outcome.record
         live = self.runtime.live.get(self.research_id)
@@ -269,11 +273,11 @@ class Slot:
 
 async def _take_slot(runtime: Runtime, key: str) -> Slot:
     """One of `key`'s MAX_TASKS_PER_KEY places (shared by every worker with Redis). Taken atomically,
-    so two callers cannot both slip under the limit; RequestError when all are taken."""
+    so two callers cannot both slip under the limit; TooManyTasks when all are taken."""
     limit = runtime.settings.max_tasks_per_key
     taken = await runtime.slots.take(key, limit)
     if isinstance(taken, int):
-        raise RequestError(
+        raise TooManyTasks(
             f"{taken} tasks are already running for this API key (MAX_TASKS_PER_KEY={limit}); wait for one to finish"
         )
     runtime.metrics.tasks.inc()
@@ -281,7 +285,7 @@ async def _take_slot(runtime: Runtime, key: str) -> Slot:
 
 
 def _admit(runtime: Runtime, principal: Principal, request: ResearchRequest) -> Plan:
-    """The plan for `request`, if this caller may run it now."""
+    """The plan for `request`, if this caller may run it now; else RequestError saying why."""
     settings = runtime.settings
     if len(request.task) > settings.max_task_chars:
         raise RequestError(f"task is {len(request.task)} characters; MAX_TASK_CHARS is {settings.max_task_chars}")
@@ -295,12 +299,6 @@ _STOPPING = (
 )
 
 
-def _refusal_status(reason: str) -> int:
-    if reason == _STOPPING:
-        return 503  # a client retrying reaches a server that runs it
-    return 429 if "MAX_TASKS_PER_KEY" in reason else 400
-
-
 async def start_job(
     runtime: Runtime, principal: Principal, request: ResearchRequest, origin: str, detached: bool
 ) -> tuple[JobRun, LiveJob]:
@@ -312,12 +310,12 @@ async def start_job(
     slot = None
     try:
         if runtime.stopping.begun:
-            raise RequestError(_STOPPING)
+            raise ServerStopping(_STOPPING)
         admitted = _admit(runtime, principal, request)
         slot = await _take_slot(runtime, principal.key_id)
         plan, owner = admitted, principal.user_id or admitted.options.user_id
     except RequestError as error:
-        refusal = Failure(str(error), _refusal_status(str(error)))
+        refusal = Failure(str(error), error.kind)
         owner = principal.user_id or request.header("user_id") or runtime.settings.default_user
     job = Job(
         run.research_id,

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedresearch.core.events import Emit, ProgressEvent
+from fedresearch.core.events import Emit, ProgressEvent, ProgressStep
 from fedresearch.core.work import run_on
 from fedresearch.report.citations import Citations, Reference
 from fedresearch.report.evidence import Evidence, diversify, gather, rank
@@ -157,7 +157,7 @@ async def compose(
 
 
 async def _verified(verification: Verification, emit: Emit) -> None:
-    await emit(ProgressEvent("verification", verification.summary(), verification.counts()))
+    await emit(ProgressEvent(ProgressStep.verification, verification.summary(), verification.counts()))
 
 
 class LlmReport:
@@ -208,7 +208,9 @@ class LlmReport:
         shape = form_of(self.brief.report_type).model_shape or ""
         messages = messages_for(self.brief.question, passages, language, shape)
         await self.emit(
-            ProgressEvent("writing_report", f"🤖 {self.config.model} is writing from {len(passages)} passages")
+            ProgressEvent(
+                ProgressStep.writing_report, f"🤖 {self.config.model} is writing from {len(passages)} passages"
+            )
         )
         async for paragraph in stream_paragraphs(self.config, messages):
             if paragraph.startswith("#"):
@@ -231,7 +233,7 @@ class LlmReport:
         log.warning("LLM writer failed, extractive writer takes over: %s", reason)
         await self.emit(
             ProgressEvent(
-                "writer_fallback",
+                ProgressStep.writer_fallback,
                 f"⚠️ The model could not write the report ({reason}); writing it extractively",
                 {"reason": reason, "model": self.config.model},
             )

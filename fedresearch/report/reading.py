@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from fedresearch.core.events import Emit, ProgressEvent
+from fedresearch.core.events import Emit, ProgressEvent, ProgressStep
 from fedresearch.core.identifiers import canonical_key, is_url
 from fedresearch.core.models import FusedResult
 from fedresearch.library.formats import Section
@@ -47,14 +47,16 @@ async def read_pages(
     wanted = [(source, url) for source in sources if (url := page_url(source))][:limit]
     if not wanted:
         return {}
-    await emit(ProgressEvent("fetching", f"🌐 Reading {len(wanted)} pages", {"pages": len(wanted)}))
+    await emit(ProgressEvent(ProgressStep.fetching, f"🌐 Reading {len(wanted)} pages", {"pages": len(wanted)}))
     tasks = {asyncio.create_task(_read(reader, source, url, emit)): source for source, url in wanted}
     done, pending = await asyncio.wait(tasks, timeout=max(0.1, budget_s))
     for task in pending:
         task.cancel()
         source = tasks[task]
         await emit(
-            ProgressEvent("fetching", f"⏭️ {source.href}: not read in time", {"url": source.href, "status": "skipped"})
+            ProgressEvent(
+                ProgressStep.fetching, f"⏭️ {source.href}: not read in time", {"url": source.href, "status": "skipped"}
+            )
         )
     pages = {}
     for task in done:
@@ -72,14 +74,18 @@ async def _read(reader: PageReader, source: FusedResult, url: str, emit: Emit) -
         page = await reader.read(url, titled=not source.title)
     except PageSkipped as reason:
         await emit(
-            ProgressEvent("fetching", f"⏭️ {url}: {reason}", {"url": url, "status": "skipped", "reason": str(reason)})
+            ProgressEvent(
+                ProgressStep.fetching, f"⏭️ {url}: {reason}", {"url": url, "status": "skipped", "reason": str(reason)}
+            )
         )
         return None
     except Exception as failure:  # a page must never sink the task
         why = f"failed ({type(failure).__name__})"
-        await emit(ProgressEvent("fetching", f"⏭️ {url}: {why}", {"url": url, "status": "skipped", "reason": why}))
+        await emit(
+            ProgressEvent(ProgressStep.fetching, f"⏭️ {url}: {why}", {"url": url, "status": "skipped", "reason": why})
+        )
         return None
     text = f"📄 {url}: read in {page.elapsed_ms:.0f} ms ({page.chars} characters, {page.kind})"
     meta = {"url": url, "status": "fetched", "elapsed_ms": page.elapsed_ms, "chars": page.chars, "kind": page.kind}
-    await emit(ProgressEvent("fetching", text, meta))
+    await emit(ProgressEvent(ProgressStep.fetching, text, meta))
     return page

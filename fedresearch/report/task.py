@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from fedresearch.core.events import Emit, ProgressEvent
+from fedresearch.core.events import Emit, ProgressEvent, ProgressStep
 from fedresearch.core.models import FusedResult, ResearchRequest, RetrieverOutcome
 from fedresearch.core.settings import Settings
 from fedresearch.federation.contract import Adapter
@@ -106,7 +106,7 @@ async def gather_sources(
     results = federated.results if federated else []
     merging = f"🧩 Merging {len(results)} results from {len(plan.names)} retrievers"
     retrieval_ms = round((time.perf_counter() - started) * 1000, 1)
-    await emit(ProgressEvent("merging", merging, {"results": len(results), "retrieval_ms": retrieval_ms}))
+    await emit(ProgressEvent(ProgressStep.merging, merging, {"results": len(results), "retrieval_ms": retrieval_ms}))
     own = url_sources(plan.urls)
     fused = [s for s in fuse(results, settings.retriever_weights) if s.key not in {o.key for o in own}]
     return own + fused, federated.outcomes if federated else []
@@ -124,7 +124,7 @@ async def _parts(
         return []
     listed = "; ".join(q.heading for q in questions)
     about = {"sub_questions": [q.query for q in questions], "planner": planner}
-    await emit(ProgressEvent("planning", f"🗂️ Sub-questions: {listed}", about))
+    await emit(ProgressEvent(ProgressStep.planning, f"🗂️ Sub-questions: {listed}", about))
     found = await asyncio.gather(*(gather_sources(q.query, plan, tools, _quiet) for q in questions))
     return [Part(q.heading, part_sources) for q, (part_sources, _) in zip(questions, found, strict=True)]
 
@@ -134,14 +134,16 @@ async def _plan(
 ) -> tuple[list[SubQuestion], str]:
     """The model's sub-questions when one is configured and answers usably, else the extractive planner's."""
     if config is not None:
-        await emit(ProgressEvent("planning", f"🗂️ {config.model} is planning sub-questions", {"model": config.model}))
+        await emit(
+            ProgressEvent(ProgressStep.planning, f"🗂️ {config.model} is planning sub-questions", {"model": config.model})
+        )
         try:
             return await model_sub_questions(config, question, sources), "llm"
         except WriterFailure as error:  # the model's; an error of our own code is no model failure
             reason = failure_reason(error, config)
             log.warning("LLM planner failed, extractive planner takes over: %s", reason)
             message = f"⚠️ The model could not plan sub-questions ({reason}); planning them from the sources"
-            await emit(ProgressEvent("planner_fallback", message, {"reason": reason, "model": config.model}))
+            await emit(ProgressEvent(ProgressStep.planner_fallback, message, {"reason": reason, "model": config.model}))
     return await asyncio.to_thread(sub_questions, question, sources), "extractive"
 
 
@@ -164,13 +166,15 @@ async def run_research(
     retrieval_ms = round((time.perf_counter() - started) * 1000, 1)
     config, refused = llm_config(settings, request.header("llm_model"), tools.llm)
     if refused:
-        await emit(ProgressEvent("warning", f"⚠️ {refused}"))
+        await emit(ProgressEvent(ProgressStep.warning, f"⚠️ {refused}"))
     decomposes = form_of(request.report_type).decomposes
     parts = await _parts(task, sources, tools, emit, config) if decomposes else []
     everything = sources + [s for part in parts for s in part.sources]
     writing = writing_for(request, deps, await _read(everything, plan, tools, emit, started))
     await emit(
-        ProgressEvent("writing_report", f"✍️ Writing the {request.report_type.value} from {len(sources)} sources")
+        ProgressEvent(
+            ProgressStep.writing_report, f"✍️ Writing the {request.report_type.value} from {len(sources)} sources"
+        )
     )
 
     def save(composed: Composed) -> SavedReport:
@@ -197,9 +201,9 @@ async def run_research(
 async def _announce(request: ResearchRequest, plan: Plan, emit: Emit) -> None:
     names = ", ".join(plan.names) or "the given pages"
     about = {"retrievers": plan.names, "user_id": plan.options.user_id}
-    await emit(ProgressEvent("starting_research", f"🔍 Researching “{request.task}” with {names}", about))
+    await emit(ProgressEvent(ProgressStep.starting_research, f"🔍 Researching “{request.task}” with {names}", about))
     for note in plan.notes:
-        await emit(ProgressEvent("warning", f"⚠️ {note}"))
+        await emit(ProgressEvent(ProgressStep.warning, f"⚠️ {note}"))
 
 
 async def _read(

@@ -19,6 +19,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedresearch.core.auth import Principal
+from fedresearch.core.errors import FailureKind
 from fedresearch.core.models import ResearchRequest
 from fedresearch.jobs.retention import delete_with_reports
 from fedresearch.jobs.runs import chat_plan, start_job
@@ -29,6 +30,15 @@ from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import RUNTIME, SETTINGS
 
 _BACKGROUND_MESSAGE = "Your report is being generated in the background. Please check back later."
+
+# what a REST caller waiting for a task that failed is answered with, by why it failed
+_FAILURE_STATUS = {
+    FailureKind.bad_request: 400,
+    FailureKind.too_many_tasks: 429,
+    FailureKind.stopping: 503,  # a client retrying reaches a server that runs it
+    FailureKind.timed_out: 504,
+    FailureKind.internal: 500,
+}
 
 
 class ReportRequest(ResearchRequest):
@@ -91,7 +101,7 @@ async def generate_report(request: web.Request) -> web.Response:
         failure = run.failure
         reason = failure.reason if failure else "the task was cancelled"
         body = {"research_id": run.research_id, "status": "failed", "error": reason, "detail": reason}
-        return web.json_response(body, status=failure.http_status if failure else 503)
+        return web.json_response(body, status=_FAILURE_STATUS[failure.kind] if failure else 503)
     outcome = run.outcome
     information = {
         "source_urls": [source.href for source in outcome.sources],

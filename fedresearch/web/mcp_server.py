@@ -30,6 +30,7 @@ from fedresearch.core.models import FusedResult, ResearchRequest
 from fedresearch.federation.fusion import fuse
 from fedresearch.federation.planning import Plan, plan_request
 from fedresearch.federation.runner import federate
+from fedresearch.jobs.frames import LogsFrame
 from fedresearch.jobs.runs import start_job
 from fedresearch.jobs.store import follow
 from fedresearch.report.store import REPORT_NAME
@@ -132,9 +133,9 @@ class McpTools:
         steps = 0
         async with contextlib.aclosing(follow(runtime.jobs, run.research_id)) as frames:
             async for frame in frames:
-                if frame.get("type") == "logs":
+                if isinstance(frame, LogsFrame):
                     steps += 1
-                    await ctx.report_progress(steps, None, frame.get("output"))  # MCP's progress notifications
+                    await ctx.report_progress(steps, None, frame.output)  # MCP's progress notifications
         await asyncio.wait({live.task})
         if run.failure is not None or run.outcome is None:
             raise ToolError(run.failure.reason if run.failure is not None else "the task was cancelled")

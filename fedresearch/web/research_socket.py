@@ -19,8 +19,9 @@ from pydantic import ValidationError
 
 from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
+from fedresearch.core.events import ProgressStep
 from fedresearch.core.models import ResearchRequest
-from fedresearch.jobs.frames import error_frames, frame_text
+from fedresearch.jobs.frames import ChatFrame, Frame, LogsFrame, PathFrame, error_frames
 from fedresearch.jobs.runs import chat_plan, start_job
 from fedresearch.jobs.runtime import LiveJob
 from fedresearch.jobs.store import JobStatus, follow, may_see
@@ -70,11 +71,11 @@ class ResearchSocket:
         self.chat_about: str | None = None
         self.answering: asyncio.Future[None] | None = None  # done once the last chat's answer is sent
 
-    async def send(self, frame: dict[str, Any]) -> None:
+    async def send(self, frame: Frame) -> None:
         if self.ws.closed:
             return
         with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
-            await self.ws.send_str(frame_text(frame))
+            await self.ws.send_str(frame.text)
 
     async def error(self, message: str, metadata: dict[str, Any] | None = None) -> None:
         for frame in error_frames(message, metadata):
@@ -104,8 +105,7 @@ class ResearchSocket:
 
     async def _refuse_when_busy(self) -> bool:
         if self.busy:
-            busy = {"type": "logs", "content": "warning", "output": "Task already running. Please wait."}
-            await self.send({**busy, "metadata": None})
+            await self.send(LogsFrame(content=ProgressStep.warning, output="Task already running. Please wait."))
         return self.busy
 
     async def start(self, payload: str) -> None:
@@ -160,7 +160,7 @@ class ResearchSocket:
         # that wait, so the next job's frames still follow it.
         async with contextlib.aclosing(follow(self.app[RUNTIME].jobs, research_id)) as frames:
             async for frame in frames:
-                if frame.get("type") == "path":
+                if isinstance(frame, PathFrame):
                     self.following = None
                     self._chat_after(research_id, live)
                     await self.send(frame)
@@ -200,10 +200,10 @@ class ResearchSocket:
             self.chat_session = await self._saved_chat(self.chat_about)
         if self.chat_session is None:
             content = "Ask a research question first; then chat about its report here."
-            await self.send({"type": "chat", "content": content, "role": "assistant", "metadata": None})
+            await self.send(ChatFrame(content=content))
             return
         answer = await self.chat_session.answer(message, self.app[RUNTIME].tools)
-        await self.send({"type": "chat", "content": answer.content, "role": "assistant", "metadata": answer.metadata})
+        await self.send(ChatFrame(content=answer.content, metadata=answer.metadata))
 
     async def drain(self, grace_s: float) -> None:
         under_way = {work for work in (self.following, self.answering) if work is not None and not work.done()}
