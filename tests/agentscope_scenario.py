@@ -1,7 +1,7 @@
 """Runs inside AgentScope's own environment (`.venv-agentscope`: AgentScope 2.0.x pins an `mcp` older
 than the server's), against a running fedresearch server and a fake OpenAI-compatible model:
 `python tests/agentscope_scenario.py SERVER_URL LLM_URL`. Prints one JSON object of what it saw;
-tests/test_agentscope.py starts the servers and checks it."""
+tests/integrations/test_agentscope.py starts the servers and checks it."""
 
 from __future__ import annotations
 

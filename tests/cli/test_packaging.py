@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -149,7 +149,7 @@ print(supervisor, "openai" in sys.modules, "mcp" in sys.modules)
 def test_a_supervisor_imports_no_app_and_a_server_no_sdk_it_was_not_asked_for(tmp_path: Path) -> None:
     """What each process holds: the supervisor only tends processes (105 MB when it imported the
     app, 36 now); a server with no model configured never needs the OpenAI SDK (13 MB a worker),
-    and one never asked over `/mcp` never needs the MCP SDK (26 MB; tests/test_mcp.py asks)."""
+    and one never asked over `/mcp` never needs the MCP SDK (26 MB; tests/web/test_mcp.py asks)."""
     env = {**os.environ, "FEDRESEARCH_EMBEDDINGS": "false"}
     for name in ("LLM_BASE_URL", "LLM_MODEL", "LLM_API_KEY"):
         env.pop(name, None)

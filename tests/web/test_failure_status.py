@@ -13,7 +13,7 @@ from fedresearch.core.errors import FailureKind, RequestError, ServerStopping, T
 from fedresearch.jobs import runs
 from fedresearch.web import jobs as rest
 from fedresearch.web.keys import STOPPING
-from tests.test_jobs_api import ALICE, TASK, job_settings
+from tests.web.test_jobs_api import ALICE, TASK, job_settings
 
 WAITING = {**TASK, "headers": {"retrievers": "tavily"}, "generate_in_background": False}
 

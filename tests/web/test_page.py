@@ -23,7 +23,7 @@ from fedresearch.report.exports import EXPORT_FORMATS
 from fedresearch.report.types import offered_forms
 from fedresearch.web.keys import SOCKETS
 from tests.conftest import EXAMPLES, make_settings
-from tests.test_pages import StaticResolver
+from tests.report.test_pages import StaticResolver
 
 CHROMIUM = "/usr/bin/chromium"
 # Chromium as Debian ships it, headless and quiet: no GPU, no sandbox (tests may run as root), and

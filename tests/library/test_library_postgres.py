@@ -29,8 +29,8 @@ from fedresearch.library.store import LibraryDatabaseError, LibraryUnavailable
 from fedresearch.web.app import create_app
 from fedresearch.web.keys import RUNTIME
 from tests.conftest import EXAMPLES, make_settings, run_task
+from tests.federation.test_faults import outcome
 from tests.tcp_proxy import TcpProxy
-from tests.test_faults import outcome
 
 
 def test_the_schema_is_made_once_and_a_newer_one_is_refused(postgres_url):

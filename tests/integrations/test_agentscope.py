@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import make_settings
 from tests.fakes.openai_chat import Answer, FakeOpenAI
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv-agentscope" / "bin" / "python"
 INTEGRATION = ROOT / "integrations" / "agentscope"
 

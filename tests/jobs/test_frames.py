@@ -30,7 +30,7 @@ from fedresearch.jobs.local_store import LocalJobStore
 from fedresearch.jobs.store import Job, JobStatus
 from tests.conftest import make_settings, run_task
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEXT = '文献 “fusion” \u2028 ✓ \\ "quoted"\n'  # not ASCII, a JSON escape, a line separator
 FILES = {"md": "reports/a.md", "pdf": "reports/a.pdf", "docx": "reports/a.docx", "html": "reports/a.html"}
 

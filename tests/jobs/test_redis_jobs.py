@@ -23,7 +23,7 @@ from fedresearch.web.keys import RUNTIME
 from tests.conftest import make_settings, report_of
 from tests.redis_server import start_redis
 from tests.tcp_proxy import TcpProxy
-from tests.test_jobs_api import ALICE, BOB, KEYS, TASK, WebhookReceiver
+from tests.web.test_jobs_api import ALICE, BOB, KEYS, TASK, WebhookReceiver
 
 
 def _id(n: int) -> str:

@@ -16,7 +16,7 @@ from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from tests.conftest import EXAMPLES, make_settings
 
-PLUGIN = Path(__file__).resolve().parent.parent / "integrations" / "langbot"
+PLUGIN = Path(__file__).resolve().parents[2] / "integrations" / "langbot"
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The garbage collector's pauses as /metrics shows them (freezing is a server process's alone:
-tests/test_workers.py checks it there, since this test process must not freeze its objects)."""
+tests/serve/test_workers.py checks it there, since this test process must not freeze its objects)."""
 
 from __future__ import annotations
 

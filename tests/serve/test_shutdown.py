@@ -26,7 +26,7 @@ from fedresearch.web.keys import STOPPING
 from tests.conftest import error_of, make_settings, run_task
 from tests.fakes.tavily import FakeTavily
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

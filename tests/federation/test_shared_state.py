@@ -40,11 +40,11 @@ from fedresearch.federation.runner import Deps, search_one
 from fedresearch.web.keys import RUNTIME
 from tests.conftest import error_of, logs, make_settings, registry_of, run_task
 from tests.fakes import scholarly_settings, start_scholarly
+from tests.federation.test_faults import outcome
 from tests.redis_cluster import RedisTarget, start_redis_cluster
 from tests.redis_sentinel import start_redis_sentinel
 from tests.redis_server import start_redis
 from tests.tcp_proxy import TcpProxy
-from tests.test_faults import outcome
 
 LIMITS = {"retriever_timeout_s": 1.5, "retry_attempts": 0}
 

@@ -11,7 +11,7 @@ from bench.quality import load_collection
 from fedresearch.library.facade import Library
 from fedresearch.library.formats import Document, Section
 
-MED = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "med"
+MED = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "med"
 QUERIES = ["q1", "q2", "q3", "q4"]
 
 

@@ -12,7 +12,7 @@ import websockets
 from fedresearch.report.planner import numbered_list
 from tests.conftest import logs, make_settings, report_of, run_task
 from tests.fakes.openai_chat import Answer, FakeOpenAI
-from tests.test_report import check_invariants
+from tests.report.test_report import check_invariants
 
 TASK = "How do hybrid retrieval systems combine lexical and dense rankings?"
 PLAN = [

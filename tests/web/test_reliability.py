@@ -13,7 +13,7 @@ import websockets
 
 from fedresearch.web.keys import RUNTIME
 from tests.conftest import make_settings, run_task
-from tests.test_faults import outcome
+from tests.federation.test_faults import outcome
 
 TASK = {"task": "How does rank fusion combine lexical and dense retrieval?", "report_type": "research_report"}
 

@@ -17,7 +17,7 @@ from fedresearch.report.llm import LlmConfig, ThinkFilter
 from fedresearch.report.verify import UNCITED, UNSUPPORTED, Verifier
 from fedresearch.report.writer import Brief
 from tests.fakes.openai_chat import Answer, FakeOpenAI, number_of
-from tests.test_report import check_invariants
+from tests.report.test_report import check_invariants
 
 QUESTION = "How do hybrid retrieval systems combine lexical and dense rankings?"
 BODIES = {

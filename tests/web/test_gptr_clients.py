@@ -14,7 +14,7 @@ from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.report.compose import report_chunks
 from tests.conftest import EXAMPLES, logs, make_settings, report_of, run_task
-from tests.test_report import check_invariants
+from tests.report.test_report import check_invariants
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fedresearch.library.facade import Library
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FILES = 240
 
 

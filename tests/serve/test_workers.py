@@ -26,7 +26,7 @@ from fedresearch.core.metrics import MULTIPROCESS_DIR
 from fedresearch.core.settings import Settings
 from tests.conftest import run_task
 from tests.fakes.tavily import FakeTavily
-from tests.test_shutdown import until_closed
+from tests.serve.test_shutdown import until_closed
 
 STARTUP_S = 90  # two fresh interpreters on a loaded 2-core machine
 
