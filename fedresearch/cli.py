@@ -97,7 +97,11 @@ def _library(args: argparse.Namespace) -> int:
     from fedresearch.library.facade import Library
 
     if args.action == "migrate":
-        from fedresearch.library.migrate import migrate_command
+        try:
+            from fedresearch.library.migrate import migrate_command
+        except ModuleNotFoundError as error:  # psycopg: the optional `postgres` extra
+            print(f'migrating needs the postgres extra: pip install "fedresearch[postgres]" ({error})', file=sys.stderr)
+            return 2
 
         settings = Settings()
         target = args.to or (settings.library_url.get_secret_value() if settings.library_url else "")
