@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from fedresearch.core.errors import FailureKind
 from fedresearch.core.settings import Settings
 from fedresearch.report.types import offered_forms
 
@@ -60,11 +61,17 @@ class _PassageCount:
 def _ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from fedresearch.core.models import checked_user_id
     from fedresearch.library.ingest import ingest, walk
     from fedresearch.library.locking import IndexBusy
     from fedresearch.library.open import open_library
     from fedresearch.library.store import LibraryUnavailable
 
+    try:
+        user = checked_user_id(args.user)
+    except ValueError as error:  # a library no request could reach: refused, as the server refuses it
+        print(f"fedresearch: --user: {error}", file=sys.stderr)
+        return EXIT_CODES[FailureKind.bad_request]
     settings = Settings()
     library = open_library(settings)
     paths = [Path(p) for p in args.paths]
@@ -74,7 +81,7 @@ def _ingest(args: argparse.Namespace) -> int:
             passages = _PassageCount(bar)
             report = ingest(
                 library,
-                args.user,
+                user,
                 paths,
                 kind=args.type,
                 on_file=lambda _: bar.update(),
@@ -88,6 +95,7 @@ def _ingest(args: argparse.Namespace) -> int:
         f"{report.files} files: {report.added} documents added, {report.replaced} replaced, "
         f"{report.unchanged} unchanged, {len(report.skipped)} skipped"
     )
+    print(f"into {user}'s library in {settings.library_display}", file=sys.stderr)
     for reason in report.skipped:
         print(f"  skipped {reason}")
     return 1 if report.skipped and not (report.added or report.replaced or report.unchanged) else 0
@@ -125,47 +133,162 @@ def _library(args: argparse.Namespace) -> int:
     return 1 if missing else 0
 
 
+# what a script running `fedresearch ask` can tell apart (1: the server could not be reached)
+EXIT_CODES = {
+    FailureKind.bad_request: 2,
+    FailureKind.too_many_tasks: 3,
+    FailureKind.stopping: 4,
+    FailureKind.timed_out: 5,
+    FailureKind.internal: 6,
+}
+UNREACHABLE = 1
+
+
+def _task_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The task as a client sends it in a `start` frame."""
+    headers = {"retrievers": args.retrievers, "user_id": args.user, "internal_api_type": args.type}
+    task: dict[str, Any] = {
+        "task": args.question,
+        "report_type": args.report_type,
+        "headers": {name: value for name, value in headers.items() if value},
+    }
+    for name in ("report_source", "language", "tone"):
+        if getattr(args, name):
+            task[name] = getattr(args, name)
+    return task
+
+
+class _Follower:
+    """A task's frames as the terminal shows them: progress and errors on stderr, the report gathered
+    for stdout, the files of its last frame, and why it did not run, should it not."""
+
+    def __init__(self) -> None:
+        self.report: list[str] = []
+        self.files: dict[str, str] | None = None  # set by `path`, the task's last frame
+        self.failed: FailureKind | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.files is not None or (self.failed is not None and not self._then_report)
+
+    def take(self, frame: dict[str, Any]) -> None:
+        kind, metadata = frame.get("type"), frame.get("metadata") or {}
+        if kind == "error":
+            print(f"fedresearch: {frame.get('output', '')}", file=sys.stderr)
+        elif kind == "logs" and frame.get("content") == "error":  # the error's twin: does a report follow?
+            self._then_report = metadata.get("then") == "report"
+            self.failed = FailureKind(metadata.get("kind") or FailureKind.bad_request)
+        elif kind == "logs" and self.failed is None:  # after a refusal: only its short report's end
+            print(frame.get("output", ""), file=sys.stderr)
+        elif kind == "report":
+            self.report.append(str(frame.get("output", "")))
+        elif kind == "path":
+            self.files = dict(frame.get("output") or {})
+
+    _then_report = False
+
+    def end(self) -> int:
+        """Print the report (a task that could not run has none worth printing); the exit code."""
+        if self.failed is not None:
+            return EXIT_CODES[self.failed]
+        print("".join(self.report), end="")
+        return 0
+
+
+async def _ask_here(args: argparse.Namespace) -> int:
+    """The task in this process, as a server would run it (the same runtime, limits and job store,
+    so the report is kept with the server's): no server needed."""
+    from fedresearch.core.auth import Principal
+    from fedresearch.core.metrics import Metrics
+    from fedresearch.core.models import ResearchRequest
+    from fedresearch.jobs.runs import start_job
+    from fedresearch.jobs.runtime import Given, open_runtime
+    from fedresearch.jobs.stopping import Stopping, stop_limits
+    from fedresearch.jobs.store import follow
+    from fedresearch.retrievers import ADAPTERS
+    from fedresearch.web.auth import validation_message
+
+    settings = Settings()
+    try:
+        request = ResearchRequest.model_validate(_task_of(args))
+    except ValidationError as error:
+        print(f"fedresearch: {validation_message(error)}", file=sys.stderr)
+        return EXIT_CODES[FailureKind.bad_request]
+    given = Given(ADAPTERS, Metrics(), Stopping(*stop_limits(settings)))
+    async with open_runtime(settings, given) as runtime:
+        # the operator of this machine: any user's library, as `fedresearch ingest` may fill any
+        run, live = await start_job(runtime, Principal(None, admin=True), request, "cli", detached=False)
+        shown = _Follower()
+        async for frame in follow(runtime.jobs, run.research_id):
+            shown.take(json.loads(frame.text))
+            if shown.done:
+                break
+        await asyncio.wait({live.task})
+        code = shown.end()
+        if code == 0 and args.output is not None:
+            reports = runtime.reports()
+            for kind in args.formats:
+                made = await reports.export(run.research_id, kind)
+                if made is not None:
+                    print(f"Saved {kind}: {_copy_out(made, args.output, args.question, kind)}", file=sys.stderr)
+        return code
+
+
+def _copy_out(made: Path, folder: Path, question: str, kind: str) -> Path:
+    """A report's file copied to `folder`, named after its question."""
+    import shutil
+
+    from fedresearch.report.store import file_name
+
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / file_name(question, kind)
+    shutil.copyfile(made, target)
+    return target
+
+
 async def _ask_over_ws(args: argparse.Namespace) -> int:
     import websockets
 
-    settings = Settings()
-    base = (args.server or f"ws://{settings.host}:{settings.port}").rstrip("/").removesuffix("/ws")
-    url = base + "/ws"
+    base = args.server.rstrip("/").removesuffix("/ws")
     # the key travels in a header: a query string ends up in access logs
     auth = {"Authorization": f"Bearer {args.token}"} if args.token else {}
-    headers: dict[str, str] = {}
-    if args.retrievers:
-        headers["retrievers"] = args.retrievers
-    if args.user:
-        headers["user_id"] = args.user
-    if args.type:
-        headers["internal_api_type"] = args.type
-    task = {"task": args.question, "report_type": args.report_type, "headers": headers}
-    if args.report_source:
-        task["report_source"] = args.report_source
-    report: list[str] = []
-    async with websockets.connect(url, max_size=None, additional_headers=auth) as ws:
-        await ws.send("start " + json.dumps(task))
+    shown = _Follower()
+    async with websockets.connect(base + "/ws", max_size=None, additional_headers=auth) as ws:
+        await ws.send("start " + json.dumps(_task_of(args)))
         async for raw in ws:
-            frame = json.loads(raw)
-            kind = frame.get("type")
-            if kind == "logs":
-                print(frame.get("output", ""), file=sys.stderr)
-            elif kind == "report":
-                report.append(frame.get("output", ""))
-            elif kind == "error":
-                return 2  # its text arrives as a logs frame too, already printed
-            elif kind == "path":
-                print("".join(report))
-                http = base.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/")
-                for name, path in frame["output"].items():
-                    print(f"Saved {name}: {http}/{path}", file=sys.stderr)
-                return 0
-    print("the server closed the connection before the report was finished", file=sys.stderr)
-    return 1
+            shown.take(json.loads(raw))
+            if shown.done:
+                break
+    if not shown.done:
+        print("the server closed the connection before the report was finished", file=sys.stderr)
+        return UNREACHABLE
+    code = shown.end()
+    if code == 0 and shown.files is not None:
+        await asyncio.to_thread(_fetch_files, args, base, auth, shown.files)
+    return code
+
+
+def _fetch_files(args: argparse.Namespace, base: str, auth: dict[str, str], files: dict[str, str]) -> None:
+    """Where the server keeps the report's files; with --output, those asked for, fetched there."""
+    import urllib.request
+
+    from fedresearch.report.store import file_name
+
+    http = base.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+    for kind, path in files.items():
+        if args.output is None or kind not in args.formats:
+            print(f"Saved {kind}: {http}/{path}", file=sys.stderr)
+            continue
+        with urllib.request.urlopen(urllib.request.Request(f"{http}/{path}", headers=auth), timeout=60) as answer:
+            args.output.mkdir(parents=True, exist_ok=True)
+            target = args.output / file_name(args.question, kind)
+            target.write_bytes(answer.read())
+        print(f"Saved {kind}: {target}", file=sys.stderr)
 
 
 def _ask(args: argparse.Namespace) -> int:
+    if args.server is None:
+        return asyncio.run(_ask_here(args))
     from websockets.exceptions import ConnectionClosedError, InvalidHandshake, InvalidStatus, InvalidURI
 
     try:
@@ -182,11 +305,32 @@ def _ask(args: argparse.Namespace) -> int:
         print(f"the server did not accept a WebSocket connection: {error}", file=sys.stderr)
     except ConnectionClosedError as error:
         print(f"the connection broke before the report was finished: {error}", file=sys.stderr)
-    return 1
+    return UNREACHABLE
+
+
+def _formats(text: str) -> list[str]:
+    """`--format`: a comma list of the formats reports are saved in."""
+    from fedresearch.report.exports import EXPORT_FORMATS
+
+    asked = [part.strip().lower() for part in text.split(",") if part.strip()]
+    unknown = [kind for kind in asked if kind not in EXPORT_FORMATS]
+    if unknown or not asked:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or text!r}: formats are {', '.join(EXPORT_FORMATS)}")
+    return asked
+
+
+_EXITS = (
+    "exit status: 0 the report is written; 1 the server could not be reached; 2 the request was refused as "
+    "sent; 3 too many tasks for this key; 4 the server is stopping; 5 the task ran out of time; 6 an internal error"
+)
 
 
 def _add_ask(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    ask = commands.add_parser("ask", help="run one research task on a running server")
+    ask = commands.add_parser(
+        "ask",
+        help="run one research task, here or on a running server, and print its report",
+        epilog=_EXITS,
+    )
     ask.add_argument("question")
     ask.add_argument("--retrievers", help="comma list or aliases, e.g. library,tavily,google")
     ask.add_argument("--user")
@@ -195,7 +339,20 @@ def _add_ask(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     described = "; ".join(f"{form.name}: {form.description}" for form in forms)
     ask.add_argument("--report-type", default=forms[0].name, choices=[form.name for form in forms], help=f"{described}")
     ask.add_argument("--report-source", choices=("web", "local", "hybrid"))
-    ask.add_argument("--server", help="ws://HOST:PORT (default: FEDRESEARCH_HOST/PORT)")
+    ask.add_argument("--language", help="the report's language (default: the question's), e.g. english, chinese")
+    ask.add_argument("--tone", help="the report's tone, e.g. objective, formal")
+    ask.add_argument(
+        "--output", type=Path, metavar="DIR", help="save the report's files in DIR, named after the question"
+    )
+    ask.add_argument(
+        "--format",
+        dest="formats",
+        type=_formats,
+        default=["md"],
+        metavar="FORMATS",
+        help="with --output: which files, a comma list of md, html, pdf, docx, json (default: md)",
+    )
+    ask.add_argument("--server", help="ws://HOST:PORT of a running server (default: run the task in this process)")
     ask.add_argument("--token", help="API key, when the server requires one")
     ask.set_defaults(run=_ask)
 

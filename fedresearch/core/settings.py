@@ -8,6 +8,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -220,6 +221,15 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return self.model_cache_dir or self.data_dir / "models"
+
+    @property
+    def library_display(self) -> str:
+        """Where the library lives, fit to show: the embedded library's folder, or the PostgreSQL
+        server without its password."""
+        if self.library_url is None:
+            return str(self.library_dir.resolve())
+        parts = urlsplit(self.library_url.get_secret_value())
+        return f"{parts.scheme}://{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
 
     @property
     def library_location(self) -> Path | str:

@@ -141,7 +141,8 @@ class JobRun:
         """A task that cannot run ends as a finished one does on GPT-Researcher's page: the error,
         then a short report saying why, then `path`, so no client is left waiting."""
         self.failure = failure
-        await self.error(failure.reason, {"then": "report", "research_id": self.research_id})
+        # `kind`: why, for a client that acts on it (the CLI's exit code); GPT-Researcher's ignore it
+        await self.error(failure.reason, {"then": "report", "research_id": self.research_id, "kind": failure.kind})
         markdown = f"# {self.request.task}\n\nThis research could not run: {failure.reason}\n"
         job = await self.runtime.jobs.get(self.research_id)
         owner = job.owner if job is not None else None

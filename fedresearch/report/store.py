@@ -55,6 +55,21 @@ def report_files(report_id: str) -> dict[str, str]:
     return {kind: f"{report_id}.{kind}" for kind in EXPORT_FORMATS}
 
 
+_NOT_IN_NAMES = re.compile(r"[^\w]+")  # \w keeps letters of every script: a Chinese question names its file
+
+
+def file_name(question: str, kind: str, most: int = 60) -> str:
+    """A report's file named after its question, for people: its words joined by hyphens, cut at a
+    word within `most` characters ("report" when nothing of it can name a file)."""
+    words = [word for word in _NOT_IN_NAMES.split(question.lower()) if word and word != "_"]
+    name = ""
+    for word in words:
+        if name and len(name) + 1 + len(word) > most:
+            break
+        name = f"{name}-{word}" if name else word[:most]
+    return f"{name or 'report'}.{kind}"
+
+
 def report_markdown(directory: Path, report_id: str) -> str | None:
     """A saved report's Markdown: its file where one was written (by earlier versions, or a fetch),
     else its record's `report`; None when there is no such report."""

@@ -75,7 +75,7 @@ async def test_unknown_retriever_then_a_valid_task_on_the_same_socket(tmp_path, 
             "type": "logs",
             "content": "error",
             "output": message,
-            "metadata": {"then": "report", "research_id": research_id},
+            "metadata": {"then": "report", "research_id": research_id, "kind": "bad_request"},
         }
         # it ends as a finished task does on GPT-Researcher's page: a short report saying why, then path
         assert frames[-1]["type"] == "path" and "could not run" in report_of(frames) and "'bing'" in report_of(frames)
