@@ -96,6 +96,8 @@ def _ingest(args: argparse.Namespace) -> int:
         f"{report.unchanged} unchanged, {len(report.skipped)} skipped"
     )
     print(f"into {user}'s library in {settings.library_display}", file=sys.stderr)
+    if hint := settings.left_behind():
+        print(f"fedresearch: {hint}", file=sys.stderr)
     for reason in report.skipped:
         print(f"  skipped {reason}")
     return 1 if report.skipped and not (report.added or report.replaced or report.unchanged) else 0

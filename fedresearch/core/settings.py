@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
+import platformdirs
 from pydantic import Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -36,6 +37,16 @@ def load_toml(path: Path, setting: str) -> dict[str, Any]:
         raise ValueError(f"{setting} ({path}): {error}") from error
 
 
+def default_data_dir() -> Path:
+    """The platform's folder for this user's data (platformdirs: XDG on Linux, Application Support
+    on macOS, AppData on Windows)."""
+    return Path(platformdirs.user_data_dir("fedresearch", appauthor=False))
+
+
+# where data went before the platform's folder was the default: the folder the process started in
+_OLD_DEFAULT = Path("data")
+
+
 class Settings(BaseSettings):
     """The server's own settings, and what reads each upstream's (`upstream`): values given for upstreams
     (`upstreams=`, by field name) and the way these were read (`_env_file=None`: no `.env`) carry over."""
@@ -57,7 +68,9 @@ class Settings(BaseSettings):
     # SIGTERM (a deploy, a restart): how long the tasks running in a process may go on to their
     # reports while it takes no new ones; those still running then are stopped
     shutdown_grace_s: float = Field(25.0, ge=0, le=3600, validation_alias="SHUTDOWN_GRACE_S")
-    data_dir: Path = Field(Path("./data"), validation_alias="FEDRESEARCH_DATA_DIR")
+    # unset: the platform's folder for a user's data (~/.local/share/fedresearch on Linux), the same
+    # whichever folder the server or the CLI is started from
+    data_dir: Path = Field(default_factory=lambda: default_data_dir(), validation_alias="FEDRESEARCH_DATA_DIR")
     # unset: the embedded library under data_dir; postgresql://…: on PostgreSQL (secret: it may hold a password)
     library_url: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_LIBRARY_URL")
     # that URL is a pooler in transaction mode (PgBouncer, Supavisor): no prepared statements, and
@@ -170,6 +183,11 @@ class Settings(BaseSettings):
             weights[name.strip().lower()] = float(weight)
         return weights
 
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _data_dir(cls, value: object) -> object:
+        return default_data_dir() if value in ("", None) else value
+
     @field_validator(
         "default_user",
         "webhook_url",
@@ -221,6 +239,18 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return self.model_cache_dir or self.data_dir / "models"
+
+    def left_behind(self) -> str | None:
+        """A hint when a library sits in ./data, where earlier versions kept it, and this process
+        uses another folder: its documents would seem lost."""
+        old = _OLD_DEFAULT / "library"
+        if not old.is_dir() or _OLD_DEFAULT.resolve() == self.data_dir.resolve():
+            return None
+        return (
+            f"a library from an earlier version is in {_OLD_DEFAULT.resolve()}, and this one uses "
+            f"{self.data_dir}: move it there (mv {_OLD_DEFAULT.resolve()}/* {self.data_dir}/), or set "
+            f"FEDRESEARCH_DATA_DIR={_OLD_DEFAULT.resolve()}"
+        )
 
     @property
     def library_display(self) -> str:

@@ -1,5 +1,5 @@
-"""What a server process sets up before it listens: the log's format, and the refusal to listen
-beyond this machine without API keys."""
+"""What a server process sets up before it listens: the log's format, the refusal to listen beyond
+this machine without API keys, and where its data is."""
 
 from __future__ import annotations
 
@@ -19,5 +19,10 @@ def prepare(settings: Settings, host: str, with_pid: bool, warn: bool = True) ->
     refusal = check_bind(host, keys)
     if refusal:
         raise SystemExit(refusal)
-    if warn and not keys.enabled:
+    if not warn:  # a worker: its supervisor said all this
+        return
+    if not keys.enabled:
         log.warning("no API keys configured (FEDRESEARCH_API_KEYS): listening on %s only", host)
+    log.info("library: %s; data (jobs, reports): %s", settings.library_display, settings.data_dir)
+    if hint := settings.left_behind():
+        log.warning("%s", hint)
