@@ -32,4 +32,4 @@ lint: $(BIN)/fedresearch
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) .venv-agentscope data .pytest_cache .ruff_cache .mypy_cache .import_linter_cache *.egg-info build dist
+	rm -rf $(VENV) .venv-agentscope data demo-report .pytest_cache .ruff_cache .mypy_cache .import_linter_cache *.egg-info build dist

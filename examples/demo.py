@@ -1,12 +1,15 @@
-"""`make demo`: load the bundled library, start the server, run one research task, stop.
+"""`make demo`: load the bundled library, start the server, run one research task, save its files,
+stop, and remove the demo's library.
 
 Runs offline with no API key: the web retrievers are named on purpose, so the report shows
-how a retriever without a key is skipped with its reason while the others go on.
+how a retriever without a key is skipped with its reason while the others go on. The report's
+files are kept in `demo-report/` (the folder `make demo` runs in); the rest goes.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 QUESTION = "How should lexical BM25 and dense retrieval be combined with rank fusion?"
+OUTPUT = Path("demo-report")
 
 
 def free_port() -> int:
@@ -41,6 +45,13 @@ def wait_healthy(url: str, server: subprocess.Popen[bytes], seconds: float = 30)
 
 def main() -> int:
     data_dir = Path(tempfile.mkdtemp(prefix="fedresearch-demo-"))
+    try:
+        return demo(data_dir)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)  # the demo's library and jobs: 100 MB with the model's graph
+
+
+def demo(data_dir: Path) -> int:
     port = free_port()
     env = {
         **os.environ,
@@ -80,6 +91,10 @@ def main() -> int:
                     "demo",
                     "--server",
                     f"ws://127.0.0.1:{port}",
+                    "--output",
+                    str(OUTPUT),
+                    "--format",
+                    "md,html,pdf,docx",
                 ],
                 env=env,
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import sys
 from pathlib import Path
@@ -24,7 +25,19 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     from fedresearch.serve.launch import serve
 
-    serve(Settings(), host=args.host, port=args.port, workers=args.workers, balance=args.balance)
+    settings = Settings()
+    try:
+        serve(settings, host=args.host, port=args.port, workers=args.workers, balance=args.balance)
+    except OSError as error:
+        if error.errno != errno.EADDRINUSE:
+            raise
+        where = f"{args.host or settings.host}:{settings.port if args.port is None else args.port}"
+        print(
+            f"fedresearch: {where} is in use (another server?): stop it, or serve on another port with "
+            "--port or FEDRESEARCH_PORT",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -278,8 +291,10 @@ def _fetch_files(args: argparse.Namespace, base: str, auth: dict[str, str], file
 
     http = base.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
     for kind, path in files.items():
-        if args.output is None or kind not in args.formats:
+        if args.output is None:  # the server keeps them, there
             print(f"Saved {kind}: {http}/{path}", file=sys.stderr)
+            continue
+        if kind not in args.formats:
             continue
         with urllib.request.urlopen(urllib.request.Request(f"{http}/{path}", headers=auth), timeout=60) as answer:
             args.output.mkdir(parents=True, exist_ok=True)

@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     max_search_results: int = Field(10, ge=1, le=50, validation_alias="MAX_SEARCH_RESULTS")
     embeddings: bool = Field(True, validation_alias="FEDRESEARCH_EMBEDDINGS")
     # where the embedding model's ONNX graph is written once and mapped by every process of the
-    # host (unset: the data dir's `models`); each process holds its own copy when it cannot write
+    # host (unset: the user's cache folder's `models`); each process holds its own copy when it cannot write
     model_cache_dir: Path | None = Field(None, validation_alias="FEDRESEARCH_MODEL_CACHE_DIR")
 
     # reading the pages behind web results (and source_urls)
@@ -238,7 +238,9 @@ class Settings(BaseSettings):
 
     @property
     def models_dir(self) -> Path:
-        return self.model_cache_dir or self.data_dir / "models"
+        """Where the encoder's graph is written once (derived from the installed model, so a cache:
+        every library and data folder of the user's shares it)."""
+        return self.model_cache_dir or Path(platformdirs.user_cache_dir("fedresearch", appauthor=False)) / "models"
 
     def left_behind(self) -> str | None:
         """A hint when a library sits in ./data, where earlier versions kept it, and this process
