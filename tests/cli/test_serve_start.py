@@ -26,11 +26,7 @@ def test_a_busy_port_is_one_line_naming_it(tmp_path: Path, workers: str) -> None
             text=True,
             timeout=120,
             cwd=tmp_path,
-            env={
-                "PATH": "/usr/bin:/bin",
-                "FEDRESEARCH_DATA_DIR": str(tmp_path / "data"),
-                "FEDRESEARCH_EMBEDDINGS": "false",
-            },
+            env={**os.environ, "FEDRESEARCH_DATA_DIR": str(tmp_path / "data"), "FEDRESEARCH_EMBEDDINGS": "false"},
         )
     assert done.returncode == 1
     assert f"fedresearch: 127.0.0.1:{port} is in use (another server?)" in done.stderr
