@@ -102,6 +102,10 @@ class Settings(BaseSettings):
     fetch_timeout_s: float = Field(8.0, gt=0, validation_alias="FETCH_TIMEOUT_S")
     fetch_per_host: int = Field(2, ge=1, le=16, validation_alias="FETCH_PER_HOST")
 
+    # origins whose pages may call this server from a browser (CORS): GPT-Researcher's NextJS app
+    # runs at http://localhost:3000; any other origin's pages are refused by the browser
+    cors_allow_origins: CommaList = Field(["http://localhost:3000"], validation_alias="CORS_ALLOW_ORIGINS")
+
     # limits
     max_frame_bytes: int = Field(65536, ge=1024, validation_alias="MAX_FRAME_BYTES")
     max_task_chars: int = Field(2000, ge=10, validation_alias="MAX_TASK_CHARS")
@@ -141,7 +145,12 @@ class Settings(BaseSettings):
     report_max_per_user: int = Field(200, ge=0, validation_alias="REPORT_MAX_PER_USER")
 
     _split = field_validator(
-        "default_retrievers", "internal_api_allowed_hosts", "fetch_allowed_hosts", "llm_allowed_models", mode="before"
+        "default_retrievers",
+        "internal_api_allowed_hosts",
+        "fetch_allowed_hosts",
+        "llm_allowed_models",
+        "cors_allow_origins",
+        mode="before",
     )(staticmethod(_split_commas))
 
     # not fields: nothing here is read from the environment, and only `upstream` hands them on

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 
+import aiohttp_cors
 from aiohttp import web
 from aiohttp.abc import AbstractResolver
 from aiohttp.typedefs import Handler
@@ -28,6 +29,7 @@ from fedresearch.retrievers import ADAPTERS
 from fedresearch.web import (
     dify,
     documents,
+    gptr_files,
     jobs,
     literature,
     mcp_http,
@@ -153,7 +155,21 @@ def create_app(
     app.on_shutdown.append(_close_sockets)
     app.on_shutdown.append(_stop_jobs)
     _add_routes(app)
+    _allow_origins(app, settings.cors_allow_origins)
     return app
+
+
+def _allow_origins(app: web.Application, origins: Sequence[str]) -> None:
+    """CORS for the origins named (CORS_ALLOW_ORIGINS) on every HTTP route: preflights answered,
+    answers carrying Access-Control-Allow-Origin for them alone. Not the WebSocket: a browser
+    sends no preflight there, and its upgrade is checked by the key it presents."""
+    if not origins:
+        return
+    options = aiohttp_cors.ResourceOptions(allow_credentials=True, expose_headers="*", allow_headers="*")
+    cors = aiohttp_cors.setup(app, defaults={origin: options for origin in origins})
+    for route in list(app.router.routes()):
+        if route.resource is not None and route.resource.canonical != "/ws":
+            cors.add(route)
 
 
 def _add_routes(app: web.Application) -> None:
@@ -169,6 +185,7 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_post("/retrieval", dify.retrieval)
     app.router.add_post("//retrieval", dify.retrieval)
     documents.register(app)
+    gptr_files.register(app)
     jobs.register(app)
     for method in ("GET", "POST", "DELETE"):
         app.router.add_route(method, "/mcp", mcp_http.mcp_http)

@@ -48,7 +48,7 @@ def acting_user(request: web.Request, principal: Principal) -> str:
     return user
 
 
-def _library(request: web.Request) -> Library:
+def library_of(request: web.Request) -> Library:
     library = request.app[RUNTIME].library
     if library is None:
         raise json_error(web.HTTPServiceUnavailable, "the embedded library is not open on this server")
@@ -134,12 +134,10 @@ def _outcome_json(outcome: FileOutcome) -> dict[str, Any]:
     return {"file": outcome.file, "status": outcome.status, "documents": outcome.documents, **counts}
 
 
-async def upload(request: web.Request) -> web.Response:
-    user = acting_user(request, principal_of(request))
-    library = _library(request)
-    kind = request.query.get("kind", "highlight")
-    if kind not in ("highlight", "file", "biblio"):
-        raise json_error(web.HTTPBadRequest, "kind must be highlight, file or biblio")
+async def take_uploads(request: web.Request, user: str, kind: str) -> list[dict[str, Any]]:
+    """The files of a multipart request into `user`'s library, each with what became of it. The
+    parts stream to a folder on disk and are read in the library's threads; the folder goes after."""
+    library = library_of(request)
     limit = int(request.app[SETTINGS].ingest_max_file_mb * 1_000_000)
     folder = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix=folder_prefix(UPLOAD_FOLDERS)))
     try:
@@ -153,7 +151,15 @@ async def upload(request: web.Request) -> web.Response:
     finally:
         # deleting a gigabyte of uploaded files takes a quarter second on ext4: never on the event loop
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, folder, ignore_errors=True))
-    files = [_outcome_json(outcome) for outcome in outcomes] + refused
+    return [_outcome_json(outcome) for outcome in outcomes] + refused
+
+
+async def upload(request: web.Request) -> web.Response:
+    user = acting_user(request, principal_of(request))
+    kind = request.query.get("kind", "highlight")
+    if kind not in ("highlight", "file", "biblio"):
+        raise json_error(web.HTTPBadRequest, "kind must be highlight, file or biblio")
+    files = await take_uploads(request, user, kind)
     totals = {status: sum(1 for f in files if f["status"] == status) for status in ("added", "replaced", "unchanged")}
     answer = {"user_id": user, "files": files, **totals, "skipped": len(files) - sum(totals.values())}
     return web.json_response(answer, status=201 if totals["added"] or totals["replaced"] else 200)
@@ -166,7 +172,7 @@ async def list_documents(request: web.Request) -> web.Response:
         limit = min(MAX_PAGE, max(1, int(request.query.get("limit", "50"))))
     except ValueError:
         raise json_error(web.HTTPBadRequest, "offset and limit are whole numbers") from None
-    library = _library(request)
+    library = library_of(request)
     documents = await library.threads.run(library.list_documents, user)
     page = [document_json(info) for info in documents[offset : offset + limit]]
     following = offset + limit if offset + limit < len(documents) else None
@@ -176,7 +182,7 @@ async def list_documents(request: web.Request) -> web.Response:
 async def get_document(request: web.Request) -> web.Response:
     user = acting_user(request, principal_of(request))
     document_id = _document_id(request)
-    library = _library(request)
+    library = library_of(request)
     documents = await library.threads.run(library.list_documents, user)
     for info in documents:
         if info.id == document_id:
@@ -187,7 +193,7 @@ async def get_document(request: web.Request) -> web.Response:
 async def delete_document(request: web.Request) -> web.Response:
     user = acting_user(request, principal_of(request))
     document_id = _document_id(request)
-    library = _library(request)
+    library = library_of(request)
     if not await library.threads.run(library.delete_document, user, document_id):
         raise json_error(web.HTTPNotFound, f"no document {document_id} for this user")
     return web.json_response({"id": str(document_id), "deleted": True})

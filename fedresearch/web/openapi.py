@@ -157,7 +157,7 @@ def describe(app: web.Application) -> dict[str, Any]:
         method = route.method.lower()
         info = route.resource.get_info() if route.resource is not None else {}
         path = info.get("path") or info.get("formatter")
-        if method in ("head", "*") or not path:
+        if method in ("head", "options", "*") or not path:  # options: CORS preflights, not operations
             continue
         operation = _operation(method, path, route.handler)
         while operation["operationId"] in used:  # `//retrieval` is `/retrieval` for Dify's trailing slash
