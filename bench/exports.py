@@ -37,7 +37,7 @@ _COLD = """
 import sys, time
 started = time.perf_counter()
 from fedresearch.report.exports import EXPORT_FORMATS
-data = EXPORT_FORMATS[sys.argv[1]].render(open(sys.argv[2], encoding="utf-8").read(), "Report")
+data = EXPORT_FORMATS[sys.argv[1]].render(open(sys.argv[2], encoding="utf-8").read(), "Report", "A4")
 print(round((time.perf_counter() - started) * 1000, 1), len(data))
 """
 
@@ -83,7 +83,7 @@ def warm(kind: str, markdown: str, repeat: int) -> float:
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
-        EXPORT_FORMATS[kind].render(markdown, "Report")
+        EXPORT_FORMATS[kind].render(markdown, "Report", "A4")
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
 

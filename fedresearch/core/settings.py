@@ -132,6 +132,8 @@ class Settings(BaseSettings):
     llm_allowed_models: CommaList = Field([], validation_alias="LLM_ALLOWED_MODELS")
     llm_timeout_s: float = Field(30.0, gt=0, validation_alias="LLM_TIMEOUT_S")
     llm_max_retries: int = Field(2, ge=0, le=10, validation_alias="LLM_MAX_RETRIES")
+    # the page of PDF and DOCX exports
+    report_page_size: Literal["A4", "Letter"] = Field("A4", validation_alias="REPORT_PAGE_SIZE")
     report_support_threshold: float = Field(0.5, gt=0, le=1, validation_alias="REPORT_SUPPORT_THRESHOLD")
 
     api_keys: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS")

@@ -24,6 +24,11 @@ _WORDS = re.compile(r"\w+")
 _TOKEN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]|\w+")
 
 
+def has_cjk(text: str) -> bool:
+    """Whether `text` holds any CJK character."""
+    return not text.isascii() and _CJK_RUN.search(text) is not None
+
+
 def cjk_bigrams(text: str) -> list[str]:
     """Overlapping character bigrams of every CJK run (a lone character stands for itself)."""
     if text.isascii():  # most text a report reads: the scan for CJK runs cost a quarter of its terms' time

@@ -43,9 +43,10 @@ log = logging.getLogger("fedresearch")
 class SavedReports:
     """The saved reports of `jobs`, whichever host wrote them, read through `directory`."""
 
-    def __init__(self, directory: Path, jobs: JobStore) -> None:
+    def __init__(self, directory: Path, jobs: JobStore, page: str = "A4") -> None:
         self.directory = directory
         self.jobs = jobs
+        self.page = page  # PDF and DOCX exports' page size (REPORT_PAGE_SIZE)
 
     async def fetch(self, research_ids: Sequence[str], reader: Principal | None = None) -> list[str]:
         """Copy into this host's directory the records it lacks that the job store keeps (one trip
@@ -102,7 +103,7 @@ class SavedReports:
     async def export(self, research_id: str, kind: str) -> Path | None:
         """The report's file of one format, rendered here if needed; None when there is no report."""
         await self.fetch([research_id])
-        return await asyncio.to_thread(export, self.directory, research_id, kind)
+        return await asyncio.to_thread(export, self.directory, research_id, kind, self.page)
 
     async def record(self, research_id: str) -> dict[str, Any] | None:
         await self.fetch([research_id])

@@ -91,7 +91,7 @@ class Runtime:
 
     def reports(self) -> SavedReports:
         """The saved reports of this process's jobs, read through its reports directory."""
-        return SavedReports(self.settings.reports_dir, self.jobs)
+        return SavedReports(self.settings.reports_dir, self.jobs, self.settings.report_page_size)
 
     def in_background(self, work: Coroutine[Any, Any, object]) -> None:
         """Run `work` beside the request that asked for it; awaited (briefly) when the process stops."""

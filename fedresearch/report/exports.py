@@ -12,6 +12,7 @@ run it in a thread, and only when someone asks for the file.
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +22,14 @@ import docx
 from docx.opc.constants import RELATIONSHIP_TYPE
 from docx.oxml import OxmlElement
 from docx.oxml.ns import qn
+from docx.shared import Mm
 from docx.text.paragraph import Paragraph
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
+
+from fedresearch.core.text import has_cjk
+from fedresearch.report.fonts import cjk_font_installed
 
 _MARKDOWN = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
 _TEMPLATES = Environment(
@@ -34,21 +39,32 @@ _TEMPLATES = Environment(
 )
 
 
-def to_html(markdown: str, title: str) -> str:
+log = logging.getLogger("fedresearch")
+
+# a page's width and height in millimetres, by the names REPORT_PAGE_SIZE takes (CSS's `size` names)
+PAGE_SIZES = {"A4": (210.0, 297.0), "Letter": (215.9, 279.4)}
+_MARGIN_MM = 20.0
+
+
+def to_html(markdown: str, title: str, page: str = "A4") -> str:
     """A self-contained, printable page: no script, no external asset; raw HTML in the Markdown is escaped."""
     body = _MARKDOWN.render(markdown)
-    return _TEMPLATES.get_template("report.html.j2").render(title=title, body=body)
+    return _TEMPLATES.get_template("report.html.j2").render(title=title, body=body, page=page)
 
 
-def to_pdf(markdown: str, title: str) -> bytes:
+def to_pdf(markdown: str, title: str, page: str = "A4") -> bytes:
     from weasyprint import HTML  # imported on first use: it loads pango and fontconfig
 
-    return bytes(HTML(string=to_html(markdown, title)).write_pdf())
+    return bytes(HTML(string=to_html(markdown, title, page)).write_pdf())
 
 
-def to_docx(markdown: str, title: str) -> bytes:
+def to_docx(markdown: str, title: str, page: str = "A4") -> bytes:
     document = docx.Document()
     document.core_properties.title = title
+    width, height = PAGE_SIZES[page]
+    for section in document.sections:  # python-docx's template is Letter; the PDF's size, margins
+        section.page_width, section.page_height = Mm(width), Mm(height)
+        section.left_margin = section.right_margin = section.top_margin = section.bottom_margin = Mm(_MARGIN_MM)
     tokens = _MARKDOWN.parse(markdown)
     style = "Normal"
     for index, token in enumerate(tokens):
@@ -114,7 +130,18 @@ def _hyperlink(paragraph: Paragraph, text: str, url: str) -> None:
     paragraph._p.append(hyperlink)
 
 
-Renderer = Callable[[str, str], bytes]  # (the report's Markdown, its title) -> the file
+Renderer = Callable[[str, str, str], bytes]  # (the report's Markdown, its title, its page size) -> the file
+Lacks = Callable[[str], str | None]  # what this host lacks to render this Markdown well, said for a reader
+
+
+NO_CJK_FONT = (
+    "no font with Chinese characters is installed on the server (on Debian or Ubuntu: apt-get install "
+    "fonts-noto-cjk), so they show as empty boxes in this PDF"
+)
+
+
+def _pdf_lacks(markdown: str) -> str | None:
+    return NO_CJK_FONT if has_cjk(markdown) and not cjk_font_installed() else None
 
 
 @dataclass(frozen=True)
@@ -127,14 +154,15 @@ class ExportFormat:
     media_type: str
     render: Renderer | None
     attachment: bool = False
+    lacks: Lacks | None = None  # what a host may lack to render it well: a file made so is not kept
 
 
-def _markdown(markdown: str, title: str) -> bytes:
+def _markdown(markdown: str, title: str, page: str) -> bytes:
     return markdown.encode()
 
 
-def _html(markdown: str, title: str) -> bytes:
-    return to_html(markdown, title).encode()
+def _html(markdown: str, title: str, page: str) -> bytes:
+    return to_html(markdown, title, page).encode()
 
 
 # in the order pages and clients list them; adding a format is one line here and its renderer
@@ -143,7 +171,7 @@ EXPORT_FORMATS: dict[str, ExportFormat] = {
     for export in (
         ExportFormat("md", "text/markdown; charset=utf-8", _markdown),
         ExportFormat("html", "text/html; charset=utf-8", _html),
-        ExportFormat("pdf", "application/pdf", to_pdf, attachment=True),
+        ExportFormat("pdf", "application/pdf", to_pdf, attachment=True, lacks=_pdf_lacks),
         ExportFormat(
             "docx", "application/vnd.openxmlformats-officedocument.wordprocessingml.document", to_docx, attachment=True
         ),

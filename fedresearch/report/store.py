@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -13,10 +14,13 @@ from typing import Any
 
 from fedresearch.report.exports import EXPORT_FORMATS
 
+log = logging.getLogger("fedresearch")
+
 REPORT_ID = re.compile(r"[0-9a-f]{32}")
 REPORT_NAME = re.compile(rf"^([0-9a-f]{{32}})\.({'|'.join(map(re.escape, EXPORT_FORMATS))})$")
 
 
+_UNKEPT = "unkept"  # in the name of a file rendered without what it needed: served once, then replaced
 _TEMPORARY = itertools.count()  # unique per process without a getrandom call per file (uuid4)
 
 
@@ -85,19 +89,26 @@ def report_markdown(directory: Path, report_id: str) -> str | None:
     return markdown if isinstance(markdown, str) else None
 
 
-def export(directory: Path, report_id: str, kind: str) -> Path | None:
-    """The file of one format, rendered now if it does not exist yet; None when the report does not."""
+def export(directory: Path, report_id: str, kind: str, page: str = "A4") -> Path | None:
+    """The file of one format, rendered now if it does not exist yet; None when the report does not.
+    A file this host cannot render well (a PDF of Chinese text without a font for it) says so at its
+    top and is not kept: it is rendered again when next asked for, once the host has what it lacked."""
     path = directory / f"{report_id}.{kind}"
     if path.is_file():
         return path
-    render = EXPORT_FORMATS[kind].render if kind in EXPORT_FORMATS else None
-    if render is None:  # the record itself (there when the report is), or no such format
+    form = EXPORT_FORMATS.get(kind)
+    if form is None or form.render is None:  # no such format, or the record itself (there when the report is)
         return None
     markdown = report_markdown(directory, report_id)
     if markdown is None:
         return None
     title = next((line[2:].strip() for line in markdown.splitlines() if line.startswith("# ")), "Report")
-    write_atomic(path, render(markdown, title))
+    lacking = form.lacks(markdown) if form.lacks is not None else None
+    if lacking is not None:
+        log.warning("report %s as %s: %s; not kept, made again when next asked for", report_id, kind, lacking)
+        markdown = f"> **Note:** {lacking}.\n\n{markdown}"
+        path = directory / f"{report_id}.{_UNKEPT}.{kind}"
+    write_atomic(path, form.render(markdown, title, page))
     return path
 
 
@@ -112,7 +123,8 @@ def delete_report(directory: Path, report_id: str) -> bool:
     """Remove a report's Markdown, JSON and every rendered export; whether any file was there."""
     removed = False
     for kind in EXPORT_FORMATS:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"{directory}/{report_id}.{kind}")
-            removed = True
+        for name in (f"{report_id}.{kind}", f"{report_id}.{_UNKEPT}.{kind}"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{directory}/{name}")
+                removed = True
     return removed

@@ -7,6 +7,7 @@ import logging
 
 from fedresearch.core.auth import ApiKeys, check_bind
 from fedresearch.core.settings import Settings
+from fedresearch.report.fonts import MISSING_CJK_FONT, cjk_font_installed
 
 log = logging.getLogger("fedresearch")
 
@@ -26,3 +27,5 @@ def prepare(settings: Settings, host: str, with_pid: bool, warn: bool = True) ->
     log.info("library: %s; data (jobs, reports): %s", settings.library_display, settings.data_dir)
     if hint := settings.left_behind():
         log.warning("%s", hint)
+    if not cjk_font_installed():
+        log.warning("%s", MISSING_CJK_FONT)

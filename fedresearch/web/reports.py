@@ -29,7 +29,7 @@ async def report_file(request: web.Request) -> web.FileResponse:
     if match is None or not await reports.readable(principal, match.group(1)):
         raise web.HTTPNotFound(text="no such report")
     report_id, kind = match.groups()
-    path = await asyncio.to_thread(export, reports.directory, report_id, kind)
+    path = await asyncio.to_thread(export, reports.directory, report_id, kind, reports.page)
     if path is None:
         raise web.HTTPNotFound(text="no such report")
     served = EXPORT_FORMATS[kind]

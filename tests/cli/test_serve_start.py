@@ -43,3 +43,14 @@ def test_the_quantizer_s_advice_stays_out_of_the_log() -> None:
     assert not quiet.filter(record(logging.INFO, 'Quantization parameters for tensor:"mul_60" not specified'))
     assert not quiet.filter(record(logging.WARNING, "Please consider pre-processing before quantization"))
     assert quiet.filter(record(logging.ERROR, "the quantizer failed"))
+
+
+def test_a_server_without_a_font_for_chinese_says_so_at_start(tmp_path, monkeypatch, caplog) -> None:
+    from fedresearch.serve import preflight
+    from tests.conftest import make_settings
+
+    monkeypatch.setattr(preflight, "cjk_font_installed", lambda: False)
+    with caplog.at_level(logging.INFO, logger="fedresearch"):
+        preflight.prepare(make_settings(tmp_path), "127.0.0.1", with_pid=False)
+    assert any("no font with Chinese characters is installed" in r.getMessage() for r in caplog.records)
+    assert any("apt-get install fonts-noto-cjk" in r.getMessage() for r in caplog.records)

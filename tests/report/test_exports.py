@@ -7,11 +7,14 @@ import io
 import aiohttp
 import docx
 import pypdf
+import pytest
 import websockets
 
 from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
-from fedresearch.report.store import export, record_bytes, report_markdown, save_report
+from fedresearch.report import exports
+from fedresearch.report.exports import PAGE_SIZES
+from fedresearch.report.store import delete_report, export, record_bytes, report_markdown, save_report
 from tests.conftest import EXAMPLES, make_settings, run_task
 
 
@@ -65,3 +68,33 @@ def test_a_report_saved_by_an_earlier_version_is_read_from_its_markdown_file(tmp
     assert report_markdown(tmp_path, "c" * 32) == "# Old\n\nText.\n"
     docx_file = export(tmp_path, "c" * 32, "docx")
     assert docx_file is not None and docx.Document(str(docx_file)).paragraphs[0].text == "Old"
+
+
+@pytest.mark.parametrize(("page", "points"), [("A4", (595, 842)), ("Letter", (612, 792))])
+def test_the_pdf_and_the_docx_share_one_page_size(tmp_path, page, points):
+    save_report(tmp_path, "d" * 32, record_bytes("# Fusion\n\nRank fusion.\n", {"owner": "alice"}))
+    pdf = export(tmp_path, "d" * 32, "pdf", page)
+    assert pdf is not None
+    box = pypdf.PdfReader(str(pdf)).pages[0].mediabox
+    assert (round(float(box.width)), round(float(box.height))) == points
+    word = export(tmp_path, "d" * 32, "docx", page)
+    assert word is not None
+    section = docx.Document(str(word)).sections[0]
+    width, height = PAGE_SIZES[page]
+    assert (round(section.page_width.mm), round(section.page_height.mm)) == (round(width), round(height))
+
+
+def test_a_pdf_of_chinese_without_a_font_for_it_says_so_and_is_not_kept(tmp_path, monkeypatch):
+    markdown = "# 中文分词\n\n中文分词对检索的影响很大。\n"
+    save_report(tmp_path, "e" * 32, record_bytes(markdown, {"owner": "alice"}))
+    monkeypatch.setattr(exports, "cjk_font_installed", lambda: False)
+    boxed = export(tmp_path, "e" * 32, "pdf")
+    assert boxed is not None and boxed.name != "e" * 32 + ".pdf"  # served, not kept
+    text = " ".join(" ".join(page.extract_text() for page in pypdf.PdfReader(str(boxed)).pages).split())
+    assert "no font with Chinese characters is installed on the server" in text and "fonts-noto-cjk" in text
+    assert not (tmp_path / ("e" * 32 + ".pdf")).exists()
+    monkeypatch.setattr(exports, "cjk_font_installed", lambda: True)  # the font installed since
+    kept = export(tmp_path, "e" * 32, "pdf")
+    assert kept == tmp_path / ("e" * 32 + ".pdf")
+    assert "no font" not in " ".join(page.extract_text() for page in pypdf.PdfReader(str(kept)).pages)
+    assert delete_report(tmp_path, "e" * 32) and not any(tmp_path.iterdir())  # the unkept file goes too
