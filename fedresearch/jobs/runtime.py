@@ -104,6 +104,14 @@ def start_background(pending: set[asyncio.Task[object]], work: Coroutine[Any, An
     task.add_done_callback(pending.discard)
 
 
+def configured(registry: dict[str, Adapter]) -> str:
+    """The retrievers that can run as configured, and the others with what they lack (one line)."""
+    ready = [name for name, adapter in registry.items() if adapter.missing_setup() is None]
+    lacking = [f"{name} ({missing})" for name, adapter in registry.items() if (missing := adapter.missing_setup())]
+    said = f"retrievers ready: {', '.join(ready) or 'none'}"
+    return said + (f"; not configured: {', '.join(lacking)}" if lacking else "")
+
+
 @dataclass(frozen=True)
 class SharedState:
     """The state every task of the process shares, in this process or in Redis."""
@@ -152,6 +160,7 @@ class Given:
 async def open_runtime(settings: Settings, given: Given) -> AsyncIterator[Runtime]:
     """The process's runtime, from its settings; everything it opened is closed when it ends."""
     registry = build_registry(settings, given.adapters)
+    log.info("%s", configured(registry))
     bases = load_knowledge_bases(settings.knowledge_bases, set(registry))
     library = await asyncio.to_thread(open_library, settings)
     if library.encoder is not None:  # the writer's graph (report/task.py), once per host, not in a first task
