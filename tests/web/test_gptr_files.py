@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import EXAMPLES, make_settings
+from tests.pdfs import write_flate_bomb
 
 KEYS = "alice-key:alice,bob-key:bob"
 NOTE = b"# Rank fusion\n\nReciprocal rank fusion merges rankings by summing 1/(60+rank) per list.\n"
@@ -38,7 +39,8 @@ class Client:
 @pytest.fixture
 async def server_of(tmp_path, start_server):
     async def start(**overrides: Any) -> str:
-        settings = make_settings(tmp_path, api_keys=KEYS, ingest_max_file_mb=0.05, embeddings=False, **overrides)
+        values: dict[str, Any] = {"api_keys": KEYS, "ingest_max_file_mb": 0.05, "embeddings": False, **overrides}
+        settings = make_settings(tmp_path, **values)
         return (await start_server(settings)).url
 
     return start
@@ -88,6 +90,16 @@ async def test_uploads_meet_the_limits_of_the_document_api(call) -> None:
     assert by_file["big.txt"]["status"] == "skipped" and "INGEST_MAX_FILE_MB" in by_file["big.txt"]["reason"]
     status, refused = await call("POST", "/upload/", data=b"not multipart", headers={"Content-Type": "text/plain"})
     assert status == 400 and "multipart/form-data" in refused["error"]
+
+
+async def test_a_bomb_is_refused_and_the_upload_goes_on(server_of, tmp_path) -> None:
+    url = await server_of(ingest_max_file_mb=1)
+    bomb = write_flate_bomb(tmp_path / "bomb.pdf", 45_000_000).read_bytes()  # 0.15 MB inflating to 45 MB
+    async with aiohttp.ClientSession() as session:
+        status, answer = await Client(session, url)("POST", "/upload/", files=[("bomb.pdf", bomb), ("after.md", NOTE)])
+    by_file = {entry["file"]: entry for entry in answer["files"]}
+    assert status == 200 and by_file["after.md"]["status"] == "added"
+    assert by_file["bomb.pdf"]["status"] == "skipped" and "decompression bomb" in by_file["bomb.pdf"]["reason"]
 
 
 async def test_the_apps_origin_may_call_from_a_browser_and_no_other(call) -> None:
