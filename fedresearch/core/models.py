@@ -6,7 +6,8 @@ import re
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from fedresearch.core.text import split_commas
 
@@ -30,6 +31,17 @@ class ReportType(StrEnum):
     detailed_report = "detailed_report"
     subtopic_report = "subtopic_report"
     deep = "deep"
+
+
+# report types clients of GPT-Researcher send that this server serves as another, and what they are told
+REPORT_TYPE_STAND_INS: dict[str, tuple[ReportType, str]] = {
+    # its NextJS app's "Multi Agents Report" (a LangGraph team of agents): the nearest form is a report
+    # whose question is split into sub-questions, each researched and written up on its own
+    "multi_agents": (
+        ReportType.detailed_report,
+        "multi_agents is served as a detailed report: the question split into sub-questions, each researched",
+    ),
+}
 
 
 class ReportSource(StrEnum):
@@ -83,6 +95,20 @@ class ResearchRequest(BaseModel):
     agent: str | None = None
     headers: dict[str, Any] = Field(default_factory=dict)
     detach: bool = False  # keep running when the socket that started it closes (resume it by research_id)
+    # set when the report type asked for is served as another (REPORT_TYPE_STAND_INS): what to tell
+    report_type_note: SkipJsonSchema[str | None] = Field(None, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stand_in(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        data = {name: value for name, value in data.items() if name != "report_type_note"}  # ours alone to set
+        asked = data.get("report_type")
+        stand_in = REPORT_TYPE_STAND_INS.get(asked.strip().lower()) if isinstance(asked, str) else None
+        if stand_in is None:
+            return data
+        return {**data, "report_type": stand_in[0], "report_type_note": stand_in[1]}
 
     @field_validator("task", mode="before")
     @classmethod

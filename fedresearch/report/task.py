@@ -202,7 +202,7 @@ async def _announce(request: ResearchRequest, plan: Plan, emit: Emit) -> None:
     names = ", ".join(plan.names) or "the given pages"
     about = {"retrievers": plan.names, "user_id": plan.options.user_id}
     await emit(ProgressEvent(ProgressStep.starting_research, f"🔍 Researching “{request.task}” with {names}", about))
-    for note in plan.notes:
+    for note in ([request.report_type_note] if request.report_type_note else []) + list(plan.notes):
         await emit(ProgressEvent(ProgressStep.warning, f"⚠️ {note}"))
 
 

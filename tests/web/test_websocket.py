@@ -193,3 +193,17 @@ async def test_saved_report_files_are_served(tmp_path, fakes, start_server):
     assert {r["name"] for r in record["retrievers"]} == {"tavily", "google"}
     assert all("elapsed_ms" in r for r in record["retrievers"])
     assert all(source["retrievers"] for source in record["sources"])
+
+
+async def test_the_nextjs_apps_multi_agents_report_is_served_as_a_detailed_one_and_says_so(
+    tmp_path, fakes, start_server
+):
+    """GPT-Researcher's NextJS app sends report_type multi_agents and stops its spinner only on `path`."""
+    server = await start_server(make_settings(tmp_path, fakes))
+    task = {**TASK, "report_type": "multi_agents", "headers": {"retrievers": "tavily"}}
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, task)
+    assert frames[-1]["type"] == "path" and not [frame for frame in frames if frame["type"] == "error"]
+    (note,) = [frame for frame in logs(frames, "warning") if "multi_agents" in frame["output"]]
+    assert "served as a detailed report" in note["output"]
+    assert logs(frames, "planning")  # sub-questions, as a detailed report plans them
