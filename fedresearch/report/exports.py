@@ -53,9 +53,23 @@ def to_html(markdown: str, title: str, page: str = "A4") -> str:
 
 
 def to_pdf(markdown: str, title: str, page: str = "A4") -> bytes:
+    """The report as a PDF, from its HTML. Nothing is fetched while rendering: a report's page is
+    self-contained, and an image or a style sheet a question, a source or a model put in its
+    Markdown would otherwise be fetched by the server (any address, redirects followed), with the
+    time and memory an answer of any size takes."""
     from weasyprint import HTML  # imported on first use: it loads pango and fontconfig
 
-    return bytes(HTML(string=to_html(markdown, title, page)).write_pdf())
+    return bytes(HTML(string=to_html(markdown, title, page), url_fetcher=_fetcher()).write_pdf())
+
+
+def _fetcher() -> Any:
+    from weasyprint import URLFetcher
+
+    class FetchNothing(URLFetcher):  # type: ignore[misc]  # WeasyPrint is untyped
+        def fetch(self, url: str, headers: object = None) -> Any:
+            raise ValueError(f"a report's export fetches nothing ({url[:80]} left out)")
+
+    return FetchNothing()
 
 
 def to_docx(markdown: str, title: str, page: str = "A4") -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 
 import aiohttp
@@ -9,6 +10,7 @@ import docx
 import pypdf
 import pytest
 import websockets
+from aiohttp import web
 
 from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
@@ -98,3 +100,32 @@ def test_a_pdf_of_chinese_without_a_font_for_it_says_so_and_is_not_kept(tmp_path
     assert kept == tmp_path / ("e" * 32 + ".pdf")
     assert "no font" not in " ".join(page.extract_text() for page in pypdf.PdfReader(str(kept)).pages)
     assert delete_report(tmp_path, "e" * 32) and not any(tmp_path.iterdir())  # the unkept file goes too
+
+
+async def test_rendering_a_pdf_fetches_nothing_a_report_names(tmp_path):
+    """A question, a source or a model can put `![x](http://…)` in a report: its PDF export used to
+    make the server GET that address (any host, redirects followed), when the report was downloaded."""
+    asked: list[str] = []
+
+    async def trap(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.Response(body=b"\x89PNG\r\n", content_type="image/png")
+
+    app = web.Application()
+    app.router.add_get("/{name}", trap)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        markdown = (
+            f"# Fusion ![q](http://127.0.0.1:{port}/question.png)\n\n"
+            f"Rank fusion [1].\n\n![s](http://127.0.0.1:{port}/source.png)\n\n![f](file:///etc/hostname)\n"
+        )
+        save_report(tmp_path, "f" * 32, record_bytes(markdown, {"owner": "alice"}))
+        pdf = await asyncio.to_thread(export, tmp_path, "f" * 32, "pdf")
+        assert pdf is not None and pdf.read_bytes().startswith(b"%PDF-")
+    finally:
+        await runner.cleanup()
+    assert asked == []
