@@ -13,7 +13,7 @@ _DOI_FORMS = re.compile(rf"^(?:doi:\s*|https?://(?:dx\.)?doi\.org/|(?:dx\.)?doi\
 _ARXIV_ID = r"(\d{4}\.\d{4,5}|[a-z][a-z-]*(?:\.[a-z]{2})?/\d{7})(?:v\d+)?"
 _ARXIV_FORMS = re.compile(
     rf"^(?:arxiv:\s*|https?://(?:www\.|export\.)?arxiv\.org/(?:abs|pdf)/|(?:https?://(?:dx\.)?doi\.org/)?"
-    rf"10\.48550/arxiv\.){_ARXIV_ID}(?:\.pdf)?/?$",
+    rf"10\.48550/arxiv\.){_ARXIV_ID}(?:\.pdf)?/?(?:[?#].*)?$",  # a query or fragment says nothing of the paper
     re.IGNORECASE,
 )
 _TRACKING_PARAMS = {

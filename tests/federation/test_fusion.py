@@ -66,3 +66,17 @@ def test_any_link_an_upstream_sends_is_fused(href, metadata):
     characters), fusion gives it a key: one such result ended its task with "internal error"."""
     result = SearchResult(retriever="x", href=href, title="", body="", rank=1, kind="web", metadata=metadata)
     assert [source.href for source in fuse([result])] == [href]
+
+
+_ARXIV_ID = st.from_regex(r"\A(0[1-9]|1[0-2]|2[0-5])(0[1-9]|1[0-2])\.\d{4,5}\Z")
+_NOISE = st.sampled_from(["", "?utm_source=x", "?utm_medium=email&utm_campaign=y", "#abstract", "?v=1#top"])
+
+
+@given(_ARXIV_ID, st.sampled_from(["", "v1", "v12"]), _NOISE, st.booleans(), st.booleans(), st.booleans())
+@settings(max_examples=200)
+def test_every_form_of_an_arxiv_link_is_the_paper(arxiv, version, noise, www, slash, pdf):
+    """Tracking parameters, a fragment, `www.`, a trailing slash, a version and /pdf never make a
+    second reference of one arXiv paper."""
+    host = "www.arxiv.org" if www else "arxiv.org"
+    path = f"pdf/{arxiv}{version}.pdf" if pdf else f"abs/{arxiv}{version}" + ("/" if slash else "")
+    assert canonical_key(f"https://{host}/{path}{noise}") == canonical_key(f"arXiv:{arxiv}") == f"arxiv:{arxiv}"
