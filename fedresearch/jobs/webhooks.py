@@ -46,10 +46,14 @@ async def notify(session: aiohttp.ClientSession, settings: Settings, body: dict[
     research_id = body.get("research_id")
     for attempt in range(1, settings.webhook_attempts + 1):
         try:
-            async with session.post(url, json=body, headers=headers, timeout=_TIMEOUT) as response:
+            # never follows a redirect: the key, and on a 307 the whole report, would go to the new address
+            post = session.post(url, json=body, headers=headers, timeout=_TIMEOUT, allow_redirects=False)
+            async with post as response:
                 if 200 <= response.status < 300:
                     return True
                 reason = f"HTTP {response.status}"
+                if 300 <= response.status < 400:
+                    reason += " (a redirect, not followed: set WEBHOOK_URL to where it points)"
         except (aiohttp.ClientError, TimeoutError) as error:
             reason = type(error).__name__
         if attempt == settings.webhook_attempts:

@@ -15,6 +15,9 @@ from fedresearch.report.store import REPORT_NAME, export
 from fedresearch.web.auth import principal_of
 from fedresearch.web.keys import RUNTIME
 
+# the HTML export is self-contained: its own inline style, nothing else, in a sandbox of its own
+_HTML_EXPORT_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; sandbox"
+
 
 async def leftover_sweeps(app: web.Application) -> AsyncIterator[None]:
     async with sweeping_leftovers(app[RUNTIME].reports()):
@@ -33,7 +36,9 @@ async def report_file(request: web.Request) -> web.FileResponse:
     if path is None:
         raise web.HTTPNotFound(text="no such report")
     served = EXPORT_FORMATS[kind]
-    headers = {"Content-Type": served.media_type}
+    headers = {"Content-Type": served.media_type, "X-Content-Type-Options": "nosniff"}
+    if kind == "html":  # opened from this server's origin: it may run nothing and load nothing
+        headers["Content-Security-Policy"] = _HTML_EXPORT_POLICY
     if served.attachment:
         headers["Content-Disposition"] = f'attachment; filename="report-{report_id[:8]}.{kind}"'
     return web.FileResponse(path, headers=headers)

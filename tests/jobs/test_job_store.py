@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from fedresearch.core.events import ProgressStep
@@ -456,3 +457,38 @@ async def test_a_store_in_memory_alone_keeps_its_jobs_reports_in_memory() -> Non
     await store.finish(_id(1), JobStatus.completed, record=record)
     await store.finish(_id(2), JobStatus.cancelled, record=record)  # never announced
     assert await store.records([_id(1), _id(2), _id(3)]) == {_id(1): record, _id(2): record}
+
+
+async def test_a_webhook_never_follows_a_redirect(tmp_path) -> None:
+    """A receiver answering 307 elsewhere used to get the key, and the whole report, sent on there."""
+    from aiohttp import web
+
+    from fedresearch.jobs.webhooks import notify
+    from tests.conftest import make_settings
+
+    elsewhere: list[dict[str, str]] = []
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(str(request.url.with_path("/elsewhere")))
+
+    async def landed(request: web.Request) -> web.Response:
+        elsewhere.append(dict(request.headers))
+        return web.json_response({"received": True})
+
+    app = web.Application()
+    app.router.add_post("/hook", redirect)
+    app.router.add_post("/elsewhere", landed)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"  # type: ignore[union-attr]
+    settings = make_settings(
+        tmp_path, webhook_url=url, webhook_api_key="hook-secret", webhook_attempts=2, webhook_backoff_s=0.01
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            delivered = await notify(session, settings, {"research_id": "r1", "status": "completed"})
+    finally:
+        await runner.cleanup()
+    assert delivered is False and elsewhere == []

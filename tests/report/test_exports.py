@@ -33,7 +33,10 @@ async def test_path_frame_lists_every_format_and_each_one_is_served(tmp_path, st
         for kind, path in files.items():
             async with session.get(f"{server.url}/{path}") as response:
                 assert response.status == 200, kind
+                assert response.headers["X-Content-Type-Options"] == "nosniff"
                 fetched[kind] = (response.headers["Content-Type"], await response.read())
+                policy = response.headers.get("Content-Security-Policy", "")
+                assert ("sandbox" in policy and "default-src 'none'" in policy) if kind == "html" else not policy
     assert fetched["pdf"][0] == "application/pdf" and fetched["pdf"][1].startswith(b"%PDF-")
     pages = pypdf.PdfReader(io.BytesIO(fetched["pdf"][1])).pages
     pdf_text = " ".join(" ".join(page.extract_text() for page in pages).split())
