@@ -36,6 +36,7 @@ from fedresearch.jobs.store import follow
 from fedresearch.report.store import REPORT_NAME
 from fedresearch.report.types import offered_forms
 from fedresearch.web.keys import KEYS, RUNTIME, SETTINGS
+from fedresearch.web.limits import app_query_slot, query_too_long
 from fedresearch.web.status import retriever_list
 
 _BODY_CHARS = 1200
@@ -103,9 +104,13 @@ class McpTools:
         self, query: str, ctx: Context, retrievers: str = "", max_results: int = 10, user_id: str = ""
     ) -> dict[str, Any]:
         app = self.app
-        plan = plan_for(app, caller(app, ctx), query, retrievers, user_id, max_search_results=max_results)
+        principal = caller(app, ctx)
+        if (refusal := query_too_long(query, app)) is not None:
+            raise ToolError(refusal)
+        plan = plan_for(app, principal, query, retrievers, user_id, max_search_results=max_results)
         runtime = app[RUNTIME]
-        federated = await federate(plan.names, runtime.registry, plan.options, runtime.deps, discard)
+        with app_query_slot(app, principal.key_id, lambda reason, _: ToolError(reason)):
+            federated = await federate(plan.names, runtime.registry, plan.options, runtime.deps, discard)
         sources = fuse(federated.results, app[SETTINGS].retriever_weights)[: max(1, min(max_results, 50))]
         outcomes = [outcome.model_dump(include={"name", "status", "count", "error"}) for outcome in federated.outcomes]
         return {"sources": [source_json(n, s) for n, s in enumerate(sources, start=1)], "retrievers": outcomes}

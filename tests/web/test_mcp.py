@@ -114,3 +114,19 @@ async def test_research_is_a_job_under_the_keys_limits(tmp_path, fakes, start_se
     jobs = {job["research_id"]: job for job in listed.json()["jobs"]}
     assert jobs[research_id]["origin"] == "mcp" and jobs[research_id]["status"] == "completed"
     assert report.status_code == 200 and report.text == done.structured_content["report"]
+
+
+async def test_search_has_the_bounds_of_the_other_query_apis(tmp_path, fakes, start_server):
+    """A 900k-character query was searched, and one key's concurrent searches had no limit."""
+    settings = make_settings(tmp_path, fakes, api_keys=KEYS, max_queries_per_key=1)
+    server = await start_server(settings)
+    fakes["tavily"].behaviour.delay_s = 1.0
+    async with client_for(server.url, "alice-key") as client:
+        long = await client.call_tool("search", {"query": "x" * 3000, "retrievers": "tavily"})
+        assert long.is_error and "MAX_TASK_CHARS is 2000" in str(long.content)
+        both = await asyncio.gather(
+            client.call_tool("search", {"query": "rank fusion", "retrievers": "tavily"}),
+            client.call_tool("search", {"query": "dense retrieval", "retrievers": "tavily"}),
+        )
+    refused = [answer for answer in both if answer.is_error]
+    assert len(refused) == 1 and "MAX_QUERIES_PER_KEY=1" in str(refused[0].content)
