@@ -52,7 +52,8 @@ CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks(document_id);
 CREATE INDEX IF NOT EXISTS chunks_by_user ON chunks(user_id, id);
 CREATE TABLE IF NOT EXISTS user_state (
     user_id TEXT PRIMARY KEY,
-    generation INTEGER NOT NULL
+    generation INTEGER NOT NULL,
+    removed INTEGER NOT NULL DEFAULT 0
 );
 """
 
@@ -108,6 +109,9 @@ class Records:
         self.path = path
         self._local = threading.local()
         self.db().executescript(_SCHEMA)
+        columns = {row["name"] for row in self.db().execute("PRAGMA table_info(user_state)")}
+        if "removed" not in columns:  # a library made before removals were counted
+            self.db().execute("ALTER TABLE user_state ADD COLUMN removed INTEGER NOT NULL DEFAULT 0")
 
     def db(self) -> sqlite3.Connection:
         connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
@@ -148,7 +152,7 @@ class Records:
                     added += 1
                 _insert(db, user_id, item)
             if prepared:
-                _bump(db, user_id)
+                _bump(db, user_id, removed=replaced > 0)
         return added, replaced
 
     def set_vectors(self, user_id: str, vectors: Sequence[tuple[bytes | None, int]]) -> None:
@@ -160,7 +164,7 @@ class Records:
         with self.transaction() as db:
             deleted = db.execute("DELETE FROM documents WHERE user_id = ? AND id = ?", (user_id, document_id)).rowcount
             if deleted:
-                _bump(db, user_id)
+                _bump(db, user_id, removed=True)
         return bool(deleted)
 
     def mark_indexed(self, document_ids: Sequence[int]) -> None:
@@ -260,8 +264,14 @@ class Records:
         )
 
     def generation(self, user_id: str) -> int:
-        row = self.db().execute("SELECT generation FROM user_state WHERE user_id = ?", (user_id,)).fetchone()
-        return int(row[0]) if row else 0
+        return self.state(user_id)[0]
+
+    def state(self, user_id: str) -> tuple[int, int]:
+        """The user's generation (moved by every write) and how many writes removed passages: a
+        removed passage's id can be given again (SQLite reuses the largest rowid once it is gone),
+        so a reader that appends what is new must reload whole after a removal."""
+        row = self.db().execute("SELECT generation, removed FROM user_state WHERE user_id = ?", (user_id,)).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
 
     def vector_rows(self, user_id: str, after_id: int) -> list[sqlite3.Row]:
         """(chunk id, document id, kind, year or 0, vector) of the user's embedded passages past `after_id`."""
@@ -287,12 +297,13 @@ class Records:
         return int(row[0])
 
 
-def _bump(db: sqlite3.Connection, user_id: str) -> None:
-    """Every write moves the user's generation, which tells every reader (any process) to reload."""
+def _bump(db: sqlite3.Connection, user_id: str, removed: bool = False) -> None:
+    """Every write moves the user's generation, which tells every reader (any process) to reload; a
+    write that removed passages counts as such too (Records.state)."""
     db.execute(
-        "INSERT INTO user_state (user_id, generation) VALUES (?, 1)"
-        " ON CONFLICT (user_id) DO UPDATE SET generation = generation + 1",
-        (user_id,),
+        "INSERT INTO user_state (user_id, generation, removed) VALUES (?, 1, ?)"
+        " ON CONFLICT (user_id) DO UPDATE SET generation = generation + 1, removed = removed + excluded.removed",
+        (user_id, int(removed)),
     )
 
 

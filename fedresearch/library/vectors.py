@@ -25,6 +25,7 @@ VECTOR_CACHE_MB = 512  # LIBRARY_VECTOR_CACHE_MB's default: 3 users of 100k pass
 @dataclass(frozen=True)
 class UserVectors:
     generation: int
+    removed: int  # the user's removals when read (Records.state)
     chunk_ids: np.ndarray  # int64, one per row
     document_ids: np.ndarray  # int64
     kinds: np.ndarray  # object (str)
@@ -73,13 +74,16 @@ class VectorCache:
         return list(self._users)
 
     def get(self, records: Records, user_id: str) -> UserVectors:
-        generation = records.generation(user_id)
+        state = records.state(user_id)
         cached = self._users.get(user_id)
-        if cached is not None and cached.generation == generation:
+        if cached is not None and (cached.generation, cached.removed) == state:
             self._keep(user_id, cached)
             return cached
-        loaded = self._catch_up(records, user_id, generation, cached) if cached is not None else None
-        loaded = loaded or self._rows(records, user_id, 0, generation)
+        # rows only added since: append them; any removed (a deletion, a replacement), whose ids may
+        # have been given again to new rows: read the user's rows whole
+        caught = cached is not None and cached.removed == state[1]
+        loaded = self._catch_up(records, user_id, state, cached) if cached is not None and caught else None
+        loaded = loaded or self._rows(records, user_id, 0, state)
         self._keep(user_id, loaded)
         return loaded
 
@@ -94,11 +98,12 @@ class VectorCache:
             while len(self._users) > 1 and (len(self._users) > self.max_users or self._bytes > self.max_bytes):
                 self._bytes -= _size(self._users.pop(next(iter(self._users))))
 
-    def _rows(self, records: Records, user_id: str, after_id: int, generation: int) -> UserVectors:
+    def _rows(self, records: Records, user_id: str, after_id: int, state: tuple[int, int]) -> UserVectors:
         rows = records.vector_rows(user_id, after_id)
         matrix = np.frombuffer(b"".join(r[4] for r in rows), dtype=np.float32).reshape(len(rows), self.dims)
         return UserVectors(
-            generation=generation,
+            generation=state[0],
+            removed=state[1],
             chunk_ids=np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
             document_ids=np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows)),
             kinds=np.array([r[2] for r in rows], dtype=object),
@@ -106,14 +111,17 @@ class VectorCache:
             matrix=matrix,
         )
 
-    def _catch_up(self, records: Records, user_id: str, generation: int, cached: UserVectors) -> UserVectors | None:
+    def _catch_up(
+        self, records: Records, user_id: str, state: tuple[int, int], cached: UserVectors
+    ) -> UserVectors | None:
         """Append rows added since `cached`; None when rows also went away (then reload whole)."""
         last = int(cached.chunk_ids[-1]) if len(cached.chunk_ids) else 0
         if records.vectors_up_to(user_id, last) != len(cached.chunk_ids):
             return None
-        new = self._rows(records, user_id, last, generation)
+        new = self._rows(records, user_id, last, state)
         return UserVectors(
-            generation=generation,
+            generation=state[0],
+            removed=state[1],
             chunk_ids=np.concatenate([cached.chunk_ids, new.chunk_ids]),
             document_ids=np.concatenate([cached.document_ids, new.document_ids]),
             kinds=np.concatenate([cached.kinds, new.kinds]),

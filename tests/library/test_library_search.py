@@ -100,6 +100,25 @@ def test_a_second_process_sees_writes_and_deletes(tmp_path, encoder, library_loc
         assert reader.search("alice", "quokka marsupial", None, 5, mode) == []
 
 
+def test_a_deleted_documents_vectors_never_stand_for_the_one_that_takes_its_ids(tmp_path, encoder, library_location):
+    """SQLite gives a deleted document's passage ids to the next one: a cached matrix caught up by
+    appending what was new kept the old note's vectors under the cooking note's ids (it scored 0.80
+    for rank fusion and 0.04 for pasta)."""
+    reader = Library(library_location, encoder=encoder)  # a server's: it keeps the user's vectors
+    writer = Library(library_location, encoder=encoder)  # `fedresearch ingest`, or an upload elsewhere
+    fusion, cooking = tmp_path / "fusion.md", tmp_path / "cooking.md"
+    fusion.write_text("# Fusion\n\nReciprocal rank fusion sums one over sixty plus the rank across rankings.\n")
+    cooking.write_text("# Pasta\n\nBoil the pasta in salted water for nine minutes, then drain it.\n")
+    ingest(writer, "alice", [fusion])
+    assert reader.search("alice", "reciprocal rank fusion", None, 5, "dense")[0].text.startswith("Reciprocal")
+    writer.delete_document("alice", writer.list_documents("alice")[0].id)
+    ingest(writer, "alice", [cooking])
+    (found,) = reader.search("alice", "how long to boil pasta", None, 5, "dense")
+    assert found.text.startswith("Boil the pasta") and found.cosine is not None and found.cosine > 0.4
+    (unrelated,) = reader.search("alice", "reciprocal rank fusion", None, 5, "dense")
+    assert unrelated.cosine is not None and unrelated.cosine < 0.3
+
+
 def test_a_library_built_without_vectors_gets_them_on_the_next_ingest(encoder, library_location):
     plain = Library(library_location)
     ingest(plain, "alice", [EXAMPLES])
