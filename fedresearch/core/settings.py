@@ -132,6 +132,8 @@ class Settings(BaseSettings):
     llm_allowed_models: CommaList = Field([], validation_alias="LLM_ALLOWED_MODELS")
     llm_timeout_s: float = Field(30.0, gt=0, validation_alias="LLM_TIMEOUT_S")
     llm_max_retries: int = Field(2, ge=0, le=10, validation_alias="LLM_MAX_RETRIES")
+    # a report's answer from the model, thinking included: past it the extractive writer finishes
+    llm_max_answer_chars: int = Field(200_000, ge=1000, validation_alias="LLM_MAX_ANSWER_CHARS")
     # the page of PDF and DOCX exports
     report_page_size: Literal["A4", "Letter"] = Field("A4", validation_alias="REPORT_PAGE_SIZE")
     report_support_threshold: float = Field(0.5, gt=0, le=1, validation_alias="REPORT_SUPPORT_THRESHOLD")

@@ -212,7 +212,7 @@ class LlmReport:
                 ProgressStep.writing_report, f"🤖 {self.config.model} is writing from {len(passages)} passages"
             )
         )
-        async for paragraph in stream_paragraphs(self.config, messages):
+        async for paragraph in stream_paragraphs(self.config, messages, self.writing.deadline):
             if paragraph.startswith("#"):
                 heading = strip_markers(paragraph.lstrip("# ")).strip()
                 if heading:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -39,6 +40,7 @@ class LlmConfig:
     timeout_s: float
     max_retries: int
     clients: LlmClients | None = field(default=None, compare=False, repr=False)  # None: a client per call
+    max_answer_chars: int = 200_000  # LLM_MAX_ANSWER_CHARS: a report's answer, thinking included
 
 
 class LlmClients:
@@ -111,7 +113,15 @@ def llm_config(
             allowed = ", ".join([settings.llm_model, *settings.llm_allowed_models])
             note = f"headers.llm_model {requested!r} is not allowed here (LLM_ALLOWED_MODELS: {allowed}); using {model}"
     key = secret(settings.llm_api_key) or "not-needed"  # local servers take none; the SDK requires one
-    config = LlmConfig(settings.llm_base_url, key, model, settings.llm_timeout_s, settings.llm_max_retries, clients)
+    config = LlmConfig(
+        settings.llm_base_url,
+        key,
+        model,
+        settings.llm_timeout_s,
+        settings.llm_max_retries,
+        clients,
+        settings.llm_max_answer_chars,
+    )
     return config, note
 
 
@@ -184,22 +194,36 @@ def _partial_tag(text: str, tag: str) -> int:
 
 
 class Paragraphs:
-    """Streamed text cut at blank lines; a heading line is a paragraph of its own."""
+    """Streamed text cut at blank lines; a heading line is a paragraph of its own. Linear in the
+    text however it is cut: a piece is looked at once, and the pieces of a paragraph are joined once,
+    when it ends (a buffer scanned again at every piece took 43 s for a 10 MB answer)."""
 
     def __init__(self) -> None:
-        self.buffer = ""
+        self._open: list[str] = []  # the text since the last blank line, in the pieces it came in
+        self._open_ends_in_newline = False  # a blank line may straddle two pieces
         self.ended = False  # the model started its own reference list: the rest is not report
 
     def feed(self, text: str) -> list[str]:
-        self.buffer += text
-        done = []
-        while "\n\n" in self.buffer and not self.ended:
-            block, self.buffer = self.buffer.split("\n\n", 1)
+        if self.ended or not text:
+            return []
+        if "\n\n" not in text and not (self._open_ends_in_newline and text.startswith("\n")):
+            self._open.append(text)
+            self._open_ends_in_newline = text.endswith("\n")
+            return []
+        *blocks, rest = ("".join(self._open) + text).split("\n\n")
+        self._open, self._open_ends_in_newline = [rest], rest.endswith("\n")
+        done: list[str] = []
+        for block in blocks:
             done.extend(self._accept(block))
+            if self._stopped():  # the model's own reference list began: the rest is not report
+                break
         return done
 
+    def _stopped(self) -> bool:
+        return self.ended
+
     def close(self) -> list[str]:
-        block, self.buffer = self.buffer, ""
+        block, self._open = "".join(self._open), []
         return [] if self.ended else self._accept(block)
 
     def _accept(self, block: str) -> list[str]:
@@ -259,9 +283,13 @@ def failure_reason(error: BaseException, config: LlmConfig) -> str:
     return reason.replace(config.api_key, "[LLM_API_KEY]")
 
 
-async def stream_paragraphs(config: LlmConfig, messages: list[ChatCompletionMessageParam]) -> AsyncIterator[str]:
-    """The model's answer, paragraph by paragraph, thinking removed; WriterFailure when it fails."""
-    thinking, paragraphs, produced = ThinkFilter(), Paragraphs(), False
+async def stream_paragraphs(
+    config: LlmConfig, messages: list[ChatCompletionMessageParam], deadline: float | None = None
+) -> AsyncIterator[str]:
+    """The model's answer, paragraph by paragraph, thinking removed; WriterFailure when it fails, and
+    when it runs past `deadline` (time.monotonic(): when the report is due, so that the extractive
+    writer can still finish it) or past LLM_MAX_ANSWER_CHARS."""
+    thinking, paragraphs, produced, received = ThinkFilter(), Paragraphs(), False, 0
     async with _client(config) as client:
         with _model_failures(config):
             stream = await client.chat.completions.create(
@@ -273,17 +301,23 @@ async def stream_paragraphs(config: LlmConfig, messages: list[ChatCompletionMess
         async with stream:  # its connection goes back to the shared client however the stream ends
             chunks = aiter(stream)
             while True:
+                left = config.timeout_s if deadline is None else min(config.timeout_s, deadline - time.monotonic())
                 try:
-                    async with asyncio.timeout(config.timeout_s):
+                    async with asyncio.timeout(max(0.0, left)):
                         with _model_failures(config):
                             chunk = await anext(chunks)
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
+                    if left < config.timeout_s:
+                        raise WriterFailure("the model was still writing when the report was due") from None
                     raise WriterFailure(f"the model's stream stalled: nothing for {config.timeout_s:g} s") from None
                 content = chunk.choices[0].delta.content if chunk.choices else None
                 if content is not None and not isinstance(content, str):
                     raise WriterFailure("the model sent a malformed chunk (content is not text)")
+                received += len(content or "")
+                if received > config.max_answer_chars:
+                    raise WriterFailure(f"the model's answer ran past {config.max_answer_chars:,} characters")
                 for paragraph in paragraphs.feed(thinking.feed(content or "")):
                     produced = True
                     yield paragraph

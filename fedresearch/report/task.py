@@ -38,6 +38,8 @@ RANKING_TOKENS = 128
 # retrievers must leave part of the task's time for reading pages, writing and saving the report
 _RETRIEVAL_SHARE = 0.8
 _READING_SHARE = 0.9
+_WRITING_SHARE = 0.9  # of the task's time, by which a model must have written its report
+_EXTRACTIVE_S = 3.0  # at least this long is left for the extractive writer to finish a report
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,13 @@ async def run_research(
     parts = await _parts(task, sources, tools, emit, config) if decomposes else []
     everything = sources + [s for part in parts for s in part.sources]
     writing = writing_for(request, deps, await _read(everything, plan, tools, emit, started))
+    # a model still writing then hands over to the extractive writer, which needs a moment of its own
+    writing.deadline = (
+        time.monotonic()
+        + settings.task_timeout_s
+        - (time.perf_counter() - started)
+        - max(_EXTRACTIVE_S, settings.task_timeout_s * (1 - _WRITING_SHARE))
+    )
     await emit(
         ProgressEvent(
             ProgressStep.writing_report, f"✍️ Writing the {request.report_type.value} from {len(sources)} sources"

@@ -160,6 +160,9 @@ class Writing:
     language: str | None = None
     support_threshold: float = 0.5  # REPORT_SUPPORT_THRESHOLD: what the verifier counts as supported
     work: WorkPool | None = None  # the threads it is written on (None: asyncio's default pool)
+    # time.monotonic() by which a model must have finished, so that the extractive writer can still
+    # finish the report before the task's time is up (None: no such limit)
+    deadline: float | None = None
     passages: dict[str, list[Chunk]] = field(default_factory=dict, repr=False)  # `pages` cut, by source key
 
 

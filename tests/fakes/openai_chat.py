@@ -26,6 +26,7 @@ class Answer:
     status: int = 200
     stall_after: int | None = None  # stop sending (but keep the connection open) after this many pieces
     malformed_after: int | None = None  # send a line that is not JSON after this many pieces
+    piece_delay_s: float = 0.0  # a pause before each piece: a slow model
     retry_after: str | None = None
 
 
@@ -101,6 +102,8 @@ class FakeOpenAI:
         model = body["model"]
         await response.write(_chunk(model, {"role": "assistant", "content": ""}).encode())
         for index, piece in enumerate(answer.pieces):
+            if answer.piece_delay_s:
+                await asyncio.sleep(answer.piece_delay_s)
             if answer.stall_after == index:
                 await asyncio.sleep(3600)
             if answer.malformed_after == index:

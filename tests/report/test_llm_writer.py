@@ -4,6 +4,7 @@ it, and the extractive writer taking over on every kind of failure. No network."
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,9 +14,9 @@ from fedresearch.core.events import ProgressEvent
 from fedresearch.core.models import ReportType, SearchResult
 from fedresearch.federation.fusion import fuse
 from fedresearch.report.compose import Composed, compose
-from fedresearch.report.llm import LlmConfig, ThinkFilter
+from fedresearch.report.llm import LlmConfig, Paragraphs, ThinkFilter
 from fedresearch.report.verify import UNCITED, UNSUPPORTED, Verifier
-from fedresearch.report.writer import Brief
+from fedresearch.report.writer import Brief, Writing
 from tests.fakes.openai_chat import Answer, FakeOpenAI, number_of
 from tests.report.test_report import check_invariants
 
@@ -272,3 +273,48 @@ async def test_a_reference_list_the_model_writes_is_not_the_report(llm: FakeOpen
     composed, _, _ = await write(llm)
     assert "fake.example" not in composed.markdown and "Made-up" not in composed.markdown
     assert composed.markdown.count("## References") == 1
+
+
+async def _compose_with(fake: FakeOpenAI, writing: Writing, **config: Any) -> tuple[Composed, list[ProgressEvent]]:
+    settings = LlmConfig(fake.url, "sk-test-secret", "fake-model", timeout_s=1.0, max_retries=0, **config)
+    events: list[ProgressEvent] = []
+
+    async def emit(event: ProgressEvent) -> None:
+        events.append(event)
+
+    composed = await compose(Brief(QUESTION, ReportType.research_report, sources(), writing=writing), settings, emit)
+    check_invariants(composed.markdown)
+    return composed, events
+
+
+async def test_an_answer_past_its_size_is_cut_and_the_extractive_writer_finishes(llm: FakeOpenAI) -> None:
+    endless = [f"{RRF} [{{rrf}}]. " * 20] * 500  # a model that does not stop
+    llm.script = [
+        lambda body: Answer(pieces=[piece.replace("{rrf}", str(number_of(body, "Reciprocal"))) for piece in endless])
+    ]
+    composed, events = await _compose_with(llm, Writing(), max_answer_chars=5_000)
+    assert composed.writer.endswith("extractive") and "ran past 5,000 characters" in (composed.fallback or "")
+    assert any(e.step == "writer_fallback" for e in events) and "## References" in composed.markdown
+
+
+async def test_a_model_still_writing_when_the_report_is_due_hands_over(llm: FakeOpenAI) -> None:
+    slow = [f"{RRF} [1].\n\n"] * 100  # a paragraph every 0.2 s: 20 s in all
+    llm.script = [lambda body: Answer(pieces=slow, piece_delay_s=0.2)]
+    started = time.monotonic()
+    composed, _ = await _compose_with(llm, Writing(deadline=time.monotonic() + 1.0))
+    assert time.monotonic() - started < 5  # it did not wait for the whole answer
+    assert composed.writer.endswith("extractive") and "still writing when the report was due" in (
+        composed.fallback or ""
+    )
+
+
+def test_paragraphs_are_cut_in_linear_time_however_the_answer_arrives() -> None:
+    """The splitter scanned its whole buffer again at every piece: 43 s for a 10 MB answer."""
+    paragraphs = Paragraphs()
+    started = time.perf_counter()
+    for _ in range(100_000):  # 1.6 MB of one paragraph, in 16-character pieces
+        assert paragraphs.feed("sixteen letters ") == []
+    assert time.perf_counter() - started < 3
+    assert paragraphs.feed("end.\n") == []  # a blank line may come in two pieces
+    assert paragraphs.feed("\nNext") == ["sixteen letters " * 100_000 + "end."]
+    assert paragraphs.close() == ["Next"]
