@@ -43,7 +43,7 @@ from fedresearch.knowledge.bases import KnowledgeBase, load_knowledge_bases
 from fedresearch.library.facade import Library
 from fedresearch.library.open import open_library
 from fedresearch.report.chat import ChatSession
-from fedresearch.report.llm import LlmClients
+from fedresearch.report.llm import LlmClients, llm_config
 from fedresearch.report.pages import PageReader
 from fedresearch.report.task import ResearchTools
 
@@ -170,6 +170,9 @@ async def open_runtime(settings: Settings, given: Given) -> AsyncIterator[Runtim
     work = WorkPool(work_threads(settings.work_threads, library.encoder is not None))
     pages = PageReader(settings, resolver=given.resolver, work=work)
     llm = LlmClients()
+    config, _ = llm_config(settings, None, llm)
+    if config is not None:  # the SDK's import and the client's SSL context: 0.7 s, not on the loop at a first task
+        await asyncio.to_thread(llm.client, config)
     running: collections.Counter[str] = collections.Counter()
     try:
         async with _session(settings) as session, open_state(settings, running) as state:
