@@ -40,12 +40,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from fedresearch.core.errors import FailureKind
 from fedresearch.core.lineage import process_space
 from fedresearch.core.redis import PREFIX, SharedDown, SharedRedis, cancelled, failures
-from fedresearch.jobs.frames import Frame, decode, error_frames
+from fedresearch.jobs.frames import Frame, PathFrame, ReportFrame, decode, error_frames
 from fedresearch.jobs.local_store import LocalJobStore
 from fedresearch.jobs.store import Job, JobStatus, died_here, runner_id
-from fedresearch.report.store import save_report
+from fedresearch.report.store import record_bytes, report_files, save_report
 
 T = TypeVar("T")
 log = logging.getLogger("fedresearch")
@@ -338,9 +339,20 @@ class RedisJobStore:
     async def _end_stranded(self, job: Job) -> tuple[Job | None, bool]:
         """End, failed, a job whose worker died, with frames saying why as a cancelled job's do;
         unless it ended meanwhile. Returns it as it stands after, and whether it was ended here."""
-        failed = job.evolve(status=JobStatus.failed, error=_STRANDED, updated_at=time.time())
-        frames = error_frames(_STRANDED, {"research_id": job.research_id})
-        args = [_dumps(failed.to_json()), JobStatus.failed.value, "", "", *(frame.text for frame in frames)]
+        # it ends as a task that could not run does: the error, a short report saying why, `path`
+        # (GPT-Researcher's clients wait for `path`; one resuming it was left waiting for ever)
+        files = {kind: f"reports/{name}" for kind, name in report_files(job.research_id).items()}
+        failed = job.evolve(status=JobStatus.failed, error=_STRANDED, updated_at=time.time(), files=files)
+        markdown = f"# {job.task}\n\nThis research stopped before it ended: {_STRANDED}\n"
+        record = record_bytes(
+            markdown, {"owner": job.owner, "id": job.research_id, "question": job.task, "error": _STRANDED}
+        )
+        frames = [
+            *error_frames(_STRANDED, {"research_id": job.research_id, "then": "report", "kind": FailureKind.internal}),
+            ReportFrame(output=markdown),
+            PathFrame(output=files),
+        ]
+        args = [_dumps(failed.to_json()), JobStatus.failed.value, record, "", *(f.text for f in frames)]
         ended_here = int(await self._write_behind_script(keys=self._keys.all(job.research_id), args=args)) >= 0
         now = await self._get(job.research_id)
         if ended_here and now is not None and self.on_stranded is not None:

@@ -16,7 +16,7 @@ from pydantic import SecretStr
 from fedresearch.core.events import ProgressStep
 from fedresearch.core.lineage import process_space
 from fedresearch.core.redis import SharedDown, SharedRedis, cancelled, connect
-from fedresearch.jobs.frames import Frame, LogsFrame
+from fedresearch.jobs.frames import Frame, LogsFrame, PathFrame
 from fedresearch.jobs.redis_store import RedisJobStore
 from fedresearch.jobs.store import Job, JobStatus, died_here, follow, runner_id
 from fedresearch.web.keys import RUNTIME
@@ -261,8 +261,12 @@ async def test_a_running_job_whose_worker_died_is_ended_failed_by_the_next_reade
         await cancelled(dying._renewing)  # killed: no renewal, nothing cleaned up
         frames = await asyncio.wait_for(followed, 10)
         assert frames[0] == _step("starting", ProgressStep.starting_research)
-        assert [frame.type for frame in frames[1:]] == ["error", "logs"]
-        assert isinstance(frames[-1], LogsFrame) and "stopped before it ended" in frames[-1].output
+        # it ends as a task that could not run: the error, a short report, then `path`, which
+        # GPT-Researcher's clients wait for (one resuming it was left waiting for ever)
+        assert [frame.type for frame in frames[1:]] == ["error", "logs", "report", "path"]
+        assert isinstance(frames[2], LogsFrame) and "stopped before it ended" in frames[2].output
+        assert isinstance(frames[-1], PathFrame) and frames[-1].output["md"] == f"reports/{_id(1)}.md"
+        assert b"stopped before it ended" in (await living.records([_id(1)]))[_id(1)]  # the short report, readable
         job = await living.get(_id(1))
         assert job is not None and job.status is JobStatus.failed and "stopped before it ended" in (job.error or "")
         assert {job.research_id: job.status for job in await RedisJobStore(shared).list("alice")} == {
@@ -272,7 +276,7 @@ async def test_a_running_job_whose_worker_died_is_ended_failed_by_the_next_reade
         await dying.finish(_id(1), JobStatus.completed)  # a worker thought dead, late: the end stands
         job = await living.get(_id(1))
         assert job is not None and job.status is JobStatus.failed
-        assert len(await living.frames(_id(1))) == 3
+        assert len(await living.frames(_id(1))) == 5  # its end as ended here: no frame of the late worker
     finally:
         await dying.close()
         await shared.close()
@@ -436,7 +440,7 @@ async def test_a_job_naming_no_worker_is_ended_once_no_task_could_still_run(redi
         assert [job.status for job in await unbounded.list("alice")] == [JobStatus.running] * 2
         listed = {job.research_id: job for job in await living.list("alice")}
         assert listed[_id(1)].status is JobStatus.failed and listed[_id(2)].status is JobStatus.running
-        assert [frame.type for frame in await _all_frames(living, _id(1))][-2:] == ["error", "logs"]
+        assert [frame.type for frame in await _all_frames(living, _id(1))][-4:] == ["error", "logs", "report", "path"]
     finally:
         for store in (earlier, unbounded, living):
             await store.close()
