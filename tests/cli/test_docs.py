@@ -1,9 +1,10 @@
-"""The documentation's generated page: docs/configuration.md is what docs/gen_configuration.py makes
-from the code now."""
+"""The documentation's generated page and its links: docs/configuration.md is what
+docs/gen_configuration.py makes from the code now, and every relative link of the README resolves."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -32,3 +33,12 @@ def test_the_configuration_reference_names_every_setting_once() -> None:
     text = generator().render()
     for name in names:
         assert text.count(f"| `{name}`") + text.count(f"<br>`{name}`") == 1, name
+
+
+def test_every_relative_link_of_the_readme_resolves() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme)
+    relative = [t for t in targets if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+    assert relative, "the README links no file"
+    for target in relative:
+        assert (ROOT / target.split("#")[0]).exists(), target
