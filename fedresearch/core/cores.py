@@ -13,7 +13,7 @@ group up to the root of the mount it can see, since a parent's quota bounds its 
 of 1.5 cores gives 2: one worker alone could use only one of them.
 
 Memory: a worker holds its own interpreter, library handles and HTTP pools and, with embeddings on,
-its share of the encoder (measured in README, "Several workers and shared state"), so a container
+its share of the encoder (measured in docs/benchmarks.md, "Worker memory"), so a container
 with many CPUs and a small memory limit (`docker run --cpus 16 --memory 1g`, a Kubernetes memory
 limit) started more workers than fit, and the kernel's OOM killer ended one, then its replacement,
 in a loop. `auto` also counts the workers that fit in the memory available: the machine's

@@ -1,4 +1,4 @@
-"""The frames the server sends (GPT-Researcher's WebSocket protocol, README.md): one model for each
+"""The frames the server sends (GPT-Researcher's WebSocket protocol, docs/protocol.md): one model for each
 `type`, the union `Frame` of them all, and their JSON text, made in one place (`WireFrame.text`).
 A job's frames go through its store (store.py) to every follower; chat frames go to their socket
 alone. The text is what json.dumps(ensure_ascii=False) makes of the frame's fields in their order,

@@ -58,7 +58,7 @@ class LocalJobStore:
     inode freed in the last minute one by one when it allocates the next. Written as a state file
     replaced at the end plus a frames file, a job cost three allocations and a free; with the
     report's two files and retention deleting them all, inode allocation took a fifth of the
-    server's CPU in one profiled run (README); with the report's record in a file of its own, 13%.
+    server's CPU in one profiled run (docs/benchmarks.md); with the report's record in a file of its own, 13%.
     The reports directory gets the record when the report is first asked for (web/reports.py).
     Directories written by earlier versions (`<id>.json` and `<id>.frames.jsonl`) are converted at
     `load`."""

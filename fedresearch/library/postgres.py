@@ -1,7 +1,7 @@
 """The library's store on PostgreSQL with pgvector: for teams that outgrow one process and one disk.
 
 Every table is keyed by (user_id, id) and every foreign key carries user_id, so the tables shard by
-user on Citus unchanged (README, "Team scale: PostgreSQL"), and every statement names the user.
+user on Citus unchanged (docs/operations.md, "Citus"), and every statement names the user.
 Full text: an 'english' tsvector (stemmed, stopwords out) and a 'simple' tsvector of the CJK bigrams
 the embedded index uses too, each in a GIN index led by user_id (btree_gin), so matching starts
 inside one user's slice. Vectors: an exact scan of the user's rows, or, for users with more than
@@ -38,12 +38,12 @@ log = logging.getLogger("fedresearch")
 DIMS = 384  # the vector column's width: the library's encoder (all-MiniLM-L6-v2)
 SCHEMA_VERSION = 2  # 2: library_terms (document frequencies kept at ingest)
 # Users with more passages than this search the HNSW index; below it an exact scan of their rows
-# is as fast and exact (bench/library_pg.py measures both; README, "Team scale: PostgreSQL").
+# is as fast and exact (bench/library_pg.py measures both; docs/benchmarks.md).
 HNSW_FROM = 20_000
 # pgvector's largest (EF_SEARCH_MAX): the index is shared by every user, a user's rows a share of
 # it; at 230k rows recall@10 was 0.80 / 0.905 / 0.965 at 200 / 400 / 1000 for a user holding 13%
 # of them (0.88 / 0.957 / 0.988 at 87%) for 10 / 15 / 30 ms, and at 1.1M 0.673 / 0.797 / 0.887
-# (91%); a hybrid search runs it beside BM25, which takes longer (README, "Team scale: PostgreSQL")
+# (91%); a hybrid search runs it beside BM25, which takes longer (docs/benchmarks.md)
 HNSW_EF_SEARCH = EF_SEARCH_MAX = 1000
 CANDIDATES = 3_000  # BM25 scores the passages of the query's rarest terms, about this many
 POOL_SIZE = 8
@@ -620,7 +620,7 @@ class PostgresStore:
         them per query cost most of a search). Only passages holding one of the query's
         rarer terms are scored (the rarest terms whose passages add up to at most CANDIDATES, and
         at least the rarest one): scoring every passage that shares one common word with a long
-        question cost seconds at 100k passages (README, "Team scale: PostgreSQL").
+        question cost seconds at 100k passages (docs/library.md).
         """
         # (over 40 lines with its docstring, which says why BM25 is assembled here rather than ts_rank)
         # \w+ words only (no tsquery operators in them); CJK runs are matched by their bigrams

@@ -31,7 +31,7 @@ def indexed_texts(title: str, heading: str, text: str) -> tuple[str, str]:
     """What full text indexes of a passage, in every store: the English body (title and heading
     first) and its CJK bigrams as space-separated words."""
     # The title is part of the body field: a separately weighted title field scored worse on
-    # CISI at every weight tried and no better on MED (README, The embedded library).
+    # CISI at every weight tried and no better on MED (docs/benchmarks.md, The library).
     title = f"{title} {heading}".strip()
     return f"{title}\n{text}", " ".join(cjk_bigrams(f"{title} {text}"))
 

@@ -1,4 +1,4 @@
-"""Which retrievers run, for whom: the header rules (README, "The protocol in brief")."""
+"""Which retrievers run, for whom: the header rules (docs/protocol.md, "Headers")."""
 
 from __future__ import annotations
 
