@@ -30,13 +30,13 @@ lint: $(BIN)/fedresearch
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # the documentation site: docs/configuration.md written again from the code, then the site in site/
 # (`mkdocs serve` serves it while you edit)
 docs: $(BIN)/fedresearch
 	$(BIN)/python docs/gen_configuration.py
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .venv-agentscope data demo-report site .pytest_cache .ruff_cache .mypy_cache .import_linter_cache *.egg-info build dist
