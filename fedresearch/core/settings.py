@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     max_tasks_per_key: int = Field(4, ge=1, validation_alias="MAX_TASKS_PER_KEY")
     max_queries_per_key: int = Field(32, ge=1, validation_alias="MAX_QUERIES_PER_KEY")
     ingest_max_file_mb: float = Field(100.0, gt=0, validation_alias="INGEST_MAX_FILE_MB")
+    # one upload's files in all (the temporary disk it may take), and a key's uploads at once
+    ingest_max_upload_mb: float = Field(500.0, gt=0, validation_alias="INGEST_MAX_UPLOAD_MB")
+    max_uploads_per_key: int = Field(2, ge=1, validation_alias="MAX_UPLOADS_PER_KEY")
 
     # upstream faults
     retry_attempts: int = Field(2, ge=0, le=10, validation_alias="RETRY_ATTEMPTS")

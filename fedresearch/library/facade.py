@@ -41,6 +41,7 @@ from fedresearch.library.vectors import VECTOR_CACHE_MB
 Progress = Callable[[int], None]
 log = logging.getLogger(__name__)
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+_INGEST_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,9 @@ class Library:
         # held up by a slow or locked database then never hold up host-name lookups and page reads
         # (as many threads as that pool has)
         self.threads = WorkPool(min(32, (os.cpu_count() or 1) + 4), "fedresearch-library")
+        # uploads read, cut and embed files on threads of their own, a few: six users' uploads at
+        # once took all of `threads`, and every other user's searches waited for them (minutes)
+        self.ingest_threads = WorkPool(_INGEST_THREADS, "fedresearch-ingest")
         self._query_vectors = QueryVectors(encoder) if encoder is not None else None
         # snippets of records found elsewhere, scored against questions (knowledge/retrieval.py)
         # (passes of 8: a question, or a request past its deadline, waits for at most one short pass)
@@ -118,6 +122,7 @@ class Library:
         library (aiohttp's middleware cache keeps every app it served, and its state with it)
         then holds a few objects, not the model's 250 MB."""
         self.threads.close()
+        self.ingest_threads.close()
         if self._beside is not None:
             self._beside.shutdown()
         self.store.close()

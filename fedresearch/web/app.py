@@ -50,6 +50,7 @@ from fedresearch.web.keys import (
     SETTINGS,
     SOCKETS,
     STOPPING,
+    UPLOADING,
     UPSTREAMS,
     OpenSocket,
 )
@@ -147,6 +148,7 @@ def create_app(
     sockets: set[OpenSocket] = set()
     app[SOCKETS] = sockets
     app[QUERYING] = collections.Counter()
+    app[UPLOADING] = collections.Counter()
     app[STOPPING] = Stopping(*stop_limits(settings))
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(_retention_sweeps)  # after _resources: it reads the job store

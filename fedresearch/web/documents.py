@@ -10,9 +10,11 @@ INGEST_MAX_FILE_MB; reading and embedding run in a thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote
@@ -27,7 +29,7 @@ from fedresearch.library.ingest import FileOutcome, ingest_uploads
 from fedresearch.library.locking import IndexBusy
 from fedresearch.library.records import DocumentInfo
 from fedresearch.web.auth import json_error, principal_of
-from fedresearch.web.keys import RUNTIME, SETTINGS
+from fedresearch.web.keys import RUNTIME, SETTINGS, UPLOADING
 
 MAX_FILES = 100
 MAX_PAGE = 200
@@ -79,25 +81,29 @@ def safe_name(filename: str) -> str:
     return name[:200] or "upload"
 
 
-async def _save(part: BodyPartReader, target: Path, limit: int) -> str | None:
-    """Stream one part to `target`; the reason it was refused, or None."""
+async def _save(part: BodyPartReader, target: Path, limit: int, left: int) -> tuple[str | None, int]:
+    """Stream one part to `target`, within a file's `limit` and the `left` bytes of its upload; the
+    reason it was refused (or None), and the bytes it took."""
     written = 0
     handle: BinaryIO = await asyncio.to_thread(target.open, "wb")
     try:
         while chunk := await part.read_chunk(_CHUNK):
             written += len(chunk)
             if written > limit:
-                return f"over INGEST_MAX_FILE_MB ({limit / 1e6:g} MB)"
+                return f"over INGEST_MAX_FILE_MB ({limit / 1e6:g} MB)", written
+            if written > left:
+                return "over INGEST_MAX_UPLOAD_MB, what one upload may hold in all: send the rest in another", written
             await asyncio.to_thread(handle.write, chunk)
     finally:
         await asyncio.to_thread(handle.close)
-    return None
+    return None, written
 
 
 async def _receive(
-    request: web.Request, folder: Path, limit: int
+    request: web.Request, folder: Path, limit: int, total: int
 ) -> tuple[list[tuple[str, Path]], list[dict[str, Any]]]:
-    """Saved files (name, path) and the parts refused before reading, with why."""
+    """Saved files (name, path) and the parts refused before reading, with why; `limit` bounds a
+    file, `total` the whole upload (the disk it may take until it is read)."""
     if not request.content_type.startswith("multipart/"):
         raise json_error(web.HTTPBadRequest, "send the files as multipart/form-data (one part per file)")
     saved: list[tuple[str, Path]] = []
@@ -114,12 +120,14 @@ async def _receive(
             await part.release()
             continue
         target = folder / f"{len(saved)}-{name}"
-        reason = await _save(part, target, limit)
+        reason, written = await _save(part, target, limit, total)
         if reason is None:
             saved.append((name, target))
+            total -= written
         else:
             refused.append(_skipped(name, reason))
             await part.release()
+            await asyncio.to_thread(target.unlink, missing_ok=True)  # the part written of it
     return saved, refused
 
 
@@ -134,18 +142,40 @@ def _outcome_json(outcome: FileOutcome) -> dict[str, Any]:
     return {"file": outcome.file, "status": outcome.status, "documents": outcome.documents, **counts}
 
 
-async def take_uploads(request: web.Request, user: str, kind: str) -> list[dict[str, Any]]:
-    """The files of a multipart request into `user`'s library, each with what became of it. The
-    parts stream to a folder on disk and are read in the library's threads; the folder goes after."""
+async def take_uploads(request: web.Request, key_id: str, user: str, kind: str) -> list[dict[str, Any]]:
+    """The files of a multipart request into `user`'s library, each with what became of it: one of
+    the key's MAX_UPLOADS_PER_KEY at a time. The parts stream to a folder on disk and are read on
+    the library's ingest threads (never those its searches use); the folder goes after."""
+    with _upload_slot(request, key_id):
+        return await _take_uploads(request, user, kind)
+
+
+@contextlib.contextmanager
+def _upload_slot(request: web.Request, key_id: str) -> Iterator[None]:
+    limit, uploading = request.app[SETTINGS].max_uploads_per_key, request.app[UPLOADING]
+    if uploading[key_id] >= limit:
+        message = f"{uploading[key_id]} uploads are already running for this API key (MAX_UPLOADS_PER_KEY={limit})"
+        raise json_error(web.HTTPTooManyRequests, f"{message}; send this one when one ends", **{"Retry-After": "5"})
+    uploading[key_id] += 1
+    try:
+        yield
+    finally:
+        uploading[key_id] -= 1
+        if uploading[key_id] <= 0:
+            del uploading[key_id]
+
+
+async def _take_uploads(request: web.Request, user: str, kind: str) -> list[dict[str, Any]]:
     library = library_of(request)
-    limit = int(request.app[SETTINGS].ingest_max_file_mb * 1_000_000)
+    settings = request.app[SETTINGS]
+    limit, total = int(settings.ingest_max_file_mb * 1_000_000), int(settings.ingest_max_upload_mb * 1_000_000)
     folder = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix=folder_prefix(UPLOAD_FOLDERS)))
     try:
-        saved, refused = await _receive(request, folder, limit)
+        saved, refused = await _receive(request, folder, limit, total)
         if not saved and not refused:
             raise json_error(web.HTTPBadRequest, "no file in the upload: send each file as a part with a filename")
         try:
-            outcomes = await library.threads.run(ingest_uploads, library, user, saved, kind)
+            outcomes = await library.ingest_threads.run(ingest_uploads, library, user, saved, kind)
         except IndexBusy as busy:
             raise json_error(web.HTTPServiceUnavailable, str(busy), **{"Retry-After": "30"}) from None
     finally:
@@ -155,11 +185,12 @@ async def take_uploads(request: web.Request, user: str, kind: str) -> list[dict[
 
 
 async def upload(request: web.Request) -> web.Response:
-    user = acting_user(request, principal_of(request))
+    principal = principal_of(request)
+    user = acting_user(request, principal)
     kind = request.query.get("kind", "highlight")
     if kind not in ("highlight", "file", "biblio"):
         raise json_error(web.HTTPBadRequest, "kind must be highlight, file or biblio")
-    files = await take_uploads(request, user, kind)
+    files = await take_uploads(request, principal.key_id, user, kind)
     totals = {status: sum(1 for f in files if f["status"] == status) for status in ("added", "replaced", "unchanged")}
     answer = {"user_id": user, "files": files, **totals, "skipped": len(files) - sum(totals.values())}
     return web.json_response(answer, status=201 if totals["added"] or totals["replaced"] else 200)

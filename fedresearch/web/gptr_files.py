@@ -32,8 +32,9 @@ def file_name(document: DocumentInfo) -> str:
 async def upload(request: web.Request) -> web.Response:
     """Files into the caller's library. GPT-Researcher answers `{"filename", "path"}` for the file
     it kept; each file's result is added, as `/api/documents` gives it."""
-    user = acting_user(request, principal_of(request))
-    files = await take_uploads(request, user, _KIND)
+    principal = principal_of(request)
+    user = acting_user(request, principal)
+    files = await take_uploads(request, principal.key_id, user, _KIND)
     first = files[0]["file"]
     return web.json_response({"filename": first, "path": f"upload:{first}", "user_id": user, "files": files})
 

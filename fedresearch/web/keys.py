@@ -38,3 +38,4 @@ STOPPING = web.AppKey("stopping", Stopping)  # begun on SIGTERM: no new tasks, r
 RUNTIME = web.AppKey("runtime", Runtime)  # the process's services, from app start to its end
 SOCKETS = web.AppKey[set[OpenSocket]]("sockets")
 QUERYING = web.AppKey[collections.Counter[str]]("querying_per_key")  # /retrieval and the literature API
+UPLOADING = web.AppKey[collections.Counter[str]]("uploading_per_key")  # /api/documents and /upload/

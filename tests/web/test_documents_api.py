@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from fedresearch.core.lineage import UPLOAD_FOLDERS
+from fedresearch.library.facade import Library
+from fedresearch.library.ingest import ingest
 from tests.conftest import EXAMPLES, make_settings
 
 KEYS = "admin-key:*,alice-key:alice,bob-key:bob"
@@ -118,3 +123,70 @@ async def test_an_uploads_folder_is_removed_off_the_event_loop(api, monkeypatch)
     for thread, folder in removed:  # a gigabyte of files takes a quarter second to delete
         assert thread != threading.main_thread().name
         assert not folder.exists()
+
+
+class _Uploader:
+    """Uploads and literature-API searches on one server, each said by its status and JSON."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+        self.session, self.url = session, url
+
+    async def upload(self, key: str, *files: tuple[str, bytes]) -> tuple[int, dict[str, Any]]:
+        form = aiohttp.FormData()
+        for name, content in files:
+            form.add_field("file", content, filename=name)
+        headers = {"Authorization": f"Bearer {key}"}
+        async with self.session.post(self.url + "/api/documents", data=form, headers=headers) as answer:
+            return answer.status, await answer.json()
+
+    async def search(self) -> float:
+        """Seconds bob's search took."""
+        started = time.monotonic()
+        body = {"type": "highlight", "user_id": "bob", "query": "rank fusion", "top_k": 3}
+        headers = {"Authorization": "Bearer bob-key"}
+        url = self.url + "/internal/biblios/vector_search/"
+        async with self.session.post(url, json=body, headers=headers) as answer:
+            assert answer.status == 200 and await answer.json()
+        return time.monotonic() - started
+
+
+@pytest.fixture
+def slow_reading(monkeypatch):
+    """Each upload's files take 2 s to read and embed (a big file)."""
+    from fedresearch.web import documents
+
+    real = documents.ingest_uploads
+
+    def slow(*args: Any) -> Any:
+        time.sleep(2.0)
+        return real(*args)
+
+    monkeypatch.setattr(documents, "ingest_uploads", slow)
+
+
+async def test_uploads_never_hold_up_another_users_searches(tmp_path, start_server, slow_reading):
+    """Six uploads by one user took every library thread for minutes, and another user's searches
+    waited (one hit a 120 s timeout): uploads run on ingest threads of their own."""
+    settings = make_settings(tmp_path, api_keys=KEYS, max_uploads_per_key=10, embeddings=False)
+    ingest(Library(settings.library_dir), "bob", [EXAMPLES / "notes"])
+    server = await start_server(settings)
+    async with aiohttp.ClientSession() as session:
+        client = _Uploader(session, server.url)
+        uploads = [asyncio.create_task(client.upload("alice-key", (f"n{n}.md", NOTE))) for n in range(8)]
+        await asyncio.sleep(0.3)  # more uploads reading than the library has threads
+        assert max([await client.search() for _ in range(3)]) < 1.0  # searches do not wait for them
+        assert {status for status, _ in await asyncio.gather(*uploads)} == {201}
+
+
+async def test_a_key_runs_so_many_uploads_at_once_each_bounded_in_all(tmp_path, start_server, slow_reading):
+    settings = make_settings(tmp_path, api_keys=KEYS, max_uploads_per_key=2, ingest_max_upload_mb=0.001)
+    server = await start_server(settings)
+    async with aiohttp.ClientSession() as session:
+        client = _Uploader(session, server.url)
+        uploads = await asyncio.gather(*(client.upload("alice-key", (f"n{n}.md", NOTE)) for n in range(3)))
+        refused = [answer for status, answer in uploads if status == 429]
+        assert sorted(status for status, _ in uploads) == [201, 201, 429]
+        assert "MAX_UPLOADS_PER_KEY=2" in refused[0]["error"]
+        status, answer = await client.upload("alice-key", ("a.md", NOTE), ("b.md", b"# B\n\n" + b"word " * 300))
+    assert status == 201 and [f["status"] for f in answer["files"]] == ["added", "skipped"]
+    assert "INGEST_MAX_UPLOAD_MB" in answer["files"][1]["reason"]
