@@ -482,13 +482,19 @@ async def test_first_use_on_a_default_server(tmp_path, fakes, start_server, brow
     await page.fill("#question", chinese)
     await page.click("#run")
     await page.wait_for_selector("#retriever-table tr[data-name=tavily][data-state=searching]")
+    before = await page.evaluate("scrollY")  # where clicking Research put it
     await page.mouse.move(width / 2, 200)
     await page.mouse.wheel(0, 250)  # the reader scrolls
     await page.wait_for_selector("#downloads button[data-kind=md]", timeout=30_000)
-    away = await page.evaluate("scrollY")
-    assert away > 0
-    await asyncio.sleep(0.8)  # a smooth scroll, had one begun, would be under way
-    assert await page.evaluate("scrollY") == away
+    where = "[scrollY, document.getElementById('report-card').getBoundingClientRect().top, innerHeight]"
+    settled, last = 0, None
+    while settled < 4:  # every scroll, the wheel's and any the page began, has ended
+        now = await page.evaluate(where)
+        settled, last = (settled + 1 if now == last else 0), now
+        await asyncio.sleep(0.2)
+    assert last is not None
+    scrolled, top, height = last
+    assert before < scrolled <= before + 300 and top > height / 3, (before, last)  # where the reader left it
     await _downloaded(page, "md", chinese)
     assert file_name(chinese, "md") == "中文分词.md"
     entries = page.locator("#history-list li[data-state=completed]")
@@ -501,7 +507,7 @@ async def test_first_use_on_a_default_server(tmp_path, fakes, start_server, brow
 async def test_a_run_that_could_not_run_is_shown_as_failed(tmp_path, fakes, start_server, browser, width):
     """A task that failed is no report: said in words, in the page and in the history, with nothing to
     download or ask about."""
-    fakes["tavily"].behaviour.delay_s = 5.0  # another client's task holds the key's one place meanwhile
+    fakes["tavily"].behaviour.delay_s = 10.0  # another client's task holds the key's one place meanwhile
     server = await _server(tmp_path, fakes, start_server, max_tasks_per_key=1)
     bearer = {"Authorization": f"Bearer {KEY}"}
     async with aiohttp.ClientSession(headers=bearer) as session:
@@ -510,7 +516,7 @@ async def test_a_run_that_could_not_run_is_shown_as_failed(tmp_path, fakes, star
             assert response.status == 400  # refused at once, and kept as a failed job
         body = {"task": "dense retrieval", "headers": {"retrievers": "tavily"}}
         async with session.post(f"{server.url}/report/", json=body) as response:
-            assert response.status == 200  # runs in the background, 5 s
+            assert response.status == 200  # runs in the background, 10 s
     page = await _open(browser, server.url, width=width)
     await _sign_in(page)
     refused = page.locator("#history-list li[data-state=failed]")
