@@ -114,6 +114,17 @@ class SavedReports:
             return None
         return record if isinstance(record, dict) else None
 
+    async def question(self, research_id: str) -> str | None:
+        """The question a report answers (its file is named after it): its job's task, else its
+        record's, for a report whose job this host cannot read (Redis away, an earlier version's)."""
+        with contextlib.suppress(SharedDown):
+            job = await self.jobs.get(research_id)
+            if job is not None:
+                return job.task
+        record = await self.record(research_id)
+        question = record.get("question") if record is not None else None
+        return question if isinstance(question, str) else None
+
     async def readable(self, principal: Principal, research_id: str) -> bool:
         """Whether `principal` may read this report (and it exists): its job says whose it is where
         this worker can read the job, else its record, fetched from the job store first. A job

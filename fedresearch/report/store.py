@@ -11,6 +11,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fedresearch.report.exports import EXPORT_FORMATS
 
@@ -72,6 +73,18 @@ def file_name(question: str, kind: str, most: int = 60) -> str:
             break
         name = f"{name}-{word}" if name else word[:most]
     return f"{name or 'report'}.{kind}"
+
+
+def content_disposition(question: str, kind: str, attachment: bool = True) -> str:
+    """A `Content-Disposition` naming a report's file after its question (`file_name`): the browser
+    saves `how-does-rank-fusion-work.pdf`, not the report's id. A name beyond ASCII (a Chinese
+    question) goes in `filename*` (RFC 6266, RFC 8187's UTF-8 encoding), with `report.KIND` as the
+    plain `filename` for a client that reads only that."""
+    name = file_name(question, kind)
+    disposition = "attachment" if attachment else "inline"
+    if name.isascii():
+        return f'{disposition}; filename="{name}"'
+    return f"{disposition}; filename=\"report.{kind}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
 def report_markdown(directory: Path, report_id: str) -> str | None:

@@ -25,7 +25,7 @@ from fedresearch.jobs.retention import delete_with_reports
 from fedresearch.jobs.runs import chat_plan, start_job
 from fedresearch.jobs.store import JOB_ID, Job, JobStatus, may_see
 from fedresearch.report.chat import session_from_report
-from fedresearch.report.store import REPORT_ID
+from fedresearch.report.store import REPORT_ID, content_disposition
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import RUNTIME, SETTINGS
 
@@ -130,10 +130,9 @@ async def read_report(request: web.Request) -> web.StreamResponse:
         reports = request.app[RUNTIME].reports()
         await reports.fetch_of(job)
         path = await reports.export(research_id, "docx")
-    if path is None:
+    if path is None or job is None:
         raise web.HTTPNotFound(text=json.dumps({"message": "Report not found."}), content_type="application/json")
-    disposition = f'attachment; filename="report-{research_id[:8]}.docx"'
-    return web.FileResponse(path, headers={"Content-Disposition": disposition})
+    return web.FileResponse(path, headers={"Content-Disposition": content_disposition(job.task, "docx")})
 
 
 async def _job_view(request: web.Request, job: Job, with_report: bool) -> dict[str, Any]:

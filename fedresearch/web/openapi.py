@@ -16,6 +16,7 @@ from aiohttp import web
 from fedresearch.knowledge.api import RetrievalRequest
 from fedresearch.web.jobs import ChatRequest, ReportRequest
 from fedresearch.web.literature import LiteratureQuery
+from fedresearch.web.status import RetrieversAnswer
 
 _PARAMETER = re.compile(r"\{(\w+)\}")
 _WORDLESS = re.compile(r"\W+")
@@ -122,6 +123,15 @@ DETAILS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/internal/biblios/vector_search/"): {
         "tags": ["literature"],
         "requestBody": _json(LiteratureQuery.model_json_schema()),
+    },
+    ("get", "/api/retrievers"): {
+        "responses": {
+            "200": {
+                "description": "the retrievers, and the user and limits this key's tasks run with",
+                **_json(RetrieversAnswer.model_json_schema()),
+            },
+            "401": {"description": "the server has keys and this request sent none or a wrong one"},
+        },
     },
     ("post", "/api/documents"): {"tags": ["documents"], "requestBody": _UPLOAD, "parameters": [_USER]},
     ("get", "/api/documents"): {"tags": ["documents"], "parameters": [*_PAGED, _USER]},

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from fedresearch.jobs.reports import sweeping_leftovers
 from fedresearch.report.exports import EXPORT_FORMATS
-from fedresearch.report.store import REPORT_NAME, export
+from fedresearch.report.store import REPORT_NAME, content_disposition, export
 from fedresearch.web.auth import principal_of
 from fedresearch.web.keys import RUNTIME
 
@@ -36,9 +36,14 @@ async def report_file(request: web.Request) -> web.FileResponse:
     if path is None:
         raise web.HTTPNotFound(text="no such report")
     served = EXPORT_FORMATS[kind]
-    headers = {"Content-Type": served.media_type, "X-Content-Type-Options": "nosniff"}
+    # named after its question for whoever saves it (a browser, the page's download buttons); the
+    # formats a browser shows (Markdown, HTML, JSON) are shown, and saved under that name too
+    question = await reports.question(report_id) or ""
+    headers = {
+        "Content-Type": served.media_type,
+        "X-Content-Type-Options": "nosniff",
+        "Content-Disposition": content_disposition(question, kind, attachment=served.attachment),
+    }
     if kind == "html":  # opened from this server's origin: it may run nothing and load nothing
         headers["Content-Security-Policy"] = _HTML_EXPORT_POLICY
-    if served.attachment:
-        headers["Content-Disposition"] = f'attachment; filename="report-{report_id[:8]}.{kind}"'
     return web.FileResponse(path, headers=headers)

@@ -8,13 +8,17 @@ import os
 from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel, Field
 
+from fedresearch.core.errors import RequestError
+from fedresearch.core.models import ReportSource, ResearchRequest
+from fedresearch.core.settings import Settings
 from fedresearch.federation.contract import Adapter
-from fedresearch.federation.planning import ALIASES
+from fedresearch.federation.planning import ALIASES, choose_retrievers
 from fedresearch.report.exports import EXPORT_FORMATS
 from fedresearch.report.types import offered_forms
 from fedresearch.web.auth import principal_of
-from fedresearch.web.keys import METRICS, RUNTIME
+from fedresearch.web.keys import METRICS, RUNTIME, SETTINGS
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -56,9 +60,71 @@ def retriever_list(registry: dict[str, Adapter]) -> dict[str, Any]:
     return {"retrievers": listed, "aliases": {alias: kind for alias, kind in ALIASES.items()}}
 
 
+class RetrieverInfo(BaseModel):
+    """One retriever: what it is, and whether it runs without a per-request key (why not, if not)."""
+
+    name: str
+    kind: str = Field(description="library, scholarly or web")
+    configured: bool
+    reason: str | None = Field(None, description="what it lacks; present only when not configured")
+    website: str
+    needs_key: bool
+    needs_user: bool = Field(description="it searches a user's library: a task running it needs a user")
+    credentials: list[str] = Field(description="the per-request headers it reads (its keys)")
+
+
+class RetrieversAnswer(BaseModel):
+    """`GET /api/retrievers`: the retrievers, and the user and limits this caller's tasks run with, so
+    a client (the page) can say what is missing before it sends a task. It names no key, ever."""
+
+    retrievers: list[RetrieverInfo]
+    aliases: dict[str, str] = Field(description="names that stand for every retriever of a kind")
+    user_id: str | None = Field(
+        description="the user this request acts as when it names none: its API key's user, else "
+        "FEDRESEARCH_DEFAULT_USER; null when there is neither"
+    )
+    user_id_required: bool = Field(
+        description="no user is known: a task running a retriever that needs_user, and the documents "
+        "routes, must name one (headers.user_id, ?user_id=)"
+    )
+    may_name_user: bool = Field(
+        description="this request may act as another user by naming one (no keys on the server, or an "
+        "admin key); a user's key acts as its user only"
+    )
+    max_task_chars: int = Field(description="the longest question a task may ask, in characters")
+    default_retrievers: dict[str, list[str]] = Field(
+        description="the retrievers a task that names none runs, by report_source"
+    )
+
+
+def _default_retrievers(settings: Settings, registry: dict[str, Adapter]) -> dict[str, list[str]]:
+    chosen: dict[str, list[str]] = {}
+    for source in ReportSource:
+        try:
+            chosen[source.value] = choose_retrievers(
+                ResearchRequest(task="-", report_source=source), settings, registry
+            )
+        except RequestError:  # `static`: the given pages only, and none was given
+            chosen[source.value] = []
+    return chosen
+
+
 async def retrievers(request: web.Request) -> web.Response:
-    principal_of(request)
-    return web.json_response(retriever_list(request.app[RUNTIME].registry))
+    """The retrievers this server offers, and the user and limits this caller's tasks run with."""
+    principal = principal_of(request)
+    settings = request.app[SETTINGS]
+    registry = request.app[RUNTIME].registry
+    user = principal.user_id or settings.default_user
+    answer = {
+        **retriever_list(registry),
+        "user_id": user,
+        "user_id_required": user is None,
+        "may_name_user": principal.admin,
+        "max_task_chars": settings.max_task_chars,
+        "default_retrievers": _default_retrievers(settings, registry),
+    }
+    # typed, and the shape it documents in OpenAPI: a field left out (a configured retriever's reason) stays out
+    return web.json_response(RetrieversAnswer.model_validate(answer).model_dump(exclude_unset=True))
 
 
 async def report_forms(request: web.Request) -> web.Response:

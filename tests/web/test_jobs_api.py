@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -421,3 +422,35 @@ async def test_a_report_lives_in_its_jobs_file_and_every_worker_of_the_host_serv
         async with session.get(f"{sibling.url}/{files['json']}", headers=ALICE) as response:
             assert response.status == 404
     assert not list(settings.reports_dir.iterdir()) and not list(settings.jobs_dir.iterdir())
+
+
+async def test_a_report_s_files_are_named_after_its_question(tmp_path, fakes, start_server):
+    """Saved, a report is `中文分词-和-bm25.pdf`, not its id: Content-Disposition names it after its
+    question (RFC 6266's filename* for a name beyond ASCII), on /reports/ and GPT-Researcher's /report/."""
+    server = await start_server(job_settings(tmp_path, fakes))
+    names = {}
+    async with aiohttp.ClientSession(headers=ALICE) as session:
+        for question in ("中文分词 和 BM25?", TASK["task"]):
+            body = {
+                **TASK,
+                "task": question,
+                "headers": {"retrievers": "internal_biblio"},
+                "generate_in_background": False,
+            }
+            async with session.post(f"{server.url}/report/", json=body) as response:
+                research_id = (await response.json())["research_id"]
+            for kind in ("pdf", "md"):
+                async with session.get(f"{server.url}/reports/{research_id}.{kind}") as response:
+                    assert response.status == 200
+                    names[question, kind] = response.headers["Content-Disposition"]
+            async with session.get(f"{server.url}/report/{research_id}") as response:
+                assert response.status == 200
+                names[question, "report/"] = response.headers["Content-Disposition"]
+    chinese = quote("中文分词-和-bm25")
+    assert names["中文分词 和 BM25?", "pdf"] == f"attachment; filename=\"report.pdf\"; filename*=UTF-8''{chinese}.pdf"
+    assert names["中文分词 和 BM25?", "md"] == f"inline; filename=\"report.md\"; filename*=UTF-8''{chinese}.md"
+    assert names["中文分词 和 BM25?", "report/"].endswith(f"filename*=UTF-8''{chinese}.docx")
+    english = "how-does-rank-fusion-combine-lexical-and-dense-retrieval"
+    assert names[TASK["task"], "pdf"] == f'attachment; filename="{english}.pdf"'
+    assert names[TASK["task"], "md"] == f'inline; filename="{english}.md"'  # shown in a browser, saved so named
+    assert names[TASK["task"], "report/"] == f'attachment; filename="{english}.docx"'

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
+from fedresearch.web.status import RetrieversAnswer
 from tests.conftest import make_settings
 
 
@@ -43,3 +44,46 @@ async def test_the_jobs_routes_carry_their_bodies(tmp_path, start_server):
     assert "404" in paths["/api/jobs/{research_id}"]["get"]["responses"]
     chat = paths["/api/chat"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert {"report", "messages"} <= set(chat["properties"])
+
+
+async def test_api_retrievers_says_whom_a_key_s_tasks_run_as_and_within_what(tmp_path, start_server):
+    """What the page reads to say what is missing before it sends a task: the user a key acts as (or
+    that none is known), whether it may name another, the question's limit, the default retrievers."""
+    keys = "alice-key:alice,admin-key:*"
+    secured = await start_server(make_settings(tmp_path / "keys", api_keys=keys, max_task_chars=1234))
+    single = await start_server(make_settings(tmp_path / "single", default_user="me"))
+    plain = await start_server(make_settings(tmp_path / "plain"))  # as it starts by default
+    seen = {}
+    async with aiohttp.ClientSession() as session:
+        for name, url, key in (
+            ("alice", secured.url, "alice-key"),
+            ("admin", secured.url, "admin-key"),
+            ("single", single.url, None),
+            ("plain", plain.url, None),
+        ):
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            async with session.get(url + "/api/retrievers", headers=headers) as response:
+                assert response.status == 200
+                seen[name] = await response.json()
+                assert key is None or key not in await response.text()  # keys are never said
+        async with session.get(plain.url + "/openapi.json") as response:
+            documented = (await response.json())["paths"]["/api/retrievers"]["get"]["responses"]["200"]
+    schema = documented["content"]["application/json"]["schema"]
+    who = {name: (a["user_id"], a["user_id_required"], a["may_name_user"]) for name, a in seen.items()}
+    assert who == {
+        "alice": ("alice", False, False),  # a user's key acts as its user only
+        "admin": (None, True, True),
+        "single": ("me", False, True),  # FEDRESEARCH_DEFAULT_USER
+        "plain": (None, True, True),  # no one: the page asks for a user id beside the question
+    }
+    assert seen["alice"]["max_task_chars"] == 1234 and seen["plain"]["max_task_chars"] == 2000
+    for answer in seen.values():
+        assert set(answer) == set(schema["properties"])
+        RetrieversAnswer.model_validate(answer)
+        kinds = {entry["name"]: entry["kind"] for entry in answer["retrievers"]}
+        library = [name for name, kind in kinds.items() if kind == "library"]
+        defaults = answer["default_retrievers"]
+        assert defaults["local"] == library and defaults["hybrid"][: len(library)] == library
+        assert {kinds[name] for name in defaults["web"]} == {"web"} and defaults["static"] == []
+        assert all("reason" in entry for entry in answer["retrievers"] if not entry["configured"])
+        assert not any("reason" in entry for entry in answer["retrievers"] if entry["configured"])

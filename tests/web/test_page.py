@@ -3,6 +3,7 @@ with the example library and the fake upstreams on 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -20,6 +21,7 @@ from aiohttp import web
 from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.report.exports import EXPORT_FORMATS
+from fedresearch.report.store import file_name
 from fedresearch.report.types import offered_forms
 from fedresearch.web.keys import SOCKETS
 from tests.conftest import EXAMPLES, make_settings
@@ -39,6 +41,9 @@ CHROMIUM_ARGS = [
 KEY = "page-test-key"
 QUESTION = "How should lexical BM25 and dense retrieval be combined with rank fusion?"
 FINAL_STATES = {"done", "failed", "skipped"}
+DESKTOP, PHONE = 1280, 390
+HEIGHTS = {DESKTOP: 900, PHONE: 844}
+SHOTS = Path("/tmp/page-shots")  # where whoever reviews a change finds the screenshots the tests took
 
 
 def _chromium_or_skip() -> None:
@@ -99,8 +104,9 @@ def _tavily_results(site: str) -> list[dict[str, Any]]:
     ]
 
 
-async def _open(browser: Any, url: str, lang: str = "en-US") -> Any:
-    context = await browser.new_context(locale=lang, accept_downloads=True, viewport={"width": 1280, "height": 900})
+async def _open(browser: Any, url: str, lang: str = "en-US", width: int = DESKTOP) -> Any:
+    viewport = {"width": width, "height": HEIGHTS.get(width, 900)}
+    context = await browser.new_context(locale=lang, accept_downloads=True, viewport=viewport)
     page = await context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -117,12 +123,48 @@ async def _sign_in(page: Any) -> None:
     await page.wait_for_selector("#retriever-list input[value=tavily]")
 
 
-async def _downloaded(page: Any, kind: str) -> bytes:
+async def _downloaded(page: Any, kind: str, question: str = QUESTION) -> bytes:
     async with page.expect_download() as info:
         await page.click(f"#downloads button[data-kind={kind}]")
     download = await info.value
-    assert download.suggested_filename.endswith(f".{kind}")
+    assert download.suggested_filename == file_name(question, kind)  # named after the question, not its id
     return Path(await download.path()).read_bytes()
+
+
+async def _shot(page: Any, tmp_path: Path, name: str) -> None:
+    """A full-page screenshot, kept with the test and copied where a reviewer looks."""
+    path = tmp_path / f"{name}.png"
+    await page.screenshot(path=str(path), full_page=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, SHOTS / path.name)
+
+
+async def _fits_sideways(page: Any) -> None:
+    widths = await page.evaluate("[document.documentElement.scrollWidth, innerWidth]")
+    assert widths[0] <= widths[1], f"the page is {widths[0]} px wide in a {widths[1]} px window"
+
+
+async def _report_in_view(page: Any) -> None:
+    """The report card comes into view by itself (smoothly: it is waited for)."""
+    where = (
+        "[document.getElementById('report-card').getBoundingClientRect().top, innerHeight, scrollY,"
+        " document.documentElement.scrollHeight - innerHeight]"
+    )
+    for _ in range(50):
+        top, height, scrolled, most = await page.evaluate(where)
+        at_its_top = -2 <= top <= height / 3
+        as_far_as_it_goes = scrolled >= most - 1 and 0 <= top < height / 2  # a short report near the page's end
+        if scrolled > 0 and (at_its_top or as_far_as_it_goes):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the report is {top} px down a {height} px window, scrolled {scrolled} px")
+
+
+async def _jobs(server: Any, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession(headers=headers) as session, session.get(f"{server.url}/api/jobs") as response:
+        assert response.status == 200
+        jobs: list[dict[str, Any]] = (await response.json())["jobs"]
+        return jobs
 
 
 async def test_a_question_runs_to_a_cited_report_with_exports_chat_history_and_upload(
@@ -295,17 +337,9 @@ async def test_errors_are_said_in_words(tmp_path, fakes, start_server, browser):
     assert "needs a valid API key" in await page.inner_text("#notice-text")
     assert "needs a valid API key" in await page.inner_text("#retriever-list")
 
-    keyless = await start_server(make_settings(tmp_path / "keyless", embeddings=False))  # and no default user
+    keyless = await start_server(make_settings(tmp_path / "keyless", embeddings=False))
     page = await _open(browser, keyless.url)
     await page.wait_for_selector("#retriever-list input[value=internal_biblio]")
-    await page.check("#retriever-list input[value=internal_biblio]")
-    await page.fill("#question", "rank fusion")
-    await page.click("#run")
-    await page.wait_for_selector("#downloads button[data-kind=md]")  # a task that cannot run still ends
-    notice = await page.inner_text("#notice-text")
-    assert "user_id" in notice and "FEDRESEARCH_DEFAULT_USER" in notice, notice
-    assert "could not run" in await page.inner_text("#report")
-    assert await page.is_enabled("#run")
 
     # a tab that remembers a task the server no longer has (expired, or another server's) stops waiting
     gone = {"id": "f" * 32, "question": "rank fusion"}
@@ -365,4 +399,194 @@ async def test_a_reload_or_a_dropped_connection_mid_task_resumes_it(tmp_path, fa
     await page.wait_for_selector("#retriever-table tr[data-name=tavily][data-state=stopped]")
     assert await page.is_enabled("#run") and await page.is_hidden("#stop")
     assert await page.evaluate("sessionStorage.getItem('fedresearch.research')") is None
+    assert page.errors == []
+
+
+async def _default_server(tmp_path: Path, fakes: Any, start_server: Any, **overrides: Any) -> Any:
+    """A server as it starts by default: no API keys and no default user (alice's library is there)."""
+    settings = make_settings(tmp_path, fakes, embeddings=False, **overrides)
+    ingest(Library(settings.library_dir), "alice", [EXAMPLES])
+    return await start_server(settings)
+
+
+@pytest.mark.parametrize("width", [DESKTOP, PHONE])
+async def test_first_use_on_a_default_server(tmp_path, fakes, start_server, browser, width):
+    """A new user on a default server: asked for their user id beside the question, told in words
+    what is missing or too long before anything is sent, then their report comes into view and
+    downloads under its question's name."""
+    fakes["tavily"].behaviour.delay_s = 1.0  # time to scroll away while a task runs
+    server = await _default_server(tmp_path, fakes, start_server)
+    page = await _open(browser, server.url, width=width)
+    await page.wait_for_selector("#retriever-list input[value=tavily]")
+    box = page.locator("#user-slot #user-box")  # beside the question, not in a collapsed section
+    assert await box.is_visible() and "needed" in (await box.get_attribute("class") or "")
+    assert "Your library" in await box.inner_text()
+    assert await page.is_hidden("#access")  # no key on this server: nothing to open there
+    await _fits_sideways(page)
+    await _shot(page, tmp_path, f"first-use-{width}")
+
+    await page.fill("#question", QUESTION)  # no retriever ticked: the defaults search the library
+    await page.click("#run")
+    notice = page.locator("#notice-text")
+    await notice.wait_for()
+    words = await notice.inner_text()
+    assert words.startswith("Type your user id under “Your library” first"), words
+    assert "FEDRESEARCH_DEFAULT_USER" not in words and "user_id" not in words
+    assert "missing" in (await box.get_attribute("class") or "")
+    assert await page.evaluate("document.activeElement.id") == "user-id"
+    assert await page.is_hidden("#progress") and await page.is_enabled("#run")
+    await _fits_sideways(page)
+    await _shot(page, tmp_path, f"first-use-no-user-{width}")
+    note = tmp_path / "note.md"
+    note.write_text("# Fusion\n\nReciprocal rank fusion.\n")
+    await page.set_input_files("#upload-files", [str(note)])
+    await page.click("#upload-send")
+    await notice.filter(has_text="whose library to add to").wait_for()
+    await page.fill("#user-id", "Alice Smith")  # the server would refuse it: said before sending
+    await page.click("#run")
+    await notice.filter(has_text="no spaces").wait_for()
+    await page.fill("#user-id", "")
+
+    await page.fill("#question", "rank fusion " * 834)  # 10,008 characters, trimmed to 10,007
+    await page.click("#run")
+    await page.locator("#notice-text", has_text="this server takes at most").wait_for()
+    words = await page.inner_text("#notice-text")
+    assert words == "Your question is 10,007 characters; this server takes at most 2,000. Shorten it and try again."
+    await _shot(page, tmp_path, f"first-use-too-long-{width}")
+    await page.click("#language")
+    await page.click("#run")
+    await page.locator("#notice-text", has_text="此服务器最多接受").wait_for()
+    assert (
+        await page.inner_text("#notice-text") == "你的问题有 10,007 个字符，此服务器最多接受 2,000 个。请缩短后再试。"
+    )
+    await page.click("#language")
+    assert await _jobs(server) == []  # nothing was sent
+
+    await page.fill("#user-id", "alice")
+    await page.press("#user-id", "Tab")  # remembered when it changes
+    assert await page.evaluate("localStorage.getItem('fedresearch.user')") == "alice"
+    await page.fill("#question", QUESTION)
+    await page.evaluate("window.scrollTo(0, 0)")
+    await page.click("#run")
+    await page.wait_for_selector("#downloads button[data-kind=pdf]", timeout=30_000)
+    await _report_in_view(page)
+    assert await page.locator("#report ol.references li[id^=ref-]").count() >= 2  # alice's library and the web
+    await _fits_sideways(page)
+    await _shot(page, tmp_path, f"first-use-report-{width}")
+    assert (await _downloaded(page, "pdf")).startswith(b"%PDF-")  # how-should-lexical-bm25-….pdf
+
+    # a reader who scrolled away while the next one ran is left where they are; a Chinese question's file
+    # keeps its characters
+    chinese = "中文分词"
+    await page.evaluate("window.scrollTo(0, 0)")
+    await page.fill("#question", chinese)
+    await page.click("#run")
+    await page.wait_for_selector("#retriever-table tr[data-name=tavily][data-state=searching]")
+    before = await page.evaluate("scrollY")  # where clicking Research put it
+    await page.mouse.move(width / 2, 200)
+    await page.mouse.wheel(0, 250)  # the reader scrolls
+    await page.wait_for_selector("#downloads button[data-kind=md]", timeout=30_000)
+    where = "[scrollY, document.getElementById('report-card').getBoundingClientRect().top, innerHeight]"
+    settled, last = 0, None
+    while settled < 4:  # every scroll, the wheel's and any the page began, has ended
+        now = await page.evaluate(where)
+        settled, last = (settled + 1 if now == last else 0), now
+        await asyncio.sleep(0.2)
+    assert last is not None
+    scrolled, top, height = last
+    assert before < scrolled <= before + 300 and top > height / 3, (before, last)  # where the reader left it
+    await _downloaded(page, "md", chinese)
+    assert file_name(chinese, "md") == "中文分词.md"
+    entries = page.locator("#history-list li[data-state=completed]")
+    await entries.nth(1).wait_for()
+    assert await entries.count() == 2
+    assert page.errors == []
+
+
+@pytest.mark.parametrize("width", [DESKTOP, PHONE])
+async def test_a_run_that_could_not_run_is_shown_as_failed(tmp_path, fakes, start_server, browser, width):
+    """A task that failed is no report: said in words, in the page and in the history, with nothing to
+    download or ask about."""
+    fakes["tavily"].behaviour.delay_s = 10.0  # another client's task holds the key's one place meanwhile
+    server = await _server(tmp_path, fakes, start_server, max_tasks_per_key=1)
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession(headers=bearer) as session:
+        body = {"task": "rank fusion", "headers": {"retrievers": "nosuch"}}
+        async with session.post(f"{server.url}/report/", json=body) as response:
+            assert response.status == 400  # refused at once, and kept as a failed job
+        body = {"task": "dense retrieval", "headers": {"retrievers": "tavily"}}
+        async with session.post(f"{server.url}/report/", json=body) as response:
+            assert response.status == 200  # runs in the background, 10 s
+    page = await _open(browser, server.url, width=width)
+    await _sign_in(page)
+    refused = page.locator("#history-list li[data-state=failed]")
+    await refused.wait_for()
+    assert "Could not run: unknown retriever 'nosuch'" in await refused.inner_text()  # the server's reason
+    assert await refused.locator("button.question").count() == 0  # nothing to open
+
+    await page.check("#retriever-list input[value=tavily]")
+    await page.fill("#question", QUESTION)
+    await page.click("#run")
+    await page.locator("#report-card.failed").wait_for(timeout=30_000)
+    await page.locator("#run:enabled").wait_for()
+    why = "Could not run: you already run as many researches as this server allows at once; wait for one to finish"
+    assert await page.inner_text("#report .failure") == why
+    assert await page.inner_text("#notice-text") == why
+    assert await page.is_hidden("#downloads-row") and await page.is_hidden("#chat-card")
+    assert await page.inner_text("#status-line") == "The research could not run."
+    failed = page.locator("#history-list li[data-state=failed]", has_text=QUESTION)
+    await failed.wait_for()
+    assert why in await failed.inner_text()  # the page's words for what it saw on the socket
+    assert await failed.locator("button.question").count() == 0
+    assert await page.locator("#history-list li[data-state=failed]").count() == 2
+    assert [job["status"] for job in await _jobs(server, bearer)] == ["failed", "running", "failed"]
+    await _fits_sideways(page)
+    await _shot(page, tmp_path, f"failed-run-{width}")
+
+    await page.reload()  # the server's list (GET /api/reports with GET /api/jobs) says the same
+    await page.locator("#history-list li[data-state=failed]", has_text=QUESTION).wait_for()
+    assert why in await page.inner_text("#history-list")
+    assert page.errors == []
+
+
+@pytest.mark.parametrize("width", [DESKTOP, PHONE])
+async def test_a_long_question_keeps_the_page_short(tmp_path, fakes, start_server, browser, width):
+    """A 10,000-character question is shown in a few lines, whole on demand; the page stays near the
+    height a short question gives it, and nothing runs off a phone's screen sideways."""
+    server = await _default_server(tmp_path, fakes, start_server, default_user="alice", max_task_chars=20_000)
+    page = await _open(browser, server.url, width=width)
+    await page.wait_for_selector("#retriever-list input[value=tavily]")
+    assert await page.is_hidden("#user-slot #user-box")  # a default user: asked for nowhere near the question
+    assert await page.is_visible("#access")  # acting as another user than alice: under Access
+    assert await page.get_attribute("#access #user-id", "placeholder") == "alice"
+
+    height = "document.documentElement.scrollHeight"
+    await page.check("#retriever-list input[value=internal_biblio]")
+    await page.fill("#question", QUESTION)
+    await page.click("#run")
+    await page.wait_for_selector("#downloads button[data-kind=pdf]", timeout=30_000)
+    await page.wait_for_selector("#history-list li[data-state=completed]")
+    short = await page.evaluate(height)
+    await _fits_sideways(page)
+
+    long_question = ("Rank fusion of lexical and dense retrieval: " * 230)[:9_999] + "?"
+    assert len(long_question) == 10_000
+    await page.fill("#question", long_question)
+    await page.click("#run")
+    await page.locator("#history-list li").nth(1).wait_for(timeout=30_000)  # the second run has ended
+    await page.wait_for_selector("#downloads button[data-kind=pdf]")
+    await _report_in_view(page)
+    tall = await page.evaluate(height)
+    assert tall <= short + 400, (short, tall)  # the question, three times on the page, in 3 lines each
+    await _fits_sideways(page)
+    await _shot(page, tmp_path, f"long-question-{width}")
+
+    toggle = page.locator("#report h1 + button.clamp-toggle")
+    assert await toggle.inner_text() == "Show the whole question"
+    await toggle.click()
+    assert await page.inner_text("#report h1") == long_question
+    assert await page.evaluate(height) > tall + 1000  # whole, it is long
+    await page.locator("#report h1 + button.clamp-toggle", has_text="Show less").click()
+    assert await page.evaluate(height) <= tall + 2
+    await _fits_sideways(page)
     assert page.errors == []

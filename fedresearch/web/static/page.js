@@ -1,4 +1,4 @@
-// The research page: speaks only the public protocol (/ws, /api/retrievers, /api/reports,
+// The research page: speaks only the public protocol (/ws, /api/retrievers, /api/reports, /api/jobs,
 // /api/documents, /reports/...). All strings come from strings.js; reports are Markdown rendered by
 // marked and sanitized by DOMPurify before they touch the page.
 "use strict";
@@ -32,7 +32,9 @@
     }
     renderReportTypes();
     renderRetrieverChoices();
+    placeUserBox();
     renderProgress();
+    renderReport();
     renderDownloads();
     renderHistory();
     renderUpload();
@@ -52,7 +54,8 @@
   }
 
   const apiKey = () => localStorage.getItem(KEY_ITEM) || "";
-  const userId = () => (localStorage.getItem(USER_ITEM) || "").trim();
+  // a user's key acts as its user only (the server says so): a user id kept from another key is not sent
+  const userId = () => (caller && !caller.may_name_user ? "" : (localStorage.getItem(USER_ITEM) || "").trim());
 
   class PageError extends Error {}
 
@@ -116,7 +119,35 @@
   // ---- access: API key and user ---------------------------------------------------------------
   function showKeyBox() {
     $("key-box").hidden = false;
+    $("access").hidden = false;
     $("access").open = true;
+  }
+
+  // Where the user id is asked, from what GET /api/retrievers says of this key: beside the question
+  // when no user is known (no default user, and the key names none), for research needs one; under
+  // Access for an admin who may act as another user than the default; nowhere for a user's key.
+  // Before the server has said (or when it could not), under Access, as a fallback.
+  function placeUserBox() {
+    const box = $("user-box");
+    const needed = Boolean(caller && caller.user_id_required);
+    box.hidden = caller ? !caller.may_name_user : !retrieversFailed;
+    const place = needed ? $("user-slot") : $("access");
+    if (box.parentElement !== place) place.append(box);
+    box.classList.toggle("needed", needed); // as it is while typed in: the page does not shift under a click
+    $("user-label").textContent = t(needed ? "yourLibrary" : "userId");
+    $("user-hint").textContent = needed ? t("yourLibraryHint") :
+      caller && caller.user_id ? t("userIdDefault", { user: caller.user_id }) : t("userIdHint");
+    $("user-id").placeholder = !needed && caller && caller.user_id ? caller.user_id : "";
+    $("access").hidden = $("key-box").hidden && (box.hidden || needed);
+  }
+
+  // the user id as typed, kept (also when a form is sent before the field lost focus)
+  function keepUserId() {
+    const typed = $("user-id").value.trim();
+    if ($("user-box").hidden || typed === (localStorage.getItem(USER_ITEM) || "").trim()) return;
+    localStorage.setItem(USER_ITEM, typed);
+    placeUserBox();
+    loadHistory();
   }
 
   function setUpAccess() {
@@ -135,10 +166,8 @@
       reconnectFresh();
       loadHistory();
     });
-    $("user-id").addEventListener("change", () => {
-      localStorage.setItem(USER_ITEM, $("user-id").value.trim());
-      loadHistory();
-    });
+    $("user-id").addEventListener("change", keepUserId);
+    $("user-id").addEventListener("input", () => $("user-box").classList.remove("missing"));
   }
 
   // ---- what a report can be: its types and formats (GET /api/report_forms) ----------------------
@@ -165,20 +194,70 @@
     if (chosen) select.value = chosen;
   }
 
-  // ---- retrievers -----------------------------------------------------------------------------
+  // ---- retrievers, and what this key's tasks run as and within (GET /api/retrievers) -------------
   let retrievers = null;
+  let caller = null; // {user_id, user_id_required, may_name_user, max_task_chars, default_retrievers}
+  let retrieversFailed = false;
 
   async function loadRetrievers() {
+    let body;
     try {
-      retrievers = (await (await api("api/retrievers")).json()).retrievers;
+      body = await (await api("api/retrievers")).json();
     } catch (error) {
       retrievers = null;
+      caller = null;
+      retrieversFailed = error.status !== 401; // a key is asked for: the user box waits for it
       $("retriever-list").textContent = error.message;
       notify(error.message);
+      placeUserBox();
       return;
     }
+    retrievers = body.retrievers;
+    const { user_id, user_id_required, may_name_user, max_task_chars, default_retrievers } = body;
+    caller = { user_id, user_id_required, may_name_user, max_task_chars, default_retrievers: default_retrievers || {} };
+    retrieversFailed = false;
+    $("user-id").value = userId();
+    placeUserBox();
     renderRetrieverChoices();
   }
+
+  // the retrievers a task would run: those ticked, else the server's defaults for the chosen source
+  function plannedRetrievers() {
+    const picked = pickedRetrievers();
+    const names = picked.length ? picked : caller.default_retrievers[$("report-source").value] || [];
+    return (retrievers || []).filter((retriever) => names.includes(retriever.name));
+  }
+
+  const USER_ID = /^[\p{L}\p{N}_.@:+-]{1,128}$/u; // core/models.py checked_user_id, as the server checks it
+
+  // what the server would refuse a task for that the page can tell before sending it, in words
+  function whyNotSend(question) {
+    $("user-box").classList.remove("missing");
+    if (!caller) return null;
+    const length = [...question].length; // characters as the server counts them (code points)
+    if (length > caller.max_task_chars) {
+      return t("errTooLong", { length: number(length), limit: number(caller.max_task_chars) });
+    }
+    if (userId() && !USER_ID.test(userId())) return missingUser("errUserShape");
+    const needsUser = plannedRetrievers().some((retriever) => retriever.needs_user);
+    if (needsUser && caller.user_id_required && !userId()) return missingUser("errNoUser");
+    return null;
+  }
+
+  function whyNotUpload() {
+    $("user-box").classList.remove("missing");
+    if (!caller) return null;
+    if (userId() && !USER_ID.test(userId())) return missingUser("errUserShape");
+    return caller.user_id_required && !userId() ? missingUser("errNoUserUpload") : null;
+  }
+
+  function missingUser(message) {
+    $("user-box").classList.add("missing");
+    $("user-id").focus();
+    return t(message);
+  }
+
+  const number = (value) => Number(value).toLocaleString(lang === "zh" ? "zh-CN" : "en");
 
   function pickedRetrievers() {
     return [...document.querySelectorAll("#retriever-list input:checked")].map((box) => box.value);
@@ -210,7 +289,8 @@
     return {
       question: question || "", researchId: null, rows: new Map(), pages: new Map(), logs: [],
       markdown: "", files: null, status: "", finished: false, references: 0, resuming: false, reopened: null,
-      chat: [],
+      chat: [], failed: null, questionOpen: false,
+      scrolled: false, // its report was brought into view, or the reader scrolled themselves meanwhile
     };
   }
 
@@ -252,7 +332,13 @@
     if (step) step(meta);
     run.logs.push(frame.output || "");
     if (frame.output) run.status = frame.output;
-    if (frame.content === "error" || (frame.content === "warning" && frame.output.startsWith("Task already running"))) {
+    // the task could not run or failed: a short report saying why, then `path`, follow; the page
+    // shows it as a failure, never as a report
+    if (frame.content === "error" && meta.then === "report") {
+      run.failed = { reason: frame.output || "", kind: meta.kind || "" };
+      run.researchId ??= meta.research_id || null;
+      notify(t("couldNotRun", { why: failureWords(run.failed) }));
+    } else if (frame.content === "error" || (frame.content === "warning" && frame.output.startsWith("Task already running"))) {
       notify(frame.output);
     }
     // the task itself ended without a report (cancelled on the server): nothing more will come
@@ -276,27 +362,34 @@
       return;
     }
     if (frame.type !== "error") run.resuming = false;
+    // an `error` frame always comes with its `logs` twin (content "error"), which says it
     if (frame.type === "logs") onLog(frame);
     else if (frame.type === "report") {
       run.markdown += frame.output;
       scheduleReport();
     } else if (frame.type === "path") finish(frame.output);
     else if (frame.type === "chat") answerChat(frame);
-    else if (frame.type === "error") notify(frame.output);
+  }
+
+  // why a task failed, in the page's words where its kind says enough, else the server's reason
+  function failureWords(failed) {
+    const key = `why_${failed.kind}`;
+    return failed.kind && key in window.STRINGS.en ? t(key) : failed.reason;
   }
 
   function finish(files) {
-    run.files = files;
     run.finished = true;
+    run.files = run.failed ? null : files; // a task that could not run has no report to download
     forgetResearch();
     renderReport();
-    run.status = t("finished", { count: run.references });
+    run.status = run.failed ? t("failedStatus") : t("finished", { count: run.references });
     renderProgress();
     renderDownloads();
-    $("run").disabled = false;
-    $("run").textContent = t("run");
-    $("chat-card").hidden = false;
-    addToHistory({ id: reportId(files), question: run.question, at: new Date().toISOString(), files });
+    resetRunButton();
+    $("chat-card").hidden = Boolean(run.failed);
+    bringReportIntoView();
+    const entry = { id: reportId(files) || run.researchId, question: run.question, at: new Date().toISOString() };
+    addToHistory(run.failed ? { ...entry, error: failureWords(run.failed) } : { ...entry, files });
   }
 
   function reportId(files) {
@@ -315,6 +408,9 @@
     $("progress").hidden = run.rows.size === 0 && run.logs.length === 0;
     $("stop").hidden = !(run.researchId && !run.finished && $("run").disabled);
     $("status-line").textContent = run.status;
+    showQuestion($("run-question"), run.question);
+    $("retriever-table").hidden = run.rows.size === 0; // a task refused before it searched has no table
+    $("pages-box").hidden = Boolean(run.failed) && run.pages.size === 0;
     const body = $("retriever-table").tBodies[0];
     body.replaceChildren(...[...run.rows].map(([name, entry]) => element("tr", { "data-name": name, "data-state": entry.state },
       element("td", { text: name }),
@@ -350,6 +446,34 @@
     if ([...run.rows.values()].some((entry) => entry.state === "searching")) renderProgress();
   }, 250);
 
+  // ---- a question, however long, shown in a few lines with a way to see it whole ----------------
+  function showQuestion(node, question) {
+    if (node.offsetParent === null) return; // hidden: shown, and measured, once its card is
+    if (node.shownRun === run && node.shownLang === lang) return;
+    node.shownRun = run;
+    node.shownLang = lang;
+    node.replaceChildren(element("span", { class: "clamp", text: question }));
+    clampable(node.firstChild, () => run.questionOpen, (open) => { run.questionOpen = open; });
+  }
+
+  // `text` (in the page) shows its first lines; a button after it opens it whole and closes it again,
+  // there only when something is cut off
+  function clampable(text, isOpen, setOpen, after = text) {
+    text.classList.add("clamp");
+    text.classList.toggle("open", isOpen());
+    const toggle = element("button", {
+      type: "button", class: "linkish clamp-toggle", text: t(isOpen() ? "showLess" : "showAll"),
+      onclick: () => {
+        setOpen(!isOpen());
+        text.classList.toggle("open", isOpen());
+        toggle.textContent = t(isOpen() ? "showLess" : "showAll");
+      },
+    });
+    after.after(toggle);
+    toggle.hidden = !isOpen() && text.scrollHeight <= text.clientHeight + 1;
+    return toggle;
+  }
+
   // ---- the report -----------------------------------------------------------------------------
   let reportPending = false;
 
@@ -363,11 +487,43 @@
   }
 
   function renderReport() {
-    $("report-card").hidden = !run.markdown;
-    const html = window.marked.parse(run.markdown, { gfm: true, async: false });
     const article = $("report");
-    article.innerHTML = window.DOMPurify.sanitize(html, { USE_PROFILES: { html: true } });
-    run.references = linkReferences(article);
+    $("report-card").classList.toggle("failed", Boolean(run.failed));
+    if (run.failed) {
+      $("report-card").hidden = false;
+      article.replaceChildren(element("h1", { text: run.question }),
+        element("p", { class: "failure", text: t("couldNotRun", { why: failureWords(run.failed) }) }));
+    } else {
+      $("report-card").hidden = !run.markdown;
+      const html = window.marked.parse(run.markdown, { gfm: true, async: false });
+      article.innerHTML = window.DOMPurify.sanitize(html, { USE_PROFILES: { html: true } });
+      run.references = linkReferences(article);
+    }
+    const title = article.firstElementChild;
+    if (title && title.tagName === "H1") clampable(title, () => run.questionOpen, (open) => { run.questionOpen = open; });
+  }
+
+  // the finished report of a run started here: into view, once the page below it is laid out (else
+  // the scroll stops short where the page ended), unless the reader has scrolled since they asked
+  // (they are reading something else: the page does not move under them)
+  function bringReportIntoView() {
+    if (run.scrolled || run.reopened || $("report-card").hidden) return;
+    run.scrolled = true;
+    $("report-card").scrollIntoView({ behavior: "smooth", block: "start" });
+  }
+
+  // what the reader does to scroll (not the page's own changes of height, which move it too)
+  const SCROLL_KEYS = new Set(["PageDown", "PageUp", "Home", "End", "ArrowDown", "ArrowUp", " "]);
+
+  function watchReaderScrolling() {
+    const scrolled = () => {
+      run.scrolled = true;
+    };
+    window.addEventListener("wheel", scrolled, { passive: true });
+    window.addEventListener("touchmove", scrolled, { passive: true });
+    window.addEventListener("keydown", (event) => {
+      if (SCROLL_KEYS.has(event.key) && !event.target.closest("input, textarea, select, button")) scrolled();
+    });
   }
 
   const REFERENCE_HEADINGS = new Set(["references", "参考文献"]);
@@ -465,6 +621,7 @@
   function renderDownloads() {
     const files = run.files || {};
     const kinds = Object.keys(files); // in the server's order (report/exports.py)
+    $("downloads-row").hidden = kinds.length === 0;
     $("downloads").replaceChildren(...kinds.map((kind) => element("button", {
       type: "button", class: "download", "data-kind": kind, text: kind.toUpperCase(),
       onclick: (event) => download(event.currentTarget, files[kind], kind),
@@ -478,7 +635,7 @@
     try {
       const response = await api(path);
       const blob = await response.blob();
-      const link = element("a", { href: URL.createObjectURL(blob), download: path.split("/").pop() });
+      const link = element("a", { href: URL.createObjectURL(blob), download: savedName(response, path) });
       document.body.append(link);
       link.click();
       link.remove();
@@ -489,6 +646,22 @@
       button.disabled = false;
       button.textContent = label;
     }
+  }
+
+  // the name the server gives the file (Content-Disposition: named after the question, by
+  // report/store.py content_disposition), else the last part of its path
+  function savedName(response, path) {
+    const header = response.headers.get("Content-Disposition") || "";
+    const encoded = /filename\*\s*=\s*UTF-8''([^;\s]+)/i.exec(header);
+    if (encoded) {
+      try {
+        return decodeURIComponent(encoded[1]);
+      } catch {
+        // a malformed escape: the plain name below
+      }
+    }
+    const plain = /filename\s*=\s*"([^"]+)"/i.exec(header) || /filename\s*=\s*([^;\s]+)/i.exec(header);
+    return plain ? plain[1] : path.split("/").pop();
   }
 
   // ---- the research socket: start, resume after a drop ----------------------------------------
@@ -643,9 +816,15 @@
   async function startResearch(event) {
     event.preventDefault();
     clearNotice();
+    keepUserId();
     const question = $("question").value.trim();
     if (!question) {
       notify(t("errQuestion"));
+      return;
+    }
+    const refusal = whyNotSend(question); // said here, in words, rather than sent and refused
+    if (refusal) {
+      notify(refusal);
       return;
     }
     forgetResearch();
@@ -735,19 +914,41 @@
     loadHistory();
   }
 
-  function fromServer(report) {
+  // a saved report as GET /api/reports lists it (GPT-Researcher's shape), with its job's status and
+  // error from GET /api/jobs: a task that could not run or failed is no report. Why, in the page's
+  // words where this browser saw it fail on the socket (`seen`), else in the server's.
+  function fromServer(report, job, seen) {
     const id = String(report.id ?? report.research_id ?? "");
     const formats = reportForms ? reportForms.formats : [];
     const files = report.files || Object.fromEntries(formats.map((kind) => [kind, `reports/${id}.${kind}`]));
     const question = report.question || report.task || id;
-    return { id, question, at: report.timestamp || report.created_at, files, answer: report.answer ?? null };
+    const entry = { id, question, at: report.timestamp || report.created_at, files, answer: report.answer ?? null };
+    const state = job ? job.status : null;
+    if (state === "failed" || state === "cancelled") {
+      return { ...entry, files: null, answer: null, failed: state, error: (seen && seen.error) || job.error || "" };
+    }
+    return { ...entry, state };
+  }
+
+  // each job's status and error by its id; none known when the server has no GET /api/jobs
+  async function jobStates() {
+    try {
+      const body = await (await api(withUser("api/jobs"))).json();
+      return new Map((body.jobs || []).map((job) => [job.research_id, job]));
+    } catch {
+      return new Map();
+    }
   }
 
   async function loadHistory() {
     try {
-      const body = await (await api(withUser("api/reports"))).json();
+      const [body, jobs] = await Promise.all([api(withUser("api/reports")).then((response) => response.json()), jobStates()]);
       const reports = Array.isArray(body) ? body : body.reports || [];
-      history = reports.map(fromServer);
+      const seen = new Map(localHistory().filter((entry) => entry.owner === ownerTag()).map((entry) => [entry.id, entry]));
+      history = reports.map((report) => {
+        const id = String(report.id ?? report.research_id ?? "");
+        return fromServer(report, jobs.get(id), seen.get(id));
+      });
       historyIsLocal = false;
     } catch (error) {
       if (error.status !== 404 && error.status !== 405) notify(error.message);
@@ -763,12 +964,36 @@
       $("history-list").replaceChildren(element("li", { class: "hint", text: t("historyEmpty") }));
       return;
     }
-    $("history-list").replaceChildren(...history.map((entry) => element("li", { "data-id": entry.id },
-      element("button", { type: "button", class: "linkish", text: entry.question, onclick: () => reopen(entry) }),
+    $("history-list").replaceChildren(...history.map(historyItem));
+    for (const item of $("history-list").children) {
+      const text = item.querySelector(".question-text");
+      if (!text) continue;
+      const id = item.dataset.id;
+      const isOpen = () => openQuestions.has(id);
+      const setOpen = (open) => (open ? openQuestions.add(id) : openQuestions.delete(id));
+      clampable(text, isOpen, setOpen, text.closest("button") || text);
+    }
+  }
+
+  const openQuestions = new Set(); // the history's questions shown whole
+
+  // a report reopens; a task that could not run or failed says why, with nothing to open, download or ask
+  function historyItem(entry) {
+    const failed = entry.failed || (entry.error ? "failed" : null);
+    const text = element("span", { class: "question-text", text: entry.question });
+    const question = failed ? element("div", { class: "question" }, text) :
+      element("button", { type: "button", class: "linkish question", onclick: () => reopen(entry) }, text);
+    const why = failed ? element("span", {
+      class: "failure", text: t(failed === "cancelled" ? "stoppedRun" : "couldNotRun", { why: entry.error || "" }),
+    }) : null;
+    const running = entry.state === "running" || entry.state === "queued";
+    return element("li", { "data-id": entry.id, "data-state": failed || entry.state || "completed", class: failed ? "failed" : null },
+      question, why,
+      running ? element("span", { class: "hint", text: t("stillRunning") }) : null,
       entry.at ? element("span", { class: "hint", text: ` ${new Date(entry.at).toLocaleString(lang)}` }) : null,
       element("button", {
         type: "button", class: "quiet delete", text: t("deleteReport"), onclick: () => deleteReport(entry),
-      }))));
+      }));
   }
 
   // a past report: its Markdown (from the list, or its file), its retriever table from its record;
@@ -812,7 +1037,6 @@
           elapsed: outcome.status === "skipped" ? null : outcome.elapsed_ms, note: outcome.error || "",
         });
       }
-      run.status = record.question || "";
     } catch {
       // the report itself opened; without its record the table stays empty
     }
@@ -827,6 +1051,12 @@
     const files = [...$("upload-files").files];
     if (files.length === 0) {
       notify(t("uploadPick"));
+      return;
+    }
+    keepUserId();
+    const refusal = whyNotUpload();
+    if (refusal) {
+      notify(refusal);
       return;
     }
     const form = new FormData();
@@ -892,6 +1122,7 @@
       applyStrings();
     });
     $("notice-close").addEventListener("click", clearNotice);
+    watchReaderScrolling();
     $("stop").addEventListener("click", stopResearch);
     $("ask-form").addEventListener("submit", startResearch);
     $("question").addEventListener("keydown", (event) => {
