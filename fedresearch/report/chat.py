@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import unquote
 
 from fedresearch.core.events import ProgressEvent
 from fedresearch.core.identifiers import canonical_key, is_url
@@ -17,6 +16,7 @@ from fedresearch.federation.planning import Plan
 from fedresearch.federation.runner import Deps
 from fedresearch.report.citations import Citations
 from fedresearch.report.evidence import Claim, diversify, gather, rank, select_claims, terms
+from fedresearch.report.markup import inline_text, read_link, read_text
 from fedresearch.report.task import ResearchOutcome, ResearchTools, gather_sources, writing_for
 from fedresearch.report.writer import Writing, cite
 
@@ -68,10 +68,11 @@ class ChatSession:
         lines = []
         for reference in citations.references:
             if reference.number in cited:
+                title = inline_text(reference.title)
                 link = (
-                    f"[{reference.title}]({reference.target})"
+                    f"[{title}]({reference.target})"
                     if is_url(reference.link)
-                    else f"{reference.title} — {reference.link}"
+                    else f"{title} — {inline_text(reference.link)}"
                 )
                 lines.append(f"[{reference.number}] {link}")
         listed = [
@@ -110,10 +111,10 @@ def report_sources(markdown: str) -> list[FusedResult]:
         if match is None:
             continue
         number = int(match.group(1))
-        link = unquote(match.group("link") or match.group("id") or "")
-        title = match.group("title") or match.group("plain") or link
+        link = read_link(match.group("link")) if match.group("link") else read_text(match.group("id") or "")
+        title = read_text(match.group("title") or match.group("plain") or link)
         citing = " ".join(s for s in sentences if f"[{number}]" in s)
-        text = _CITATION.sub("", citing).strip()
+        text = read_text(_CITATION.sub("", citing).strip())
         sources.append(
             FusedResult(
                 key=canonical_key(link), href=link, title=title, body=text, score=1 / number, retrievers=[], ranks={}

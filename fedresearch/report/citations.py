@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from fedresearch.core.identifiers import is_url
 from fedresearch.core.models import FusedResult
+from fedresearch.report.markup import link_target
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,6 @@ class Citations:
                 Reference(number, display_title(source), source.href, list(source.retrievers), source)
             )
         return number
-
-
-def link_target(url: str) -> str:
-    """A URL as a Markdown link target: parentheses and spaces percent-encoded, so a DOI such as
-    10.1016/0306-4573(88)90021-0 cannot end the link early for any Markdown reader or for the verifier."""
-    return url.replace(" ", "%20").replace("(", "%28").replace(")", "%29")
 
 
 def display_title(source: FusedResult) -> str:

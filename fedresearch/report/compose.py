@@ -28,6 +28,7 @@ from fedresearch.report.llm import (
     seen_text,
     stream_paragraphs,
 )
+from fedresearch.report.markup import inline_text
 from fedresearch.report.types import form_of
 from fedresearch.report.verify import (
     MARKERS,
@@ -178,7 +179,7 @@ class LlmReport:
 
     async def write(self) -> Composed:
         passages = await run_on(self.writing.work, self._passages)
-        await self.put(f"# {self.brief.question}\n\n")
+        await self.put(f"# {inline_text(self.brief.question)}\n\n")
         failure = None
         try:
             if not passages:
@@ -214,7 +215,7 @@ class LlmReport:
         )
         async for paragraph in stream_paragraphs(self.config, messages, self.writing.deadline):
             if paragraph.startswith("#"):
-                heading = strip_markers(paragraph.lstrip("# ")).strip()
+                heading = inline_text(strip_markers(paragraph.lstrip("# ")))
                 if heading:
                     await self.put(f"## {heading}\n\n")
                 continue
@@ -227,7 +228,7 @@ class LlmReport:
         marks, checked.numbers = citation_marks([passages[n - 1].source for n in checked.cited], self.citations)
         if checked.numbers:
             self.cited_sentences += 1
-        return " ".join(part for part in (checked.text, marks) if part) + mark_of(checked)
+        return " ".join(part for part in (inline_text(checked.text), marks) if part) + mark_of(checked)
 
     async def _fall_back(self, reason: str) -> Composed:
         log.warning("LLM writer failed, extractive writer takes over: %s", reason)

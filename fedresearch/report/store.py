@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fedresearch.report.exports import EXPORT_FORMATS
+from fedresearch.report.markup import read_text
 
 log = logging.getLogger("fedresearch")
 
@@ -115,7 +116,7 @@ def export(directory: Path, report_id: str, kind: str, page: str = "A4") -> Path
     markdown = report_markdown(directory, report_id)
     if markdown is None:
         return None
-    title = next((line[2:].strip() for line in markdown.splitlines() if line.startswith("# ")), "Report")
+    title = next((read_text(line[2:].strip()) for line in markdown.splitlines() if line.startswith("# ")), "Report")
     lacking = form.lacks(markdown) if form.lacks is not None else None
     if lacking is not None:
         log.warning("report %s as %s: %s; not kept, made again when next asked for", report_id, kind, lacking)

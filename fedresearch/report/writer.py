@@ -22,7 +22,7 @@ from fedresearch.core.text import STOPWORDS, cjk_bigrams
 from fedresearch.core.work import WorkPool
 from fedresearch.library.chunking import Chunk
 from fedresearch.library.formats import Section
-from fedresearch.report.citations import Citations, Reference, display_title, link_target
+from fedresearch.report.citations import Citations, Reference, display_title
 from fedresearch.report.evidence import (
     Claim,
     Embed,
@@ -36,17 +36,19 @@ from fedresearch.report.evidence import (
     terms,
 )
 from fedresearch.report.language import Labels, labels_for
+from fedresearch.report.markup import inline_text, link_target
 from fedresearch.report.types import form_of
 
 TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
-    autoescape=False,  # markdown out; evidence is cleaned sentence by sentence instead
+    autoescape=False,  # markdown out: text from outside goes through the `text` filter (report/markup.py)
     undefined=StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
     keep_trailing_newline=True,
     auto_reload=False,  # templates ship with the package: checking their mtime on every render is waste
 )
+TEMPLATES.filters["text"] = inline_text
 _WORDS = re.compile(r"[A-Za-z][A-Za-z0-9\-]+")
 _MAX_THEMES = 5
 _SUMMARY_CLAIMS = 3
@@ -84,7 +86,7 @@ def citation_marks(sources: Sequence[FusedResult], citations: Citations) -> tupl
 
 def cite(claim: Claim, citations: Citations) -> str:
     """The claim followed by its citations."""
-    return f"{claim.text} {citation_marks(claim.sources, citations)[0]}"
+    return f"{inline_text(claim.text)} {citation_marks(claim.sources, citations)[0]}"
 
 
 def _similar(a: Claim, b: Claim) -> float:
@@ -243,9 +245,9 @@ def _resources(sources: Sequence[FusedResult], citations: Citations, labels: Lab
     entries = []
     listed = sorted(sources[:20], key=lambda source: SOURCE_KINDS.index(source.kind))
     for source in listed:
-        summary = " ".join(claim_sentences(source.body)[:2]) or clean_sentence(source.body[:300])
+        summary = inline_text(" ".join(claim_sentences(source.body)[:2]) or clean_sentence(source.body[:300]))
         number = citations.cite(source)
-        link = source.href if is_url(source.href) else None
+        link = link_target(source.href) if is_url(source.href) else None
         entry = {"number": number, "title": display_title(source), "summary": summary, "source": source, "link": link}
         entries.append({**entry, "group": labels.kinds[source.kind]})
     return entries
