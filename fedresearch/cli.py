@@ -220,6 +220,7 @@ async def _ask_here(args: argparse.Namespace) -> int:
     from fedresearch.jobs.runtime import Given, open_runtime
     from fedresearch.jobs.stopping import Stopping, stop_limits
     from fedresearch.jobs.store import follow
+    from fedresearch.report.render import ExportFailed
     from fedresearch.retrievers import ADAPTERS
     from fedresearch.web.auth import validation_message
 
@@ -243,7 +244,11 @@ async def _ask_here(args: argparse.Namespace) -> int:
         if code == 0 and args.output is not None:
             reports = runtime.reports()
             for kind in args.formats:
-                made = await reports.export(run.research_id, kind)
+                try:
+                    made = await reports.export(run.research_id, kind)
+                except ExportFailed as failed:
+                    print(f"Not saved: {kind}: {failed.reason}", file=sys.stderr)
+                    continue
                 if made is not None:
                     print(f"Saved {kind}: {_copy_out(made, args.output, args.question, kind)}", file=sys.stderr)
         return code

@@ -139,6 +139,11 @@ class Settings(BaseSettings):
     llm_max_answer_chars: int = Field(200_000, ge=1000, validation_alias="LLM_MAX_ANSWER_CHARS")
     # the page of PDF and DOCX exports
     report_page_size: Literal["A4", "Letter"] = Field("A4", validation_alias="REPORT_PAGE_SIZE")
+    # PDF and DOCX files made at once (each in a process of its own; one per user at a time), how long
+    # one may take and the memory it may use: past either it fails with a reason, the server unharmed
+    export_processes: int = Field(2, ge=1, le=64, validation_alias="EXPORT_PROCESSES")
+    export_timeout_s: float = Field(60.0, gt=0, validation_alias="EXPORT_TIMEOUT_S")
+    export_memory_mb: int = Field(1024, ge=100, validation_alias="EXPORT_MEMORY_MB")
     report_support_threshold: float = Field(0.5, gt=0, le=1, validation_alias="REPORT_SUPPORT_THRESHOLD")
 
     api_keys: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS")

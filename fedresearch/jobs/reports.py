@@ -28,6 +28,8 @@ from fedresearch.core.auth import Principal
 from fedresearch.core.redis import SharedDown, cancelled
 from fedresearch.jobs.redis_store import KEEP_DELETED_S
 from fedresearch.jobs.store import Job, JobStore, may_see
+from fedresearch.report.exports import EXPORT_FORMATS
+from fedresearch.report.render import ExportLimits
 from fedresearch.report.store import delete_report, drop_reports, export, report_markdown, write_atomic
 
 _SWEEP_EVERY_S = 60.0
@@ -40,13 +42,38 @@ _END_PAUSES_S = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 0.8, 0.8)
 log = logging.getLogger("fedresearch")
 
 
-class SavedReports:
-    """The saved reports of `jobs`, whichever host wrote them, read through `directory`."""
+class ExportGate:
+    """The PDF and DOCX files one process makes at once: `processes` in all (EXPORT_PROCESSES), and
+    one at a time for each user, so that a user asking for many waits for their own and never delays
+    another's; each within `limits`."""
 
-    def __init__(self, directory: Path, jobs: JobStore, page: str = "A4") -> None:
+    def __init__(self, processes: int = 2, limits: ExportLimits | None = None) -> None:
+        self.limits = limits or ExportLimits()
+        self._all = asyncio.Semaphore(processes)
+        self._users: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # a user's lock, and how many want it
+
+    @contextlib.asynccontextmanager
+    async def slot(self, user: str) -> AsyncIterator[None]:
+        lock, wanting = self._users.setdefault(user, (asyncio.Lock(), [0]))
+        wanting[0] += 1
+        try:
+            async with lock, self._all:
+                yield
+        finally:
+            wanting[0] -= 1
+            if not wanting[0]:
+                del self._users[user]
+
+
+class SavedReports:
+    """The saved reports of `jobs`, whichever host wrote them, read through `directory`; PDF and DOCX
+    made through `gate` (a process's own: see Runtime)."""
+
+    def __init__(self, directory: Path, jobs: JobStore, page: str = "A4", gate: ExportGate | None = None) -> None:
         self.directory = directory
         self.jobs = jobs
         self.page = page  # PDF and DOCX exports' page size (REPORT_PAGE_SIZE)
+        self.gate = gate or ExportGate()
 
     async def fetch(self, research_ids: Sequence[str], reader: Principal | None = None) -> list[str]:
         """Copy into this host's directory the records it lacks that the job store keeps (one trip
@@ -100,10 +127,19 @@ class SavedReports:
     async def markdown(self, research_id: str) -> str | None:
         return (await self.markdowns([research_id]))[research_id]
 
-    async def export(self, research_id: str, kind: str) -> Path | None:
-        """The report's file of one format, rendered here if needed; None when there is no report."""
+    async def export(self, research_id: str, kind: str, user: str = "") -> Path | None:
+        """The report's file of one format, rendered here if needed, for `user` (whose turn it takes);
+        None when there is no report; ExportFailed, with why, when it cannot be made."""
         await self.fetch([research_id])
-        return await asyncio.to_thread(export, self.directory, research_id, kind, self.page)
+        form = EXPORT_FORMATS.get(kind)
+        if (
+            form is None
+            or not form.apart
+            or await asyncio.to_thread(os.path.isfile, self.directory / f"{research_id}.{kind}")
+        ):
+            return await asyncio.to_thread(export, self.directory, research_id, kind, self.page)
+        async with self.gate.slot(user):
+            return await asyncio.to_thread(export, self.directory, research_id, kind, self.page, self.gate.limits)
 
     async def record(self, research_id: str) -> dict[str, Any] | None:
         await self.fetch([research_id])

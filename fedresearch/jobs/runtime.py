@@ -34,7 +34,7 @@ from fedresearch.federation.runner import Deps
 from fedresearch.jobs import webhooks
 from fedresearch.jobs.local_store import LocalJobStore
 from fedresearch.jobs.redis_store import RedisJobStore
-from fedresearch.jobs.reports import SavedReports
+from fedresearch.jobs.reports import ExportGate, SavedReports
 from fedresearch.jobs.retention import RetentionPace, enforce_retention
 from fedresearch.jobs.slots import LocalTaskSlots, RedisTaskSlots, TaskSlots
 from fedresearch.jobs.stopping import Stopping
@@ -45,6 +45,7 @@ from fedresearch.library.open import open_library
 from fedresearch.report.chat import ChatSession
 from fedresearch.report.llm import LlmClients, llm_config
 from fedresearch.report.pages import PageReader
+from fedresearch.report.render import ExportLimits
 from fedresearch.report.task import ResearchTools
 
 log = logging.getLogger("fedresearch")
@@ -76,6 +77,7 @@ class Runtime:
     background: set[asyncio.Task[object]] = field(default_factory=set)  # webhooks, retention: awaited at stop
     live: dict[str, LiveJob] = field(default_factory=dict)  # by research_id
     retention: RetentionPace = field(default_factory=lambda: RetentionPace(0))
+    exports: ExportGate = field(default_factory=ExportGate)  # PDF and DOCX made at once
 
     @property
     def registry(self) -> dict[str, Adapter]:
@@ -91,7 +93,7 @@ class Runtime:
 
     def reports(self) -> SavedReports:
         """The saved reports of this process's jobs, read through its reports directory."""
-        return SavedReports(self.settings.reports_dir, self.jobs, self.settings.report_page_size)
+        return SavedReports(self.settings.reports_dir, self.jobs, self.settings.report_page_size, self.exports)
 
     def in_background(self, work: Coroutine[Any, Any, object]) -> None:
         """Run `work` beside the request that asked for it; awaited (briefly) when the process stops."""
@@ -192,6 +194,9 @@ async def open_runtime(settings: Settings, given: Given) -> AsyncIterator[Runtim
                     running,
                     background,
                     retention=RetentionPace(settings.report_max_per_user),
+                    exports=ExportGate(
+                        settings.export_processes, ExportLimits(settings.export_timeout_s, settings.export_memory_mb)
+                    ),
                 )
             finally:
                 if made is not None:  # before the shared client closes

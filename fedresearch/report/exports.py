@@ -5,8 +5,9 @@ and the renderers of its self-contained HTML, PDF and DOCX, made from its Markdo
 Markdown is parsed once by markdown-it-py (CommonMark, the parser GPT-Researcher's clients' viewers
 agree with). HTML comes from a jinja2 template with its CSS inline; PDF is that HTML through
 WeasyPrint (links, headings, lists, tables and, with a CJK font installed, Chinese); DOCX is built
-with python-docx from the same tokens, links kept as Word hyperlinks. Rendering is CPU work: callers
-run it in a thread, and only when someone asks for the file.
+with python-docx from the same tokens, links kept as Word hyperlinks. Rendering is CPU work, done
+only when someone asks for the file: in a thread, and for PDF and DOCX in a process of its own,
+bounded in time and memory (report/render.py).
 """
 
 from __future__ import annotations
@@ -169,6 +170,9 @@ class ExportFormat:
     render: Renderer | None
     attachment: bool = False
     lacks: Lacks | None = None  # what a host may lack to render it well: a file made so is not kept
+    # made in a process of its own, bounded in time and memory (report/render.py): its renderer's
+    # time and memory grow with what the Markdown holds
+    apart: bool = False
 
 
 def _markdown(markdown: str, title: str, page: str) -> bytes:
@@ -185,9 +189,13 @@ EXPORT_FORMATS: dict[str, ExportFormat] = {
     for export in (
         ExportFormat("md", "text/markdown; charset=utf-8", _markdown),
         ExportFormat("html", "text/html; charset=utf-8", _html),
-        ExportFormat("pdf", "application/pdf", to_pdf, attachment=True, lacks=_pdf_lacks),
+        ExportFormat("pdf", "application/pdf", to_pdf, attachment=True, lacks=_pdf_lacks, apart=True),
         ExportFormat(
-            "docx", "application/vnd.openxmlformats-officedocument.wordprocessingml.document", to_docx, attachment=True
+            "docx",
+            "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+            to_docx,
+            attachment=True,
+            apart=True,
         ),
         ExportFormat("json", "application/json; charset=utf-8", None),
     )

@@ -14,10 +14,11 @@ from urllib.parse import quote, unquote
 _OPENERS = re.compile(r"([\\`\[\]<>])")
 _ESCAPED = re.compile(r"\\([\\`\[\]<>])")
 
-# kept as they are in a link target: what a URL is made of, % included so an address percent-encoded
-# already is not encoded twice; everything else (spaces, line breaks, controls, ( ) < > [ ] " ` \ and
-# every non-ASCII character) is percent-encoded, so nothing a source puts in its address can end the link
-_URL_SAFE = "!#$%&'*+,-./:;=?@_~"
+# kept as they are in a link target: what a URL is made of ([ ] of an IPv6 host included, which
+# CommonMark allows there), % so an address percent-encoded already is not encoded twice; everything
+# else (spaces, line breaks, controls, ( ) < > " ` \ and every non-ASCII character) is percent-encoded,
+# so nothing a source puts in its address can end the link
+_URL_SAFE = "!#$%&'*+,-./:;=?@_~[]"
 # an & that would read as an entity (&#91; is "[" to a Markdown reader) is backslash-escaped instead:
 # percent-encoding it would change what a query string says
 _ENTITY_AMPERSAND = re.compile(r"&(?=#?[A-Za-z0-9]+;)")

@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from fedresearch.report.exports import EXPORT_FORMATS
 from fedresearch.report.markup import read_text
+from fedresearch.report.render import ExportLimits, render_apart
 
 log = logging.getLogger("fedresearch")
 
@@ -103,10 +104,13 @@ def report_markdown(directory: Path, report_id: str) -> str | None:
     return markdown if isinstance(markdown, str) else None
 
 
-def export(directory: Path, report_id: str, kind: str, page: str = "A4") -> Path | None:
+def export(
+    directory: Path, report_id: str, kind: str, page: str = "A4", limits: ExportLimits | None = None
+) -> Path | None:
     """The file of one format, rendered now if it does not exist yet; None when the report does not.
     A file this host cannot render well (a PDF of Chinese text without a font for it) says so at its
-    top and is not kept: it is rendered again when next asked for, once the host has what it lacked."""
+    top and is not kept: it is rendered again when next asked for, once the host has what it lacked.
+    With `limits`, PDF and DOCX are made in a process of their own within them (ExportFailed if not)."""
     path = directory / f"{report_id}.{kind}"
     if path.is_file():
         return path
@@ -122,7 +126,11 @@ def export(directory: Path, report_id: str, kind: str, page: str = "A4") -> Path
         log.warning("report %s as %s: %s; not kept, made again when next asked for", report_id, kind, lacking)
         markdown = f"> **Note:** {lacking}.\n\n{markdown}"
         path = directory / f"{report_id}.{_UNKEPT}.{kind}"
-    write_atomic(path, form.render(markdown, title, page))
+    if form.apart and limits is not None:
+        made = render_apart(kind, markdown, title, page, limits)
+    else:
+        made = form.render(markdown, title, page)
+    write_atomic(path, made)
     return path
 
 

@@ -25,9 +25,11 @@ from fedresearch.jobs.retention import delete_with_reports
 from fedresearch.jobs.runs import chat_plan, start_job
 from fedresearch.jobs.store import JOB_ID, Job, JobStatus, may_see
 from fedresearch.report.chat import session_from_report
+from fedresearch.report.render import ExportFailed
 from fedresearch.report.store import REPORT_ID, content_disposition
 from fedresearch.web.auth import principal_of, validation_message
 from fedresearch.web.keys import RUNTIME, SETTINGS
+from fedresearch.web.reports import failed_export
 
 _BACKGROUND_MESSAGE = "Your report is being generated in the background. Please check back later."
 
@@ -129,7 +131,10 @@ async def read_report(request: web.Request) -> web.StreamResponse:
     if job is not None and may_see(principal, job):
         reports = request.app[RUNTIME].reports()
         await reports.fetch_of(job)
-        path = await reports.export(research_id, "docx")
+        try:
+            path = await reports.export(research_id, "docx", principal.user_id or principal.key_id)
+        except ExportFailed as failed:
+            raise failed_export(failed) from None
     if path is None or job is None:
         raise web.HTTPNotFound(text=json.dumps({"message": "Report not found."}), content_type="application/json")
     return web.FileResponse(path, headers={"Content-Disposition": content_disposition(job.task, "docx")})

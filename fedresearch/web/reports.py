@@ -4,19 +4,27 @@ request."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 from fedresearch.jobs.reports import sweeping_leftovers
 from fedresearch.report.exports import EXPORT_FORMATS
-from fedresearch.report.store import REPORT_NAME, content_disposition, export
+from fedresearch.report.render import ExportFailed
+from fedresearch.report.store import REPORT_NAME, content_disposition
 from fedresearch.web.auth import principal_of
 from fedresearch.web.keys import RUNTIME
 
 # the HTML export is self-contained: its own inline style, nothing else, in a sandbox of its own
 _HTML_EXPORT_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; sandbox"
+
+
+def failed_export(failed: ExportFailed) -> web.HTTPException:
+    """A file that could not be made, as an answer in words: the report itself is too large for it
+    (422), or making it overran this server's limits (503)."""
+    if failed.too_large:
+        return web.HTTPUnprocessableEntity(text=failed.reason)
+    return web.HTTPServiceUnavailable(text=failed.reason)
 
 
 async def leftover_sweeps(app: web.Application) -> AsyncIterator[None]:
@@ -32,7 +40,10 @@ async def report_file(request: web.Request) -> web.FileResponse:
     if match is None or not await reports.readable(principal, match.group(1)):
         raise web.HTTPNotFound(text="no such report")
     report_id, kind = match.groups()
-    path = await asyncio.to_thread(export, reports.directory, report_id, kind, reports.page)
+    try:
+        path = await reports.export(report_id, kind, principal.user_id or principal.key_id)
+    except ExportFailed as failed:
+        raise failed_export(failed) from None
     if path is None:
         raise web.HTTPNotFound(text="no such report")
     served = EXPORT_FORMATS[kind]
