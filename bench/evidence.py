@@ -53,7 +53,7 @@ def main(options: argparse.Namespace) -> None:
         spent: dict[tuple[int, str], float] = dict.fromkeys(runs, 0.0)
         counted = []
         for question_id, question in questions.items():
-            lexical = evidence._lexical(question, whole)
+            lexical = evidence._lexical(question, whole)[0]
             first = sorted(range(len(whole)), key=lambda i: -lexical[i])[: options.results]
             sources = [result(whole[i].source.key, rank) for rank, i in enumerate(first, start=1)]
             pages = {source.key: [Section(texts[source.key])] for source in sources}

@@ -18,6 +18,7 @@ from fedresearch.core.ranking import rrf
 from fedresearch.core.text import STOPWORDS, cjk_bigrams, split_sentences
 from fedresearch.library.chunking import Chunk, chunk_sections
 from fedresearch.library.formats import Section
+from fedresearch.report.sentences import is_cut, tidy
 
 _WORD = re.compile(r"[a-z0-9]+")
 _CITATION_LIKE = re.compile(r"\[(\d+(?:\s*[,–-]\s*\d+)*)\]")
@@ -25,6 +26,8 @@ _CITATION_LIKE = re.compile(r"\[(\d+(?:\s*[,–-]\s*\d+)*)\]")
 # as many as still pay (bench.evidence: nDCG@10 +0.14 MED, +0.11 CISI at 48; 64 adds under 0.01)
 _EMBEDDED_PASSAGES = 48
 _PAGE_PASSAGE_TOKENS = 120
+_SPACED_STOP = re.compile(r"(?<=[a-z0-9)]) \. (?=[a-z(])")
+_CUT_END = re.compile(r"\s*(?:…|\.\.\.)\s*$")
 
 Embed = Callable[[list[str]], np.ndarray]  # texts -> unit vectors (the library's encoder)
 
@@ -86,14 +89,16 @@ def clean_sentence(text: str) -> str:
     return _CITATION_LIKE.sub(r"(\1)", text)
 
 
-def claim_sentences(text: str) -> list[str]:
-    """The sentences of `text` that can stand as a finding in a report."""
+def claim_sentences(text: str, title: str = "") -> list[str]:
+    """The sentences of `text` that can stand as a finding in a report: whole (a snippet cut off
+    mid-sentence is not), without a label before them or their page's title glued on (`tidy`)."""
     sentences = []
-    for part in split_sentences(text):
-        sentence = clean_sentence(part)
+    # " . " ends a sentence in lower-cased collections (MED, CISI) that split_sentences reads as one
+    for part in split_sentences(_SPACED_STOP.sub(".\n", text)):
+        sentence = tidy(clean_sentence(part), title)
         substantive = len(sentence) >= 30 or len(cjk_bigrams(sentence)) >= 6
         asks = sentence.endswith(("?", "？"))  # a question in a note is not a finding
-        if substantive and not asks and len(sentence) <= 600:
+        if substantive and not asks and not is_cut(sentence) and len(sentence) <= 600:
             sentences.append(sentence)
     return sentences
 
@@ -128,7 +133,11 @@ def gather(
                     cut[source.key] = chunks
             for chunk in chunks:
                 found.append(Evidence(chunk.text, source, "page", chunk.page, chunk.position))
-            if source.body and source.body not in (s.text for s in sections):
+            # the search's snippet only where the page does not hold it: a cut snippet of a page
+            # read in full would be quoted cut
+            snippet = " ".join(_CUT_END.sub("", source.body).split())
+            page_text = " ".join(" ".join(s.text for s in sections).split())
+            if snippet and snippet not in page_text:
                 found.append(Evidence(source.body, source, "snippet", source.metadata.get("page"), 0))
             continue
         origin = "library" if source.kind == "library" else "snippet"
@@ -141,43 +150,98 @@ class Ranked:
     evidence: Evidence
     score: float
     vector: np.ndarray | None = field(default=None, repr=False)
+    cosine: float | None = None  # with the question, where the encoder scored this passage
+    overlap: float = 0.0  # the share of the question's weight (idf) this passage contains
 
 
-def _lexical(question: str, passages: Sequence[Evidence]) -> list[float]:
+def _lexical(question: str, passages: Sequence[Evidence]) -> tuple[list[float], list[float]]:
+    """Each passage's lexical score, and the share of the question's weight (idf) that it contains."""
     wanted = set(terms(question))
     bags = [terms(passage.text) for passage in passages]
     frequency = Counter(term for bag in bags for term in set(bag))
     total = len(passages)
-    scores = []
+    weight = {
+        term: math.log(1 + total / frequency[term]) if frequency[term] else math.log(1 + total) for term in wanted
+    }
+    asked = sum(weight.values()) or 1.0
+    scores, shares = [], []
     for bag in bags:
         present = wanted.intersection(bag)
-        score = sum(math.log(1 + total / frequency[term]) for term in present)
+        score = sum(weight[term] for term in present)
         scores.append(score / math.sqrt(max(len(set(bag)), 1)) ** 0.5)
-    return scores
+        shares.append(score / asked)
+    return scores, shares
 
 
 def rank(question: str, passages: Sequence[Evidence], embed: Embed | None = None) -> list[Ranked]:
     """Passages best first: a lexical ranking and, with an encoder, a dense one, fused with the
-    library's RRF; the fused source's own standing (retrievers agreeing on it) breaks ties."""
+    library's RRF; the fused source's own standing (retrievers agreeing on it) breaks ties. Each
+    keeps how much of the question it contains and, where encoded, its cosine with the question,
+    which the relevance gate reads (`bearing`)."""
     if not passages:
         return []
-    lexical = _lexical(question, passages)
+    lexical, shares = _lexical(question, passages)
     order = sorted(range(len(passages)), key=lambda i: lexical[i], reverse=True)
     fused = {i: rrf(rank + 1) for rank, i in enumerate(order)}
     vectors: dict[int, np.ndarray] = {}
+    cosines: dict[int, float] = {}
     if embed is not None:
         head = order[:_EMBEDDED_PASSAGES]
         matrix = embed([question, *(passages[i].text[:1500] for i in head)])
-        cosines = matrix[1:] @ matrix[0]
-        for dense_rank, j in enumerate(np.argsort(-cosines), start=1):
+        found = matrix[1:] @ matrix[0]
+        for dense_rank, j in enumerate(np.argsort(-found), start=1):
             fused[head[j]] += rrf(dense_rank)
             vectors[head[j]] = matrix[1 + j]
+            cosines[head[j]] = float(found[j])
     best_source = max(p.source.score for p in passages) or 1.0
     return sorted(
-        (Ranked(p, fused[i] + 0.002 * p.source.score / best_source, vectors.get(i)) for i, p in enumerate(passages)),
+        (
+            Ranked(p, fused[i] + 0.002 * p.source.score / best_source, vectors.get(i), cosines.get(i), shares[i])
+            for i, p in enumerate(passages)
+        ),
         key=lambda r: r.score,
         reverse=True,
     )
+
+
+@dataclass(frozen=True)
+class Gate:
+    """When a source bears on a question: its best passage's relevance (the cosine with the question
+    where the encoder scored it, else the share of the question's weight it contains) at least
+    `relative` times the best source's and at least `floor`. Chosen by measurement
+    (bench/report_quality.py --gate; docs/reports.md)."""
+
+    relative: float = 0.6
+    floor: float = 0.3
+    lexical_relative: float = 0.0
+    lexical_floor: float = 0.2
+
+
+def relevance(ranked: Sequence[Ranked]) -> dict[str, tuple[float | None, float]]:
+    """Each source's best cosine with the question (None where no passage of it was encoded) and
+    its best share of the question's weight."""
+    best: dict[str, tuple[float | None, float]] = {}
+    for item in ranked:
+        key = item.evidence.source.key
+        # the library's own cosine counts too: it saw the query as the library searched it
+        cosine, share = best.get(key, (item.evidence.source.cosine, 0.0))
+        if item.cosine is not None:
+            cosine = item.cosine if cosine is None else max(cosine, item.cosine)
+        best[key] = (cosine, max(share, item.overlap))
+    return best
+
+
+def bearing(ranked: Sequence[Ranked], gate: Gate | None = None) -> set[str]:
+    """The keys of the sources that bear on the question `ranked` was ranked against."""
+    gate = gate or Gate()
+    scores = relevance(ranked)
+    dense = [c for c, _ in scores.values() if c is not None]
+    if dense:
+        top = max(dense)
+        return {key for key, (c, _) in scores.items() if c is not None and c >= max(gate.floor, gate.relative * top)}
+    top_share = max((share for _, share in scores.values()), default=0.0)
+    limit = max(gate.lexical_floor, gate.lexical_relative * top_share)
+    return {key for key, (_, share) in scores.items() if share > 0 and share >= limit}
 
 
 def jaccard(a: set[str], b: set[str]) -> float:
@@ -263,7 +327,7 @@ def select_claims(question: str, chosen: Sequence[Ranked], max_claims: int, per_
     wanted = set(terms(question))
     candidates: list[Claim] = []
     for rank_index, ranked in enumerate(chosen):
-        for position, sentence in enumerate(claim_sentences(ranked.evidence.text)):
+        for position, sentence in enumerate(claim_sentences(ranked.evidence.text, ranked.evidence.source.title)):
             overlap = len(wanted.intersection(terms(sentence))) / (len(wanted) or 1)
             lead = 0.1 if position == 0 else 0.0  # a summary's first sentence usually states its point
             score = ranked.score * 100 + overlap + lead - 0.01 * rank_index

@@ -1,0 +1,120 @@
+"""A source's sentence made fit to quote: no label prefix ("Our summary:"), no page title glued to its
+start, no cut snippet, and said whose it is when it has no subject of its own or speaks in the
+first person ("Malkov and Yashunin (2018) build…", "Your note says: …").
+
+Pure text work, the same for every writer and for chat: the writer quotes, this only decides what
+is quoted and how it is attributed.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fedresearch.core.models import FusedResult
+from fedresearch.core.text import cjk_bigrams
+
+# "Our summary:", "Summary -", "TL;DR:", "Abstract:", "Highlight:", "Note:", "Background:" ...
+_LABEL_PREFIX = re.compile(
+    r"^\s*(?:(?:our|my|the|a|author'?s?|editor'?s?)\s+)?"
+    r"(?:summary|abstract|tl;?\s?dr|note|notes|highlight|comment|background|conclusions?|results?|methods?|"
+    r"objectives?|purpose|aims?|key\s+(?:points?|findings?)|takeaways?|excerpt|snippet|description)"
+    r"\s*(?:[:：]|\s[-–—]\s)\s*",
+    re.IGNORECASE,
+)
+_CUT = re.compile(r"(?:…|\.\.\.|\u2026)\s*$")
+_REPEATED_STOP = re.compile(r"([.!?])\1+(?=\s|$)")
+_FIRST_PERSON = re.compile(r"(?:^|\s)(?:I|I'm|I've|I'd|my|My|me|mine)(?=[\s,.;:!?]|$)")
+# a determiner or pronoun that follows a verb with no subject before it: "Builds a graph", "Uses the"
+_OBJECT_START = {
+    "a", "an", "the", "each", "every", "both", "its", "their", "this", "these", "those", "all", "some",
+    "two", "three", "several", "many", "most", "no", "one", "it", "them", "that", "how", "what", "whether",
+}  # fmt: skip
+_NOT_VERBS = {"this", "thus", "its", "has", "was", "is", "as", "us", "his", "yes", "less", "plus", "news", "always"}
+_USERS_OWN = {"highlight", "file", "note"}
+
+
+def tidy(sentence: str, title: str = "") -> str:
+    """`sentence` without a label before it, its page's title glued to its start, or doubled stops."""
+    text = _LABEL_PREFIX.sub("", sentence, count=1)
+    heading = " ".join(title.split())
+    if heading and len(text) > len(heading) + 20 and text.lower().startswith(heading.lower()):
+        rest = text[len(heading) :].lstrip(" :.-–—|")
+        if rest[:1].isupper() or cjk_bigrams(rest[:1]):
+            text = rest
+    text = _REPEATED_STOP.sub(r"\1", text)
+    return text[:1].upper() + text[1:] if text[:1].islower() else text
+
+
+def is_cut(sentence: str) -> bool:
+    """A snippet cut off mid-sentence ("…needs no score norm…")."""
+    return bool(_CUT.search(sentence))
+
+
+def first_person(sentence: str) -> bool:
+    return bool(_FIRST_PERSON.search(sentence))
+
+
+def subjectless(sentence: str) -> bool:
+    """A sentence that starts with its verb: "Builds a layered graph…", "Represents documents and…"."""
+    words = sentence.split()
+    if len(words) < 3 or not words[0][:1].isupper():
+        return False
+    verb, following = words[0].lower().strip(",;:"), words[1].lower().strip(",;:")
+    if verb in _NOT_VERBS or not verb.isalpha() or not verb.endswith("s") or verb.endswith(("ss", "us", "is")):
+        return False
+    return following in _OBJECT_START or (following.endswith("s") and following.isalpha() and len(following) > 3)
+
+
+def users_own(source: FusedResult) -> bool:
+    """The user's own note, highlight or file (not a paper in their library)."""
+    return source.kind == "library" and str(source.metadata.get("type", "")).lower() in _USERS_OWN
+
+
+def authors_year(source: FusedResult) -> str | None:
+    """ "Malkov and Yashunin (2018)", "Robertson et al. (2009)", "Malkov (2018)": None without authors."""
+    authors = source.metadata.get("authors")
+    if not isinstance(authors, list) or not authors:
+        return None
+    names = [_surname(str(name)) for name in authors if str(name).strip()]
+    if not names:
+        return None
+    who = names[0] if len(names) == 1 else f"{names[0]} and {names[1]}" if len(names) == 2 else f"{names[0]} et al."
+    year = source.metadata.get("year")
+    return f"{who} ({year})" if year else who
+
+
+def _surname(name: str) -> str:
+    name = " ".join(name.split())
+    if "," in name:
+        return name.split(",", 1)[0].strip()
+    return name.split(" ")[-1]
+
+
+def _plural(verb: str) -> str:
+    """ "builds" -> "build", "applies" -> "apply", "uses" -> "use" (after a plural subject)."""
+    if verb.endswith("ies") and len(verb) > 4:
+        return verb[:-3] + "y"
+    if verb.endswith(("sses", "shes", "ches", "xes", "zes")):
+        return verb[:-2]
+    return verb[:-1]
+
+
+def attributed(sentence: str, source: FusedResult, note: str) -> str:
+    """`sentence` said to be whose it is where it does not say so itself. `note` is the language's
+    "Your note says: “{text}”"."""
+    if users_own(source) and first_person(sentence):
+        return note.format(text=sentence)
+    if not subjectless(sentence):
+        return sentence
+    who = authors_year(source)
+    words = sentence.split()
+    verb = words[0].lower()
+    if who is not None:
+        several = " and " in who or "et al." in who
+        return " ".join([who, _plural(verb) if several else verb, *words[1:]])
+    if users_own(source):
+        return note.format(text=sentence)
+    title = " ".join(source.title.split())
+    if title and len(title) <= 90:
+        return " ".join([f"“{title}”", verb, *words[1:]])
+    return " ".join(["One source", verb, *words[1:]])
