@@ -95,20 +95,36 @@ class ResearchRequest(BaseModel):
     agent: str | None = None
     headers: dict[str, Any] = Field(default_factory=dict)
     detach: bool = False  # keep running when the socket that started it closes (resume it by research_id)
+    # what custom_report follows: format, length, focus (GPT-Researcher's `custom_prompt`)
+    custom_prompt: str | None = Field(None, max_length=4000)
+    # subtopic_report: the main question this subtopic belongs to, and the sections already written
+    # (GPT-Researcher's `parent_query`, `existing_headers`, `draft_section_titles`)
+    parent_query: str | None = Field(None, max_length=4000)
+    existing_headers: list[str] = Field(default_factory=list, max_length=200)
+    draft_section_titles: list[str] = Field(default_factory=list, max_length=200)
     # set when the report type asked for is served as another (REPORT_TYPE_STAND_INS): what to tell
     report_type_note: SkipJsonSchema[str | None] = Field(None, exclude=True)
+    # set when the report type asked for is none this server knows: the task is refused with this
+    # (an error listing the known ones), and still ends with a short report and `path`
+    report_type_error: SkipJsonSchema[str | None] = Field(None, exclude=True)
 
     @model_validator(mode="before")
     @classmethod
     def _stand_in(cls, data: object) -> object:
         if not isinstance(data, dict):
             return data
-        data = {name: value for name, value in data.items() if name != "report_type_note"}  # ours alone to set
+        ours = ("report_type_note", "report_type_error")  # ours alone to set
+        data = {name: value for name, value in data.items() if name not in ours}
         asked = data.get("report_type")
-        stand_in = REPORT_TYPE_STAND_INS.get(asked.strip().lower()) if isinstance(asked, str) else None
-        if stand_in is None:
-            return data
-        return {**data, "report_type": stand_in[0], "report_type_note": stand_in[1]}
+        name = asked.strip().lower() if isinstance(asked, str) else None
+        stand_in = REPORT_TYPE_STAND_INS.get(name) if name is not None else None
+        if stand_in is not None:
+            return {**data, "report_type": stand_in[0], "report_type_note": stand_in[1]}
+        if name and name not in set(ReportType):
+            known = ", ".join([*ReportType, *REPORT_TYPE_STAND_INS])
+            error = f"unknown report_type {str(asked).strip()[:64]!r}: the known ones are {known}"
+            return {**data, "report_type": ReportType.research_report, "report_type_error": error}
+        return data
 
     @field_validator("task", mode="before")
     @classmethod
@@ -128,6 +144,29 @@ class ResearchRequest(BaseModel):
         if value == "":
             return None
         return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("existing_headers", "draft_section_titles", mode="before")
+    @classmethod
+    def _headers_text(cls, value: object) -> object:
+        """Section titles as GPT-Researcher sends them: strings, or objects whose values are titles."""
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            return value
+        found: list[object] = []
+        for item in value:
+            if isinstance(item, dict):
+                found.extend(str(v) for v in item.values() if isinstance(v, str | int | float))
+            else:
+                found.append(item)
+        return found
+
+    @field_validator("custom_prompt", "parent_query", mode="before")
+    @classmethod
+    def _optional_prose(cls, value: object) -> object:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        return value.strip() if isinstance(value, str) else value
 
     @field_validator("tone", "language", "agent", mode="before")
     @classmethod

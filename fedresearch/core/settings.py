@@ -145,6 +145,8 @@ class Settings(BaseSettings):
     export_timeout_s: float = Field(60.0, gt=0, validation_alias="EXPORT_TIMEOUT_S")
     export_memory_mb: int = Field(1024, ge=100, validation_alias="EXPORT_MEMORY_MB")
     report_support_threshold: float = Field(0.5, gt=0, le=1, validation_alias="REPORT_SUPPORT_THRESHOLD")
+    deep_research_breadth: int = Field(3, ge=1, le=8, validation_alias="DEEP_RESEARCH_BREADTH")
+    deep_research_depth: int = Field(2, ge=1, le=4, validation_alias="DEEP_RESEARCH_DEPTH")
 
     api_keys: SecretStr | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS")
     api_keys_file: Path | None = Field(None, validation_alias="FEDRESEARCH_API_KEYS_FILE")

@@ -288,6 +288,8 @@ async def _take_slot(runtime: Runtime, key: str) -> Slot:
 def _admit(runtime: Runtime, principal: Principal, request: ResearchRequest) -> Plan:
     """The plan for `request`, if this caller may run it now; else RequestError saying why."""
     settings = runtime.settings
+    if request.report_type_error:
+        raise RequestError(request.report_type_error)
     if len(request.task) > settings.max_task_chars:
         raise RequestError(f"task is {len(request.task)} characters; MAX_TASK_CHARS is {settings.max_task_chars}")
     bound = None if principal.admin else principal.user_id

@@ -19,6 +19,31 @@ class Labels:
     outline: str
     found_by: str
     kinds: dict[str, str]
+    references: str  # the References section's heading (report/citations.py renders the section)
+    answer: str
+    introduction: str
+    conclusion: str
+    open_questions: str
+    more_findings: str  # a theme's heading when its evidence shares no phrase
+    about: str  # a heading from a phrase of the evidence: "{phrase}"
+    sub_questions: tuple[str, ...]  # sub-questions about a phrase of the evidence, in turn
+    follow_up: str  # a deeper level's follow-up question about a phrase
+    only_some: str  # thin evidence: {count} of {searched} sources bear on the question
+    none_bear: str
+    intro_research: str
+    intro_parts: str
+    conclusion_text: str
+    conclusion_parts: str
+    no_disagreement: str
+    your_note: str  # a user's note, quoted: {text}
+    foreign: str  # evidence in another language, quoted as it is: {text}
+    could_not_follow: str
+    followed: str
+    subtopic_of: str
+    skipped_headers: str
+    deep_levels: str
+    list_and: str  # how a list's last item is joined
+    list_sep: str
 
 
 ENGLISH = Labels(
@@ -37,6 +62,37 @@ ENGLISH = Labels(
         "scholarly": "From the scholarly record",
         "web": "From the web",
     },
+    references="References",
+    answer="Answer",
+    introduction="Introduction",
+    conclusion="Conclusion",
+    open_questions="Disagreements and open questions",
+    more_findings="Further findings",
+    about="{phrase}",
+    sub_questions=(
+        "What is known about {phrase}?",
+        "What evidence is there on {phrase}?",
+        "What role does {phrase} play here?",
+        "How is {phrase} studied?",
+        "What do the sources report on {phrase}?",
+    ),
+    follow_up="What more is known about {phrase} in {parent}?",
+    only_some="Only {count} of the {searched} sources found bear on this question, so this report is short.",
+    none_bear="None of the {searched} sources found bears on this question, so there is nothing to report.",
+    intro_research="{count} of the {searched} sources found bear on this question; the answer below quotes them.",
+    intro_parts="This report answers the question in {parts} parts, from {count} sources that bear on it: {questions}",
+    conclusion_text="The sources that bear on this question speak to {themes}.",
+    conclusion_parts="Taken together, the {parts} parts above rest on {count} sources that bear on the question.",
+    no_disagreement="No source found here disputes another, and none names an open question.",
+    your_note="Your note says: “{text}”",
+    foreign="“{text}” (quoted in its original language)",
+    could_not_follow="The offline writer could not follow this part of the custom prompt: {items}.",
+    followed="Written as the custom prompt asks: {items}.",
+    subtopic_of="A subtopic of “{parent}”.",
+    skipped_headers="Left out, as sections already written cover it: {items}.",
+    deep_levels="Deep research: {levels} levels, {queries} follow-up searches.",
+    list_and=" and ",
+    list_sep=", ",
 )
 CHINESE = Labels(
     code="zh",
@@ -49,6 +105,37 @@ CHINESE = Labels(
     outline="提纲",
     found_by="来源检索器",
     kinds={"library": "来自你的文献库", "knowledge": "来自你的知识库", "scholarly": "来自学术文献", "web": "来自网络"},
+    references="参考文献",
+    answer="回答",
+    introduction="引言",
+    conclusion="结论",
+    open_questions="分歧与未决问题",
+    more_findings="其他发现",
+    about="关于“{phrase}”",
+    sub_questions=(
+        "关于“{phrase}”，已知什么？",
+        "有哪些关于“{phrase}”的证据？",
+        "“{phrase}”在这里起什么作用？",
+        "“{phrase}”是如何研究的？",
+        "来源对“{phrase}”有何报道？",
+    ),
+    follow_up="在“{parent}”方面，关于“{phrase}”还知道什么？",
+    only_some="检索到的 {searched} 个来源中只有 {count} 个与这个问题相关，因此本报告较短。",
+    none_bear="检索到的 {searched} 个来源都与这个问题无关，因此没有可报告的内容。",
+    intro_research="检索到的 {searched} 个来源中有 {count} 个与这个问题相关；下面的回答引用它们的原文。",
+    intro_parts="本报告分 {parts} 个部分回答这个问题，依据 {count} 个相关来源：{questions}",
+    conclusion_text="与这个问题相关的来源涉及：{themes}。",
+    conclusion_parts="以上 {parts} 个部分共依据 {count} 个与这个问题相关的来源。",
+    no_disagreement="这里找到的来源之间没有相互矛盾之处，也没有来源指出未决问题。",
+    your_note="你的笔记写道：“{text}”",
+    foreign="“{text}”（原文引用）",
+    could_not_follow="离线写作器无法按照自定义要求的这一部分写作：{items}。",
+    followed="按自定义要求写作：{items}。",
+    subtopic_of="“{parent}”的一个子主题。",
+    skipped_headers="已写章节涵盖的内容未重复：{items}。",
+    deep_levels="深度研究：{levels} 层，{queries} 次后续检索。",
+    list_and="和",
+    list_sep="、",
 )
 _NAMES = {
     "en": ENGLISH,
@@ -62,6 +149,20 @@ _NAMES = {
 }
 
 
+def joined(items: list[str], labels: Labels) -> str:
+    """A list in prose: "a, b and c" ("a、b和c")."""
+    if len(items) <= 1:
+        return "".join(items)
+    return labels.list_sep.join(items[:-1]) + labels.list_and + items[-1]
+
+
+def is_chinese(text: str) -> bool:
+    """Mostly CJK characters among its letters."""
+    letters = [c for c in text if c.isalpha()]
+    cjk = sum(1 for c in letters if cjk_bigrams(c))
+    return bool(letters) and cjk / len(letters) > 0.3
+
+
 def labels_for(question: str, language: str | None) -> Labels:
     """`language` as GPT-Researcher clients send it ("english", "chinese", "zh"...), else the
     question's script: a question mostly in CJK characters is answered in Chinese."""
@@ -69,6 +170,4 @@ def labels_for(question: str, language: str | None) -> Labels:
         named = _NAMES.get(language.strip().lower())
         if named is not None:
             return named
-    letters = [c for c in question if c.isalpha()]
-    cjk = sum(1 for c in letters if cjk_bigrams(c))
-    return CHINESE if letters and cjk / len(letters) > 0.3 else ENGLISH
+    return CHINESE if is_chinese(question) else ENGLISH

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from fedresearch.core.models import FusedResult
 from fedresearch.core.text import STOPWORDS, cjk_bigrams
+from fedresearch.report.evidence import Gate
 from fedresearch.report.llm import LlmConfig, ThinkFilter, WriterFailure, complete
 
 if TYPE_CHECKING:
@@ -35,25 +36,69 @@ _MIN_WORDS, _MAX_CHARS = 3, 300
 @dataclass(frozen=True)
 class SubQuestion:
     query: str  # what every chosen retriever is asked
-    heading: str  # the report section its sources become
+    heading: str  # the report section its sources become: a question, in the report's language
+    phrase: str = ""  # what of the evidence it asks about (the extractive planner's)
 
 
-def sub_questions(question: str, sources: Sequence[FusedResult], count: int = 3) -> list[SubQuestion]:
-    asked = {word.lower() for word in _WORDS.findall(question)} | set(cjk_bigrams(question))
+# a phrase's words: letters only, three or more, none a stopword, within one clause of one sentence
+_CLAUSES = re.compile(r"[.;:!?,()\[\]\"“”/|。；：！？，（）]+")
+
+
+def evidence_phrases(texts: Sequence[str], asked: set[str]) -> Counter[str]:
+    """Two-word phrases of the texts, counted once per text: both words whole words of a clause (never
+    across a sentence's end, a title and its text, or a piece of a word), and not all asked already."""
     phrases: Counter[str] = Counter()
-    for source in sources[:12]:
-        words = [w.lower() for w in _WORDS.findall(f"{source.title}. {source.body}") if w.lower() not in STOPWORDS]
-        seen = {f"{a} {b}" for a, b in itertools.pairwise(words) if len(a) > 2 and len(b) > 2}
-        seen |= {gram for gram in cjk_bigrams(source.body) if gram not in asked}
-        phrases.update(seen)  # how many sources use a phrase, not how often one source repeats it
+    for text in texts:
+        seen: set[str] = set()
+        for clause in _CLAUSES.split(text.lower()):
+            words = clause.split()
+            for a, b in itertools.pairwise(words):
+                if not (a.isalpha() and b.isalpha()) or len(a) < 3 or len(b) < 3:
+                    continue
+                if a in STOPWORDS or b in STOPWORDS or {a, b} <= asked:
+                    continue
+                seen.add(f"{a} {b}")
+        phrases.update(seen)
+    return phrases
+
+
+def bearing_sources(sources: Sequence[FusedResult], gate: Gate | None = None) -> list[FusedResult]:
+    """The first results that bear on the question as far as the search can tell: where the library
+    gave cosines, those the relevance gate keeps (report/evidence.py `Gate`), else all."""
+    gate = gate or Gate()
+    first = list(sources[:12])
+    cosines = [s.cosine for s in first if s.cosine is not None]
+    if not cosines:
+        return first
+    limit = max(gate.floor, gate.relative * max(cosines))
+    return [s for s in first if s.cosine is None or s.cosine >= limit]
+
+
+def sub_questions(
+    question: str,
+    sources: Sequence[FusedResult],
+    count: int = 3,
+    forms: Sequence[str] = ("What is known about {phrase}?",),
+    avoid: Sequence[str] = (),
+) -> list[SubQuestion]:
+    """Sub-questions about what the first results that bear on `question` say and it does not: the
+    phrases most of them use, each asked as a question (`forms`, in the report's language, in turn).
+    `avoid`: phrases asked already (a deeper level of deep research asks about something new)."""
+    asked = {word.lower() for word in _WORDS.findall(question)} | {w for p in avoid for w in p.split()}
+    texts = [s.body for s in bearing_sources(sources)]
+    phrases = evidence_phrases(texts, asked)
     chosen: list[str] = []
-    for phrase, uses in phrases.most_common():
+    for phrase, uses in sorted(phrases.items(), key=lambda item: (-item[1], item[0])):
         if uses < 2 or len(chosen) >= count:
             break
-        if set(phrase.split()) <= asked or any(set(phrase.split()) & set(c.split()) for c in chosen):
+        words = set(phrase.split())
+        if any(words & set(c.split()) for c in chosen) or phrase in avoid:
             continue
         chosen.append(phrase)
-    return [SubQuestion(f"{question} — {phrase}", phrase.capitalize()) for phrase in chosen]
+    return [
+        SubQuestion(f"{phrase} {question}", forms[i % len(forms)].format(phrase=phrase), phrase)
+        for i, phrase in enumerate(chosen)
+    ]
 
 
 def planning_messages(question: str, sources: Sequence[FusedResult], count: int) -> list[ChatCompletionMessageParam]:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fedresearch.core.events import Emit, ProgressEvent, ProgressStep
-from fedresearch.core.models import FusedResult, ResearchRequest, RetrieverOutcome
+from fedresearch.core.models import FusedResult, ReportType, ResearchRequest, RetrieverOutcome
 from fedresearch.core.settings import Settings
 from fedresearch.federation.contract import Adapter
 from fedresearch.federation.fusion import fuse
@@ -20,14 +20,16 @@ from fedresearch.federation.runner import Deps, federate
 from fedresearch.library.formats import Section
 from fedresearch.report.citations import Reference
 from fedresearch.report.compose import Composed, SavedReport, SendReport, compose
+from fedresearch.report.custom import read_custom_prompt
 from fedresearch.report.evidence import RememberedEmbed
+from fedresearch.report.language import Labels, labels_for
 from fedresearch.report.llm import LlmClients, LlmConfig, WriterFailure, failure_reason, llm_config
 from fedresearch.report.pages import PageReader
 from fedresearch.report.planner import SubQuestion, model_sub_questions, sub_questions
 from fedresearch.report.reading import read_pages, url_sources
 from fedresearch.report.store import record_bytes, report_files
 from fedresearch.report.types import form_of
-from fedresearch.report.writer import Brief, Part, Writing
+from fedresearch.report.writer import Asked, Brief, Part, Writing
 
 log = logging.getLogger("fedresearch")
 
@@ -117,22 +119,86 @@ async def gather_sources(
 async def _parts(
     task: ResearchTask, sources: list[FusedResult], tools: ResearchTools, emit: Emit, config: LlmConfig | None
 ) -> list[Part]:
-    """Detailed reports: each sub-question sent to every chosen retriever, all at once."""
-    plan = task.plan
+    """Detailed reports: each sub-question sent to every chosen retriever, all at once; deep research
+    then asks follow-up questions about what each found, level by level (`_deeper`)."""
+    plan, request = task.plan, task.request
     if not plan.names:
         return []
-    questions, planner = await _plan(task.request.task, sources, config, emit)
+    labels = labels_for(request.task, request.language)
+    deep = request.report_type is ReportType.deep
+    settings = tools.deps.settings
+    breadth = settings.deep_research_breadth if deep else 3
+    questions, planner = await _plan(request.task, sources, config, emit, labels, breadth)
     if not questions:
         return []
     listed = "; ".join(q.heading for q in questions)
-    about = {"sub_questions": [q.query for q in questions], "planner": planner}
+    about: dict[str, Any] = {"sub_questions": [q.query for q in questions], "planner": planner}
+    if deep:
+        total = settings.deep_research_depth
+        about |= {"depth": 1, "total_depth": total, "breadth": breadth, "completed_queries": 0}
+        about["total_queries"] = len(questions)
     await emit(ProgressEvent(ProgressStep.planning, f"🗂️ Sub-questions: {listed}", about))
     found = await asyncio.gather(*(gather_sources(q.query, plan, tools, _quiet) for q in questions))
-    return [Part(q.heading, part_sources) for q, (part_sources, _) in zip(questions, found, strict=True)]
+    parts = [
+        Part(q.heading, part_sources, focus=q.query, phrase=q.phrase)
+        for q, (part_sources, _) in zip(questions, found, strict=True)
+    ]
+    if deep:
+        await _deeper(parts, task, tools, emit, labels, breadth, settings.deep_research_depth)
+    return parts
+
+
+async def _deeper(
+    parts: list[Part], task: ResearchTask, tools: ResearchTools, emit: Emit, labels: Labels, breadth: int, depth: int
+) -> None:
+    """Deep research's levels below the first, as GPT-Researcher's `deep_research` goes: each question
+    of a level gets max(2, breadth // 2) follow-up questions about what its own search found and no
+    question before it asked (the learnings carried forward), all searched at once; each level's
+    progress is a `planning` frame."""
+    level, completed = parts, len(parts)
+    asked = {part.phrase for part in parts if part.phrase}
+    for current in range(2, depth + 1):
+        breadth = max(2, breadth // 2)
+        follow_ups: list[tuple[Part, SubQuestion]] = []
+        for parent in level:
+            form = labels.follow_up.replace("{parent}", parent.phrase or parent.title)
+            found = await asyncio.to_thread(
+                sub_questions, parent.focus or parent.title, parent.sources, breadth, (form,), tuple(asked)
+            )
+            for question in found:
+                asked.add(question.phrase)
+                follow_ups.append((parent, question))
+        if not follow_ups:
+            break
+        about = {
+            "depth": current,
+            "total_depth": depth,
+            "breadth": breadth,
+            "completed_queries": completed,
+            "total_queries": completed + len(follow_ups),
+            "sub_questions": [q.query for _, q in follow_ups],
+            "planner": "extractive",
+        }
+        listed = "; ".join(q.heading for _, q in follow_ups)
+        await emit(ProgressEvent(ProgressStep.planning, f"🔭 Level {current} of {depth}: {listed}", about))
+        found_sources = await asyncio.gather(
+            *(gather_sources(q.query, task.plan, tools, _quiet) for _, q in follow_ups)
+        )
+        level = []
+        for (parent, question), (sources, _) in zip(follow_ups, found_sources, strict=True):
+            child = Part(question.heading, sources, focus=question.query, phrase=question.phrase)
+            parent.children.append(child)
+            level.append(child)
+        completed += len(follow_ups)
 
 
 async def _plan(
-    question: str, sources: list[FusedResult], config: LlmConfig | None, emit: Emit
+    question: str,
+    sources: list[FusedResult],
+    config: LlmConfig | None,
+    emit: Emit,
+    labels: Labels,
+    count: int = 3,
 ) -> tuple[list[SubQuestion], str]:
     """The model's sub-questions when one is configured and answers usably, else the extractive planner's."""
     if config is not None:
@@ -140,13 +206,22 @@ async def _plan(
             ProgressEvent(ProgressStep.planning, f"🗂️ {config.model} is planning sub-questions", {"model": config.model})
         )
         try:
-            return await model_sub_questions(config, question, sources), "llm"
+            return await model_sub_questions(config, question, sources, count), "llm"
         except WriterFailure as error:  # the model's; an error of our own code is no model failure
             reason = failure_reason(error, config)
             log.warning("LLM planner failed, extractive planner takes over: %s", reason)
             message = f"⚠️ The model could not plan sub-questions ({reason}); planning them from the sources"
             await emit(ProgressEvent(ProgressStep.planner_fallback, message, {"reason": reason, "model": config.model}))
-    return await asyncio.to_thread(sub_questions, question, sources), "extractive"
+    return await asyncio.to_thread(sub_questions, question, sources, count, labels.sub_questions), "extractive"
+
+
+def asked_of(request: ResearchRequest) -> Asked:
+    """What the request asks of its report's form besides the question."""
+    return Asked(
+        custom_prompt=request.custom_prompt,
+        parent_query=request.parent_query,
+        existing_headers=tuple(request.existing_headers) + tuple(request.draft_section_titles),
+    )
 
 
 async def _quiet(_: ProgressEvent) -> None:
@@ -171,7 +246,7 @@ async def run_research(
         await emit(ProgressEvent(ProgressStep.warning, f"⚠️ {refused}"))
     decomposes = form_of(request.report_type).decomposes
     parts = await _parts(task, sources, tools, emit, config) if decomposes else []
-    everything = sources + [s for part in parts for s in part.sources]
+    everything = sources + [s for part in parts for s in part.every_source]
     writing = writing_for(request, deps, await _read(everything, plan, tools, emit, started))
     # a model still writing then hands over to the extractive writer, which needs a moment of its own
     writing.deadline = (
@@ -190,7 +265,12 @@ async def run_research(
         record = {"owner": task.owner} | _record(task.report_id, request, composed, outcomes, retrieval_ms)
         return SavedReport(report_files(task.report_id), record_bytes(composed.markdown, record))
 
-    brief = Brief(request.task, request.report_type, sources, outcomes, writing, parts)
+    if request.report_type is ReportType.custom_report:
+        unmet = read_custom_prompt(request.custom_prompt).unmet
+        if unmet:
+            could_not = labels_for(request.task, request.language).could_not_follow.format(items="; ".join(unmet))
+            await emit(ProgressEvent(ProgressStep.warning, f"⚠️ {could_not}", {"custom_prompt_unmet": unmet}))
+    brief = Brief(request.task, request.report_type, sources, outcomes, writing, parts, asked=asked_of(request))
     composed = await compose(brief, config, emit, send, save)
     saved = composed.saved or SavedReport({}, b"")
     return ResearchOutcome(

@@ -13,23 +13,29 @@ from typing import Literal
 
 from fedresearch.core.models import ReportType
 
-# how the extractive writer fills a type's template (report/writer.py)
-Layout = Literal["research", "outline", "resources"]
-_TEMPLATES: dict[Layout, str] = {
-    "research": "research_report.md.j2",
-    "outline": "outline_report.md.j2",
-    "resources": "resource_report.md.j2",
-}
+# how the extractive writer lays a type out (report/writer.py LAYOUTS)
+Layout = Literal["research", "detailed", "deep", "outline", "resources", "custom", "subtopic"]
 
-_SECTIONS = "a short summary paragraph first, then sections under `## ` headings, each of a few paragraphs"
-_OUTLINE = "an outline: `## ` section headings, each followed by a short paragraph of the points it will make"
+_SECTIONS = (
+    "a direct answer to the question in a short first paragraph, then sections by theme under `## ` headings, "
+    "each of a few paragraphs, then a `## ` section on disagreements and open questions, then a short `## ` "
+    "conclusion"
+)
+_DETAILED = (
+    "a longer report: a `## ` introduction, then one `## ` section for each sub-question the evidence answers, "
+    "its heading written as that question, then a `## ` conclusion"
+)
+_OUTLINE = (
+    "a hierarchical outline: numbered `## ` section headings, each followed by `- ` points and indented `  - ` "
+    "sub-points, each point ending with the markers of the passages it rests on"
+)
 
 
 @dataclass(frozen=True)
 class ReportForm:
     """One report type: how menus name it and what it gives, whether its question is split into
     sub-questions (each searched and written up on its own), how the extractive writer lays it out
-    (`layout`, into the template `template`), what shape the model is asked to write (None: the
+    (`layout`, report/writer.py LAYOUTS), what shape the model is asked to write (None: the
     extractive writer always writes it), and the request fields it needs besides the question
     (a type that needs some is not offered where only a question is asked)."""
 
@@ -46,10 +52,6 @@ class ReportForm:
         return self.type.value
 
     @property
-    def template(self) -> str:
-        return _TEMPLATES[self.layout]
-
-    @property
     def offered(self) -> bool:
         """Whether it can be asked with a question alone (the page's menu, the CLI's choices)."""
         return not self.needs
@@ -61,24 +63,30 @@ REPORT_FORMS: dict[ReportType, ReportForm] = {
         ReportForm(
             ReportType.research_report,
             "Research report",
-            "a summary of the findings, then sections by theme, every claim cited",
+            "a direct answer, sections by theme, disagreements and open questions, a conclusion; every claim cited",
         ),
         ReportForm(
             ReportType.detailed_report,
             "Detailed report",
-            "the question split into sub-questions, each searched on its own and given its section",
+            "an introduction, the question split into sub-questions, each searched on its own and given its "
+            "section, a conclusion",
+            layout="detailed",
             decomposes=True,
+            model_shape=_DETAILED,
         ),
         ReportForm(
             ReportType.deep,
             "Deep research",
-            "research that follows sub-questions as far as the task's time allows, each given its section",
+            "recursive research: follow-up questions about what each sub-question found (DEEP_RESEARCH_BREADTH "
+            "x DEEP_RESEARCH_DEPTH), each given its section; longer than the detailed report",
+            layout="deep",
             decomposes=True,
+            model_shape=_DETAILED,
         ),
         ReportForm(
             ReportType.resource_report,
             "Resources",
-            "an annotated list of the sources, grouped by where they were found",
+            "an annotated bibliography of the sources that bear on the question, grouped by theme",
             layout="resources",
             model_shape=None,
         ),
@@ -92,13 +100,15 @@ REPORT_FORMS: dict[ReportType, ReportForm] = {
         ReportForm(
             ReportType.custom_report,
             "Custom report",
-            "a report written as the request's custom_prompt asks",
+            "a report written as the request's custom_prompt asks (form, length, focus), saying what it could not do",
+            layout="custom",
             needs=("custom_prompt",),
         ),
         ReportForm(
             ReportType.subtopic_report,
             "Subtopic report",
-            "a report on one subtopic within the request's parent_query",
+            "a report on one subtopic within the request's parent_query, leaving out its existing_headers",
+            layout="subtopic",
             needs=("parent_query",),
         ),
     )

@@ -1,33 +1,37 @@
-"""The extractive writer: evidence in, a report out (title, summary, sections by theme, citations).
+"""The extractive writer: evidence in, a report out, in the form its type promises (report/types.py).
 
-Offline and deterministic: every sentence is a sentence of a source, cited to it; sentences that
-several sources state cite them together; sections group claims by meaning and take their titles
-from their own words.
+Offline and deterministic: every finding is a sentence of a source, cited to it, said whose it is
+where it does not say so itself (report/sentences.py), and stated once; only sources that bear on
+the question (or on the sub-question of their section) are cited (`evidence.bearing`), so thin
+evidence makes a short report that says so. Sections take their headings from phrases their own
+evidence shares, in the report's language; the words around the quotations (introductions,
+conclusions, notices) are the language's (report/language.py).
+
+One function per layout (`LAYOUTS`), all rendered by one template (templates/report.md.j2).
 """
 
 from __future__ import annotations
 
-import itertools
 import re
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from fedresearch.core.identifiers import is_url
-from fedresearch.core.models import SOURCE_KINDS, FusedResult, ReportType, RetrieverOutcome, RetrieverStatus
-from fedresearch.core.text import STOPWORDS, cjk_bigrams
+from fedresearch.core.models import FusedResult, ReportType, RetrieverOutcome, RetrieverStatus
 from fedresearch.core.work import WorkPool
 from fedresearch.library.chunking import Chunk
 from fedresearch.library.formats import Section
 from fedresearch.report.citations import Citations, Reference, display_title
+from fedresearch.report.custom import read_custom_prompt
 from fedresearch.report.evidence import (
     Claim,
     Embed,
-    claim_sentences,
-    clean_sentence,
+    Ranked,
+    bearing,
     diversify,
     gather,
     jaccard,
@@ -35,9 +39,11 @@ from fedresearch.report.evidence import (
     select_claims,
     terms,
 )
-from fedresearch.report.language import Labels, labels_for
+from fedresearch.report.language import Labels, is_chinese, joined, labels_for
 from fedresearch.report.markup import inline_text, link_target
-from fedresearch.report.types import form_of
+from fedresearch.report.planner import evidence_phrases
+from fedresearch.report.sentences import attributed, authors_year
+from fedresearch.report.types import Layout, form_of
 
 TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -49,28 +55,62 @@ TEMPLATES = Environment(
     auto_reload=False,  # templates ship with the package: checking their mtime on every render is waste
 )
 TEMPLATES.filters["text"] = inline_text
-_WORDS = re.compile(r"[A-Za-z][A-Za-z0-9\-]+")
+REPORT_TEMPLATE = "report.md.j2"
 _MAX_THEMES = 5
-_SUMMARY_CLAIMS = 3
+_ANSWER_CLAIMS = 3
+_WORDS_A_CLAIM = 25  # a quoted sentence's words on average (MED, CISI): a length asked becomes claims
+# a sentence that disputes, limits or leaves open (the research report's disagreements and open questions)
+_OPEN = re.compile(
+    r"\b(however|but|although|whereas|in contrast|contrary|conflicting|disagree\w*|controvers\w*|unclear|"
+    r"unknown|remains? to be|further (?:research|study|studies|work)|open question|not yet|debat\w*|"
+    r"limitation\w*|inconsistent|no significant|failed to)\b|但是|然而|尚不清楚|仍需|有待|争议|矛盾|局限",
+    re.IGNORECASE,
+)
 
 
 @dataclass
 class Part:
-    """What one section (or, for detailed reports, one sub-question) is written from."""
+    """What one section of a report split into sub-questions is written from: its heading (the
+    sub-question), its sources, what they were searched with (`focus`, which its evidence is ranked
+    and gated against), the phrase of the evidence it asks about, and deep research's follow-ups."""
 
     title: str
     sources: list[FusedResult]
+    focus: str = ""
+    phrase: str = ""
+    children: list[Part] = field(default_factory=list)
+
+    @property
+    def every_source(self) -> list[FusedResult]:
+        return self.sources + [s for child in self.children for s in child.every_source]
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a request asks of its report's form besides the question (custom and subtopic reports)."""
+
+    custom_prompt: str | None = None
+    parent_query: str | None = None
+    existing_headers: tuple[str, ...] = ()
 
 
 @dataclass
-class Paragraph:
+class Item:
+    """A point of a list, with its sub-points; both Markdown already."""
+
     text: str
+    subs: list[str] = field(default_factory=list)
 
 
 @dataclass
-class Theme:
+class Block:
+    """A section: its heading (Markdown already, outside text escaped), paragraphs, points, subsections."""
+
     heading: str
-    paragraphs: list[Paragraph] = field(default_factory=list)
+    level: int = 2
+    paragraphs: list[str] = field(default_factory=list)
+    items: list[Item] = field(default_factory=list)
+    children: list[Block] = field(default_factory=list)
 
 
 def citation_marks(sources: Sequence[FusedResult], citations: Citations) -> tuple[str, list[int]]:
@@ -108,41 +148,6 @@ def themes_of(claims: Sequence[Claim], limit: int = _MAX_THEMES, threshold: floa
     return groups
 
 
-def _phrases(text: str) -> set[str]:
-    words = [w for w in _WORDS.findall(text) if w.lower() not in STOPWORDS and len(w) > 2]
-    return {f"{a} {b}" for a, b in itertools.pairwise(words)} | set(cjk_bigrams(text))
-
-
-def heading_of(group: Sequence[Claim], question: str, used: set[str]) -> str:
-    """A section title from the theme's own words: a phrase several of its claims (or their sources'
-    titles) share, else the title of its leading source."""
-    asked = {word.lower() for word in _WORDS.findall(question)}
-    shared: Counter[str] = Counter()
-    for claim in group:
-        shared.update(_phrases(f"{claim.text} {claim.source.title}"))
-    for phrase, uses in sorted(shared.items(), key=lambda item: (-item[1], -len(item[0]))):
-        novel = set(phrase.lower().split()) - asked
-        if uses >= 2 and novel and phrase.lower() not in used:
-            used.add(phrase.lower())
-            return phrase[0].upper() + phrase[1:]
-    title = display_title(group[0].source)
-    words = title.split()
-    heading = " ".join(words[:9]) + (" …" if len(words) > 9 else "")
-    used.add(heading.lower())
-    return heading
-
-
-def _paragraphs(group: Sequence[Claim], citations: Citations) -> list[Paragraph]:
-    """One paragraph per source within a theme, its sentences in the source's own order."""
-    by_source: dict[str, list[Claim]] = {}
-    for claim in group:
-        by_source.setdefault(claim.source.key, []).append(claim)
-    return [
-        Paragraph(" ".join(cite(c, citations) for c in sorted(claims, key=lambda c: (c.evidence.position, c.position))))
-        for claims in by_source.values()
-    ]
-
-
 def coverage_lines(outcomes: Sequence[RetrieverOutcome]) -> list[str]:
     lines = []
     for outcome in outcomes:
@@ -172,7 +177,7 @@ class Writing:
 class Brief:
     """What a report is written from, whichever writer writes it: the question and its type, the
     sources (fused, best first), how each retriever fared, the pages read and the writer's options,
-    and for a report split into sub-questions, each one's own sources."""
+    for a report split into sub-questions each one's own sources, and what else the request asks."""
 
     question: str
     report_type: ReportType
@@ -180,77 +185,360 @@ class Brief:
     outcomes: Sequence[RetrieverOutcome] = ()
     writing: Writing = field(default_factory=Writing)
     parts: Sequence[Part] = ()
+    asked: Asked = field(default_factory=Asked)
 
     @property
     def every_source(self) -> list[FusedResult]:
         """The sources, then those of the parts that are not among them."""
-        return self.sources + [s for part in self.parts for s in part.sources if s not in self.sources]
+        return self.sources + [s for part in self.parts for s in part.every_source if s not in self.sources]
 
 
-def _claims(question: str, sources: Sequence[FusedResult], writing: Writing, budget: int) -> list[Claim]:
-    ranked = rank(question, gather(sources, writing.pages, writing.passages), writing.embed)
-    return select_claims(question, diversify(ranked, k=budget, per_source=3), max_claims=budget)
+@dataclass
+class Pool:
+    """The evidence that bears on one question: its passages best first, and how many sources bear."""
+
+    ranked: list[Ranked]
+    bearing: int
+    searched: int
 
 
-def _themes(question: str, claims: list[Claim], citations: Citations, titled: str | None = None) -> list[Theme]:
-    used: set[str] = set()
-    themes = []
-    for group in themes_of(claims) if titled is None else [claims]:
-        heading = titled or heading_of(group, question, used)
-        themes.append(Theme(heading, _paragraphs(group, citations)))
-    return themes
+def _key(text: str) -> str:
+    return " ".join(re.sub(r"\W+", " ", text.lower()).split())
+
+
+class Draft:
+    """One report being written: its citations, its language, the sentences it has stated."""
+
+    def __init__(self, brief: Brief) -> None:
+        self.brief = brief
+        self.writing = brief.writing
+        self.labels = labels_for(brief.question, brief.writing.language)
+        self.citations = Citations()
+        self.stated: set[str] = set()
+        self.headings: set[str] = set()
+        self.titles = [_key(s.title) for s in brief.every_source if s.title.strip()]
+
+    def pool(self, question: str, sources: Sequence[FusedResult]) -> Pool:
+        """The passages of `sources` that bear on `question` (the relevance gate), best first."""
+        ranked = rank(question, gather(sources, self.writing.pages, self.writing.passages), self.writing.embed)
+        keys = bearing(ranked)
+        return Pool([r for r in ranked if r.evidence.source.key in keys], len(keys), len({s.key for s in sources}))
+
+    def claims(self, question: str, pool: Pool, budget: int, per_source: int = 3) -> list[Claim]:
+        """Up to `budget` sentences of the pool not stated yet, the best and most varied first."""
+        if budget <= 0 or not pool.ranked:
+            return []
+        # more passages than sentences wanted: a sentence several sources state is found in each (cited together)
+        chosen = diversify(pool.ranked, k=max(2 * budget, 8), per_source=per_source)
+        picked = select_claims(question, chosen, max_claims=budget + len(self.stated))
+        return [c for c in picked if _key(c.text) not in self.stated][:budget]
+
+    def sentence(self, claim: Claim) -> str:
+        """The claim as the report states it: attributed where it does not say whose it is, marked
+        where it is in another language than the report's, then its citations."""
+        self.stated.add(_key(claim.text))
+        text = attributed(claim.text, claim.source, self.labels.your_note)
+        if is_chinese(text) != (self.labels.code == "zh"):
+            text = self.labels.foreign.format(text=text)
+        return f"{inline_text(text)} {citation_marks(claim.sources, self.citations)[0]}"
+
+    def paragraphs(self, claims: Sequence[Claim]) -> list[str]:
+        """One paragraph per source, its sentences in the source's own order."""
+        by_source: dict[str, list[Claim]] = {}
+        for claim in claims:
+            by_source.setdefault(claim.source.key, []).append(claim)
+        ordered = (sorted(group, key=lambda c: (c.evidence.position, c.position)) for group in by_source.values())
+        return [" ".join(self.sentence(c) for c in group) for group in ordered]
+
+    def heading(self, claims: Sequence[Claim], question: str) -> str:
+        """A phrase the claims' own sentences share (whole words, never a piece of a source's title),
+        in the report's language; else the language's "Further findings"."""
+        asked = {word.lower() for word in re.findall(r"[A-Za-z]+", question)}
+        phrases = evidence_phrases([c.text for c in claims], asked)
+        least = 2 if len(claims) > 1 else 1
+        for phrase, uses in sorted(phrases.items(), key=lambda item: (-item[1], item[0])):
+            if uses < least:
+                break
+            if phrase in self.headings or any(phrase in title for title in self.titles):
+                continue
+            self.headings.add(phrase)
+            return inline_text(self.labels.about.format(phrase=phrase[0].upper() + phrase[1:]))
+        further = self.labels.more_findings
+        count = sum(1 for h in self.headings if h.startswith(further))
+        self.headings.add(f"{further} {count + 1}")
+        return inline_text(further if not count else f"{further} ({count + 1})")
+
+    def themes(
+        self, question: str, claims: Sequence[Claim], level: int = 2, skip: Callable[[str], bool] | None = None
+    ) -> list[Block]:
+        """Sections by theme; `skip` leaves out a theme by its heading (before any of it is cited)."""
+        blocks = []
+        for group in themes_of(claims):
+            heading = self.heading(group, question)
+            if skip is None or not skip(heading):
+                blocks.append(Block(heading, level, self.paragraphs(group)))
+        return blocks
+
+    def open_questions(self, question: str, pool: Pool) -> list[str]:
+        """Sentences of the evidence that dispute, limit or leave open, not stated yet."""
+        candidates = select_claims(question, diversify(pool.ranked, k=40, per_source=4), max_claims=80)
+        found = [c for c in candidates if _OPEN.search(c.text) and _key(c.text) not in self.stated][:4]
+        return self.paragraphs(found)
+
+    def notice(self, pool: Pool) -> list[str]:
+        """What the report says when little or nothing bears on its question."""
+        if pool.bearing == 0:
+            return [self.labels.none_bear.format(searched=pool.searched)] if pool.searched else [self.labels.nothing]
+        if pool.bearing < 3:
+            return [self.labels.only_some.format(count=pool.bearing, searched=pool.searched)]
+        return []
+
+
+def _budget(pool: Pool, rich: int, thin: int) -> int:
+    return rich if pool.bearing >= 10 else thin
+
+
+def _research(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
+    """A direct answer first, themed sections, disagreements and open questions, a conclusion."""
+    labels, question = draft.labels, brief.question
+    pool = draft.pool(question, brief.sources)
+    context["lead"] = draft.notice(pool)
+    if not pool.bearing:
+        return
+    claims = draft.claims(question, pool, _budget(pool, 40, 24))
+    answer = Block(
+        inline_text(labels.answer), paragraphs=[" ".join(draft.sentence(c) for c in claims[:_ANSWER_CLAIMS])]
+    )
+    blocks = [answer, *draft.themes(question, claims[_ANSWER_CLAIMS:])]
+    if pool.bearing >= 3:
+        disputed = draft.open_questions(question, pool) or [labels.no_disagreement]
+        blocks.append(Block(inline_text(labels.open_questions), paragraphs=disputed))
+    themes = [_plain(b.heading) for b in blocks[1:] if b.paragraphs and b.heading != inline_text(labels.open_questions)]
+    closing = [labels.intro_research.format(count=pool.bearing, searched=pool.searched)]
+    if themes:
+        closing.append(labels.conclusion_text.format(themes=joined(themes, labels)))
+    blocks.append(Block(inline_text(labels.conclusion), paragraphs=[inline_text(" ".join(closing))]))
+    context["blocks"] = blocks
+
+
+def _plain(markdown: str) -> str:
+    return re.sub(r"\\(.)", r"\1", markdown)
+
+
+def _parts(draft: Draft, parts: Sequence[Part], level: int, budget: int, child_budget: int) -> list[Block]:
+    """A section per sub-question, its evidence gated against it; deep research's follow-ups inside."""
+    blocks = []
+    for part in parts:
+        focus = part.focus or part.title
+        pool = draft.pool(focus, part.sources)
+        paragraphs = draft.paragraphs(draft.claims(focus, pool, budget, per_source=2))  # cited in reading order
+        children = _parts(draft, part.children, level + 1, child_budget, max(2, child_budget // 2))
+        if paragraphs or children:  # a sub-question nothing bears on gets no section to pad
+            blocks.append(Block(inline_text(part.title), level, paragraphs, children=children))
+    return blocks
+
+
+def _split(draft: Draft, brief: Brief, context: dict[str, Any], deep: bool) -> None:
+    """The detailed report (and deep research): an introduction with the answer's lead, one section
+    per sub-question (deep: with its follow-ups), a conclusion."""
+    labels, question = draft.labels, brief.question
+    pool = draft.pool(question, brief.sources)
+    context["lead"] = draft.notice(pool)
+    if not pool.bearing and not brief.parts:
+        return
+    if not brief.parts:  # no sub-questions could be planned: themes stand in for them
+        _research(draft, brief, context)
+        return
+    lead = " ".join(draft.sentence(c) for c in draft.claims(question, pool, 3))  # cited before the sections
+    sections = _parts(draft, brief.parts, 2, 12 if deep else 8, 6)
+    questions = [_plain(block.heading) for block in sections]
+    cited = len(draft.citations.references)
+    intro = labels.intro_parts.format(parts=len(sections), count=cited, questions=" ".join(questions))
+    if not sections:
+        intro = labels.intro_research.format(count=pool.bearing, searched=pool.searched)
+    introduction = Block(inline_text(labels.introduction), paragraphs=[inline_text(intro)] + ([lead] if lead else []))
+    if deep:
+        follow_ups = _count(brief.parts) - len(brief.parts)
+        levels = 1 + _depth(brief.parts)
+        context["lead"] = [*context["lead"], labels.deep_levels.format(levels=levels, queries=follow_ups)]
+    cited = len(draft.citations.references)
+    closing = [labels.conclusion_parts.format(parts=len(sections), count=cited)] if sections else []
+    last = draft.claims(question, pool, 2)
+    if last:
+        closing.append(" ".join(draft.sentence(c) for c in last))
+    context["blocks"] = [introduction, *sections] + (
+        [Block(inline_text(labels.conclusion), paragraphs=closing)] if closing else []
+    )
+
+
+def _count(parts: Sequence[Part]) -> int:
+    return sum(1 + _count(part.children) for part in parts)
+
+
+def _depth(parts: Sequence[Part]) -> int:
+    return max((1 + _depth(part.children) if part.children else 0 for part in parts), default=0)
+
+
+def _detailed(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
+    _split(draft, brief, context, deep=False)
+
+
+def _deep(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
+    _split(draft, brief, context, deep=True)
+
+
+def _outline(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
+    """Numbered sections by theme, each point a finding with its sources, a source's further
+    findings as its sub-points."""
+    question = brief.question
+    context["title"] = f"{draft.labels.outline}: {question}"
+    pool = draft.pool(question, brief.sources)
+    context["lead"] = draft.notice(pool)
+    claims = draft.claims(question, pool, 18)
+    blocks = []
+    for number, group in enumerate(themes_of(claims), start=1):
+        heading = f"{number}. {draft.heading(group, question)}"
+        by_source: dict[str, list[Claim]] = {}
+        for claim in group:
+            by_source.setdefault(claim.source.key, []).append(claim)
+        items = []
+        for point, found in enumerate(by_source.values(), start=1):
+            first, *rest = sorted(found, key=lambda c: (c.evidence.position, c.position))
+            items.append(Item(f"{number}.{point} {draft.sentence(first)}", [draft.sentence(c) for c in rest]))
+        blocks.append(Block(heading, items=items))
+    context["blocks"] = blocks
+
+
+def _resources(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
+    """An annotated bibliography of the sources that bear on the question, grouped by theme: each
+    source's full entry and the one or two of its sentences that say most about the question."""
+    question, labels = brief.question, draft.labels
+    context["title"] = f"{labels.resources}: {question}"
+    pool = draft.pool(question, brief.sources)
+    context["lead"] = draft.notice(pool)
+    order = list(dict.fromkeys(r.evidence.source.key for r in pool.ranked))[:20]
+    offers: list[tuple[FusedResult, list[Claim]]] = []
+    for key in order:
+        own = [r for r in pool.ranked if r.evidence.source.key == key]
+        best = [c for c in select_claims(question, own[:4], max_claims=2) if _key(c.text) not in draft.stated]
+        if best:
+            offers.append((own[0].evidence.source, best))
+    groups = themes_of([claims[0] for _, claims in offers])
+    of_claim = {id(claims[0]): (source, claims) for source, claims in offers}
+    blocks = []
+    for group in groups:
+        heading = draft.heading([c for first in group for c in of_claim[id(first)][1]], question)
+        entries = []
+        for first in group:
+            source, claims = of_claim[id(first)]
+            number = draft.citations.cite(source)
+            title = inline_text(display_title(source))
+            link = f"[{title}]({link_target(source.href)})" if is_url(source.href) else title
+            said = " ".join(draft.sentence(c) for c in claims)
+            entry = Block(
+                f"{link} [{number}]",
+                3,
+                [_entry(source), said, f"*{labels.found_by}: {inline_text(', '.join(source.retrievers))}.*"],
+            )
+            entries.append(entry)
+        blocks.append(Block(heading, children=entries))
+    context["blocks"] = blocks
+
+
+def _entry(source: FusedResult) -> str:
+    """Who wrote it, when, where, and where to find it, as far as the source says."""
+    meta = source.metadata
+    parts = [inline_text(authors_year(source) or (str(meta["year"]) if meta.get("year") else ""))]
+    for key in ("venue", "journal", "paper_title"):
+        if meta.get(key):
+            parts.append(f"*{inline_text(meta[key])}*")
+            break
+    parts.append(f"doi:{inline_text(meta['doi'])}" if meta.get("doi") else inline_text(source.href))
+    return " · ".join(p for p in parts if p)
+
+
+def _custom(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
+    """As the custom prompt asks, within what quoting can do: its form, length and focus; a notice
+    names what it asks that the offline writer cannot do."""
+    labels = draft.labels
+    ask = read_custom_prompt(brief.asked.custom_prompt)
+    notes = []
+    if ask.followed:
+        notes.append(labels.followed.format(items="; ".join(ask.followed)))
+    if ask.unmet:
+        notes.append(labels.could_not_follow.format(items="; ".join(ask.unmet)))
+    if ask.layout == "outline":
+        _outline(draft, brief, context)
+    elif ask.layout == "resources":
+        _resources(draft, brief, context)
+    else:
+        question = f"{brief.question} {ask.focus}" if ask.focus else brief.question
+        pool = draft.pool(question, brief.sources)
+        context["lead"] = draft.notice(pool)
+        budget = max(2, round(ask.words / _WORDS_A_CLAIM)) if ask.words else _budget(pool, 30, 20)
+        claims = draft.claims(question, pool, budget)
+        if ask.layout == "bullets":
+            context["blocks"] = [Block(inline_text(labels.answer), items=[Item(draft.sentence(c)) for c in claims])]
+        else:
+            context["blocks"] = draft.themes(question, claims) if claims else []
+    context["lead"] = [inline_text(note) for note in notes] + list(context.get("lead", []))
+
+
+def _subtopic(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
+    """One subtopic of `parent_query`: themed sections on it, leaving out those the sections already
+    written (`existing_headers`, `draft_section_titles`) cover."""
+    labels, question = draft.labels, brief.question
+    parent = brief.asked.parent_query
+    pool = draft.pool(question, brief.sources)
+    lead = [inline_text(labels.subtopic_of.format(parent=parent))] if parent and parent != question else []
+    context["lead"] = lead + draft.notice(pool)
+    written = [set(terms(header)) for header in brief.asked.existing_headers if header.strip()]
+    claims = [
+        c for c in draft.claims(question, pool, 24) if not any(jaccard(set(terms(c.text)), h) > 0.5 for h in written)
+    ]
+    skipped: list[str] = []
+
+    def covered(heading: str) -> bool:
+        words = set(terms(_plain(heading)))
+        if any(jaccard(words, header) >= 0.5 for header in written):
+            skipped.append(_plain(heading))
+            return True
+        return False
+
+    blocks = draft.themes(question, claims, skip=covered)
+    if skipped:
+        context["lead"] = [*context["lead"], inline_text(labels.skipped_headers.format(items=joined(skipped, labels)))]
+    context["blocks"] = blocks
+
+
+LAYOUTS: dict[Layout, Callable[[Draft, Brief, dict[str, Any]], None]] = {
+    "research": _research,
+    "detailed": _detailed,
+    "deep": _deep,
+    "outline": _outline,
+    "resources": _resources,
+    "custom": _custom,
+    "subtopic": _subtopic,
+}
 
 
 def write_report(brief: Brief) -> tuple[str, list[Reference]]:
-    """The report's markdown and the references it cites, in citation order.
-
-    The brief's `parts` (detailed reports) give one section per sub-question, each from its own sources.
-    """
-    question, report_type, sources, writing = brief.question, brief.report_type, brief.sources, brief.writing
-    labels = labels_for(question, writing.language)
-    citations = Citations()
-    context: dict[str, object] = {"question": question, "coverage": coverage_lines(brief.outcomes), "labels": labels}
-    form = form_of(report_type)
-    if form.layout == "resources":
-        context["entries"] = _resources(sources, citations, labels)
-    elif form.layout == "outline":
-        claims = _claims(question, sources, writing, budget=12)
-        context["themes"] = _themes(question, claims, citations)
-    else:
-        _research(brief, citations, context, detailed=form.decomposes)
-    context["references"] = citations.references
-    markdown = TEMPLATES.get_template(form.template).render(**context)
-    return markdown, citations.references
+    """The report's markdown and the references it cites, in citation order."""
+    draft = Draft(brief)
+    labels: Labels = draft.labels
+    context: dict[str, Any] = {
+        "title": brief.question,
+        "lead": [],
+        "blocks": [],
+        "coverage": coverage_lines(brief.outcomes),
+        "labels": labels,
+    }
+    LAYOUTS[form_of(brief.report_type).layout](draft, brief, context)
+    if not context["blocks"] and not context["lead"]:
+        context["lead"] = [labels.nothing + "."]
+    context["references"] = draft.citations.references
+    markdown = TEMPLATES.get_template(REPORT_TEMPLATE).render(**context)
+    return markdown, draft.citations.references
 
 
-def _research(brief: Brief, citations: Citations, context: dict[str, object], detailed: bool) -> None:
-    """A summary of the best claims, then themes; a detailed report adds a section per part."""
-    question, sources, writing = brief.question, brief.sources, brief.writing
-    budget = 14 if detailed else 24
-    claims = _claims(question, sources, writing, budget=budget)
-    summary, rest = claims[:_SUMMARY_CLAIMS], claims[_SUMMARY_CLAIMS:]
-    context["summary"] = " ".join(cite(claim, citations) for claim in summary)
-    themes = _themes(question, rest, citations) if rest else []
-    for part in brief.parts:
-        part_claims = _claims(part.title, part.sources, writing, budget=10)
-        fresh = [c for c in part_claims if c.text not in {x.text for x in claims}]
-        if fresh:
-            themes.extend(_themes(part.title, fresh, citations, titled=part.title))
-    context["themes"] = themes
-    context["source_count"] = len(sources)
-
-
-def _resources(sources: Sequence[FusedResult], citations: Citations, labels: Labels) -> list[dict[str, object]]:
-    """Sources grouped by the kind of upstream that found them (`About.kind`), the user's own first."""
-    entries = []
-    listed = sorted(sources[:20], key=lambda source: SOURCE_KINDS.index(source.kind))
-    for source in listed:
-        summary = inline_text(" ".join(claim_sentences(source.body)[:2]) or clean_sentence(source.body[:300]))
-        number = citations.cite(source)
-        link = link_target(source.href) if is_url(source.href) else None
-        entry = {"number": number, "title": display_title(source), "summary": summary, "source": source, "link": link}
-        entries.append({**entry, "group": labels.kinds[source.kind]})
-    return entries
-
-
-__all__ = ["TEMPLATES", "Brief", "Labels", "Part", "Writing", "citation_marks", "write_report"]
+__all__ = ["TEMPLATES", "Asked", "Brief", "Labels", "Part", "Writing", "citation_marks", "write_report"]

@@ -318,7 +318,8 @@ def test_a_reports_chat_encodes_only_what_it_has_not_seen(tmp_path, encoder, mon
     prose = "Reciprocal rank fusion sums one over k plus rank {}. Dense retrieval embeds passage {}. "
     pages = {r.key: [Section("".join(prose.format(n, i) for i in range(60)))] for n, r in enumerate(results)}
     writing = writing_for(ResearchRequest(task="rank fusion"), deps, pages)
-    writer._claims("rank fusion", results, writing, budget=24)
+    draft = writer.Draft(writer.Brief("rank fusion", ReportType.research_report, results, writing=writing))
+    draft.claims("rank fusion", draft.pool("rank fusion", results), budget=24)
     passages = len(encoded)
     assert passages > 10
     message = "What constant k does fusion use?"
