@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedresearch.core.events import Emit, ProgressEvent, ProgressStep
+from fedresearch.core.models import ReportType
 from fedresearch.core.work import run_on
 from fedresearch.report.citations import Citations, Reference
 from fedresearch.report.evidence import Evidence, diversify, gather, rank
@@ -73,6 +74,22 @@ class Composed:
     fallback: str | None = None
     sentences: list[dict[str, Any]] = field(default_factory=list)
     saved: SavedReport | None = None  # what `save` returned, when compose was given one
+
+
+def model_shape(brief: Brief) -> str:
+    """What the model is asked to write: its type's shape (report/types.py), with what the request
+    asks of that form (a custom prompt; a subtopic's main question and the sections written already)."""
+    shape = form_of(brief.report_type).model_shape or ""
+    asked = brief.asked
+    if brief.report_type is ReportType.custom_report and asked.custom_prompt:
+        shape += f", as the user asks within those rules: {' '.join(asked.custom_prompt.split())[:2000]}"
+    if brief.report_type is ReportType.subtopic_report:
+        if asked.parent_query:
+            shape += f", on this question as one subtopic of: {' '.join(asked.parent_query.split())[:500]}"
+        if asked.existing_headers:
+            written = "; ".join(" ".join(h.split())[:120] for h in asked.existing_headers[:30])
+            shape += f"; leave out what these sections already written cover: {written}"
+    return shape
 
 
 def report_chunks(markdown: str, size: int = _REPORT_CHUNK) -> list[str]:
@@ -206,8 +223,7 @@ class LlmReport:
         limit = self.writing.support_threshold
         verifier = await run_on(self.writing.work, Verifier, numbered, self.writing.embed, Thresholds(limit, limit / 2))
         language = labels_for(self.brief.question, self.writing.language).code
-        shape = form_of(self.brief.report_type).model_shape or ""
-        messages = messages_for(self.brief.question, passages, language, shape)
+        messages = messages_for(self.brief.question, passages, language, model_shape(self.brief))
         await self.emit(
             ProgressEvent(
                 ProgressStep.writing_report, f"🤖 {self.config.model} is writing from {len(passages)} passages"

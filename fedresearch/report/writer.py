@@ -13,6 +13,7 @@ One function per layout (`LAYOUTS`), all rendered by one template (templates/rep
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,14 @@ TEMPLATES = Environment(
 TEMPLATES.filters["text"] = inline_text
 REPORT_TEMPLATE = "report.md.j2"
 _MAX_THEMES = 5
+# words that make no heading: modals, quantities and other words any sentence may pair with a term
+_WEAK = {
+    "may", "might", "can", "could", "would", "should", "will", "must", "also", "thus", "however", "number",
+    "using", "used", "uses", "based", "given", "many", "much", "several", "various", "different", "new",
+    "well", "high", "higher", "low", "lower", "per", "way", "ways", "use", "made", "make", "makes", "found",
+    "shown", "show", "shows", "showed", "two", "three", "one", "first", "second", "least", "less", "more",
+    "most", "other", "others", "same", "such", "total", "whole", "picks", "gives", "give", "get", "gets",
+}  # fmt: skip
 _ANSWER_CLAIMS = 3
 _WORDS_A_CLAIM = 25  # a quoted sentence's words on average (MED, CISI): a length asked becomes claims
 # a sentence that disputes, limits or leaves open (the research report's disagreements and open questions)
@@ -216,6 +225,8 @@ class Draft:
         self.citations = Citations()
         self.stated: set[str] = set()
         self.headings: set[str] = set()
+        self.phrases: list[str] = []  # the phrases headings were made of, in order
+        self.common: Counter[str] | None = None  # phrases by how many of the report's sources use them
         self.titles = [_key(s.title) for s in brief.every_source if s.title.strip()]
 
     def pool(self, question: str, sources: Sequence[FusedResult]) -> Pool:
@@ -252,16 +263,25 @@ class Draft:
 
     def heading(self, claims: Sequence[Claim], question: str) -> str:
         """A phrase the claims' own sentences share (whole words, never a piece of a source's title),
-        in the report's language; else the language's "Further findings"."""
+        the one most of the report's sources use among those (a term of the field, not a chance
+        pair), in the report's language; else the language's "Further findings"."""
         asked = {word.lower() for word in re.findall(r"[A-Za-z]+", question)}
         phrases = evidence_phrases([c.text for c in claims], asked)
+        if self.common is None:
+            self.common = evidence_phrases([s.body for s in self.brief.every_source], set())
+        common = self.common
         least = 2 if len(claims) > 1 else 1
-        for phrase, uses in sorted(phrases.items(), key=lambda item: (-item[1], item[0])):
+        ranked = sorted(phrases.items(), key=lambda item: (-item[1], -common[item[0]], item[0]))
+        texts = " ".join(c.text.lower() for c in claims)
+        for phrase, uses in ranked:
             if uses < least:
                 break
-            if phrase in self.headings or any(phrase in title for title in self.titles):
+            weak = set(phrase.split()) & _WEAK or any(word.endswith("ly") for word in phrase.split())
+            if weak or phrase in self.phrases or any(phrase in title for title in self.titles):
                 continue
-            self.headings.add(phrase)
+            if re.search(rf"\b{re.escape(phrase)} (?:a|an|the|its|their|each|every|this|that|these)\b", texts):
+                continue  # a subject and its verb ("graph keeps a"), not a term
+            self.phrases.append(phrase)
             return inline_text(self.labels.about.format(phrase=phrase[0].upper() + phrase[1:]))
         further = self.labels.more_findings
         count = sum(1 for h in self.headings if h.startswith(further))
@@ -313,9 +333,9 @@ def _research(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
     if pool.bearing >= 3:
         disputed = draft.open_questions(question, pool) or [labels.no_disagreement]
         blocks.append(Block(inline_text(labels.open_questions), paragraphs=disputed))
-    themes = [_plain(b.heading) for b in blocks[1:] if b.paragraphs and b.heading != inline_text(labels.open_questions)]
     closing = [labels.intro_research.format(count=pool.bearing, searched=pool.searched)]
-    if themes:
+    if draft.phrases:
+        themes = [f"“{p}”" if labels.code == "zh" else p for p in draft.phrases]  # evidence's words, quoted in Chinese
         closing.append(labels.conclusion_text.format(themes=joined(themes, labels)))
     blocks.append(Block(inline_text(labels.conclusion), paragraphs=[inline_text(" ".join(closing))]))
     context["blocks"] = blocks
@@ -435,11 +455,8 @@ def _resources(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
             title = inline_text(display_title(source))
             link = f"[{title}]({link_target(source.href)})" if is_url(source.href) else title
             said = " ".join(draft.sentence(c) for c in claims)
-            entry = Block(
-                f"{link} [{number}]",
-                3,
-                [_entry(source), said, f"*{labels.found_by}: {inline_text(', '.join(source.retrievers))}.*"],
-            )
+            found_by = f"*{labels.found_by}: {inline_text(', '.join(source.retrievers))}.*"
+            entry = Block(f"{link} [{number}]", 3, [p for p in (_entry(source), said, found_by) if p])
             entries.append(entry)
         blocks.append(Block(heading, children=entries))
     context["blocks"] = blocks
@@ -453,7 +470,10 @@ def _entry(source: FusedResult) -> str:
         if meta.get(key):
             parts.append(f"*{inline_text(meta[key])}*")
             break
-    parts.append(f"doi:{inline_text(meta['doi'])}" if meta.get("doi") else inline_text(source.href))
+    if meta.get("doi"):
+        parts.append(f"doi:{inline_text(meta['doi'])}")
+    elif not is_url(source.href):  # a link is the entry's heading already
+        parts.append(inline_text(source.href))
     return " · ".join(p for p in parts if p)
 
 

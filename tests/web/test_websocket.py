@@ -207,3 +207,41 @@ async def test_the_nextjs_apps_multi_agents_report_is_served_as_a_detailed_one_a
     (note,) = [frame for frame in logs(frames, "warning") if "multi_agents" in frame["output"]]
     assert "served as a detailed report" in note["output"]
     assert logs(frames, "planning")  # sub-questions, as a detailed report plans them
+
+
+async def test_an_unknown_report_type_gets_an_error_listing_the_known_ones_and_still_ends_with_path(
+    tmp_path, fakes, start_server
+):
+    server = await start_server(make_settings(tmp_path, fakes))
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, {**TASK, "report_type": "poem", "headers": {"retrievers": "tavily"}})
+        message = error_of(frames)["output"]
+        assert "unknown report_type 'poem'" in message
+        for known in ("research_report", "detailed_report", "deep", "outline_report", "multi_agents"):
+            assert known in message
+        assert frames[-1]["type"] == "path" and "poem" in report_of(frames)
+        frames = await run_task(ws, {**TASK, "headers": {"retrievers": "tavily"}})  # the socket goes on
+        assert frames[-1]["type"] == "path" and not [f for f in frames if f["type"] == "error"]
+
+
+async def test_custom_prompt_and_subtopic_fields_are_read_from_the_start_frame(tmp_path, fakes, start_server):
+    server = await start_server(make_settings(tmp_path, fakes))
+    task = {**TASK, "report_type": "custom_report", "custom_prompt": "Answer as a table, in bullet points."}
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, {**task, "headers": {"retrievers": "tavily"}})
+        (notice,) = [f for f in logs(frames, "warning") if "custom prompt" in f["output"]]
+        assert "a table" in notice["output"] and notice["metadata"]["custom_prompt_unmet"] == ["a table"]
+        assert "could not follow this part of the custom prompt: a table" in report_of(frames)
+        subtopic = {**TASK, "report_type": "subtopic_report", "parent_query": "Search engines", "existing_headers": []}
+        frames = await run_task(ws, {**subtopic, "headers": {"retrievers": "tavily"}})
+        assert "A subtopic of “Search engines”." in report_of(frames) and frames[-1]["type"] == "path"
+
+
+async def test_deep_research_reports_each_levels_progress(tmp_path, fakes, start_server):
+    server = await start_server(make_settings(tmp_path, fakes, deep_research_breadth=2, deep_research_depth=2))
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(ws, {**TASK, "report_type": "deep", "headers": {"retrievers": "tavily,google"}})
+    levels = [f["metadata"] for f in logs(frames, "planning") if "depth" in (f.get("metadata") or {})]
+    assert [level["depth"] for level in levels] == [1, 2], levels
+    assert all(level["total_depth"] == 2 for level in levels)
+    assert frames[-1]["type"] == "path"
