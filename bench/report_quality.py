@@ -130,7 +130,7 @@ def bad_heading(heading: str, titles: list[str], vocabulary: set[str], chinese: 
         return True
     if not chinese and cjk:
         return True
-    if cjk and len([c for c in text if cjk_bigrams(c)]) <= 2:
+    if cjk and len(text) <= 2:
         return True  # two characters alone: most often a piece of a word ("合检")
     return any(word.lower() not in vocabulary for word in _WORD.findall(text))
 
@@ -173,8 +173,10 @@ def score(outcome: Any, qrels: dict[str, int], chinese: bool, row: Row, ids: dic
     titles = [s.title for s in outcome.sources]
     vocabulary = {w.lower() for s in outcome.sources for w in _WORD.findall(f"{s.title} {s.body}")}
     vocabulary |= {w.lower() for w in _WORD.findall(body)}
-    headings = [line[3:].strip() for line in body.splitlines() if line.startswith("## ") or line.startswith("### ")]
-    bad = [h for h in headings if bad_heading(re.sub(r"\[\d+\]$", "", h).strip(), titles, vocabulary, chinese)]
+    headings = [line.lstrip("#").strip() for line in body.splitlines() if line.startswith(("## ", "### "))]
+    # a resource's entry is headed by its source's title and number: a title, not a heading made up
+    headings = [h for h in headings if not re.search(r"\[\d+\]$", h)]
+    bad = [h for h in headings if bad_heading(h, titles, vocabulary, chinese)]
     row.heads.append(len(headings))
     row.bad_heads.append(len(bad))
     row.examples.extend(bad[:2])

@@ -44,6 +44,7 @@ class Labels:
     deep_levels: str
     list_and: str  # how a list's last item is joined
     list_sep: str
+    colon: str
 
 
 ENGLISH = Labels(
@@ -93,6 +94,7 @@ ENGLISH = Labels(
     deep_levels="Deep research: {levels} levels, {queries} follow-up searches.",
     list_and=" and ",
     list_sep=", ",
+    colon=": ",
 )
 CHINESE = Labels(
     code="zh",
@@ -136,6 +138,7 @@ CHINESE = Labels(
     deep_levels="深度研究：{levels} 层，{queries} 次后续检索。",
     list_and="和",
     list_sep="、",
+    colon="：",
 )
 _NAMES = {
     "en": ENGLISH,

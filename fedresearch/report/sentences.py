@@ -23,6 +23,7 @@ _LABEL_PREFIX = re.compile(
 )
 _CUT = re.compile(r"(?:…|\.\.\.|\u2026)\s*$")
 _REPEATED_STOP = re.compile(r"([.!?])\1+(?=\s|$)")
+_GLUED_STOP = re.compile(r"\.\.(?=[A-Z])")  # "in retrieval..A scheme is outlined"
 _FIRST_PERSON = re.compile(r"(?:^|\s)(?:I|I'm|I've|I'd|my|My|me|mine)(?=[\s,.;:!?]|$)")
 # a determiner or pronoun that follows a verb with no subject before it: "Builds a graph", "Uses the"
 _OBJECT_START = {
@@ -41,7 +42,7 @@ def tidy(sentence: str, title: str = "") -> str:
         rest = text[len(heading) :].lstrip(" :.-–—|")
         if rest[:1].isupper() or cjk_bigrams(rest[:1]):
             text = rest
-    text = _REPEATED_STOP.sub(r"\1", text)
+    text = _REPEATED_STOP.sub(r"\1", _GLUED_STOP.sub(". ", text))
     return text[:1].upper() + text[1:] if text[:1].islower() else text
 
 
@@ -59,7 +60,9 @@ def subjectless(sentence: str) -> bool:
     words = sentence.split()
     if len(words) < 3 or not words[0][:1].isupper():
         return False
-    verb, following = words[0].lower().strip(",;:"), words[1].lower().strip(",;:")
+    if not words[0].isalpha():  # "Titles, abstracts and…": a list of nouns, not a verb
+        return False
+    verb, following = words[0].lower(), words[1].lower().strip(",;:")
     if verb in _NOT_VERBS or not verb.isalpha() or not verb.endswith("s") or verb.endswith(("ss", "us", "is")):
         return False
     return following in _OBJECT_START or (following.endswith("s") and following.isalpha() and len(following) > 3)

@@ -411,7 +411,7 @@ def _outline(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
     """Numbered sections by theme, each point a finding with its sources, a source's further
     findings as its sub-points."""
     question = brief.question
-    context["title"] = f"{draft.labels.outline}: {question}"
+    context["title"] = f"{draft.labels.outline}{draft.labels.colon}{question}"
     pool = draft.pool(question, brief.sources)
     context["lead"] = draft.notice(pool)
     claims = draft.claims(question, pool, 18)
@@ -433,14 +433,16 @@ def _resources(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
     """An annotated bibliography of the sources that bear on the question, grouped by theme: each
     source's full entry and the one or two of its sentences that say most about the question."""
     question, labels = brief.question, draft.labels
-    context["title"] = f"{labels.resources}: {question}"
+    context["title"] = f"{labels.resources}{labels.colon}{question}"
     pool = draft.pool(question, brief.sources)
     context["lead"] = draft.notice(pool)
     order = list(dict.fromkeys(r.evidence.source.key for r in pool.ranked))[:20]
     offers: list[tuple[FusedResult, list[Claim]]] = []
+    offered: set[str] = set(draft.stated)
     for key in order:
         own = [r for r in pool.ranked if r.evidence.source.key == key]
-        best = [c for c in select_claims(question, own[:4], max_claims=2) if _key(c.text) not in draft.stated]
+        best = [c for c in select_claims(question, own[:4], max_claims=2) if _key(c.text) not in offered]
+        offered.update(_key(c.text) for c in best)  # a sentence two sources hold is offered by the first
         if best:
             offers.append((own[0].evidence.source, best))
     groups = themes_of([claims[0] for _, claims in offers])
