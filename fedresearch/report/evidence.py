@@ -96,6 +96,8 @@ def claim_sentences(text: str, title: str = "") -> list[str]:
     # " . " ends a sentence in lower-cased collections (MED, CISI) that split_sentences reads as one
     for part in split_sentences(_SPACED_STOP.sub(".\n", text)):
         sentence = tidy(clean_sentence(part), title)
+        if title and sentence.rstrip(".").casefold() == " ".join(title.split()).rstrip(".").casefold():
+            continue  # the page's title on a line of its own: a heading, not a finding
         substantive = len(sentence) >= 30 or len(cjk_bigrams(sentence)) >= 6
         asks = sentence.endswith(("?", "？"))  # a question in a note is not a finding
         if substantive and not asks and not is_cut(sentence) and len(sentence) <= 600:

@@ -38,10 +38,11 @@ def tidy(sentence: str, title: str = "") -> str:
     """`sentence` without a label before it, its page's title glued to its start, or doubled stops."""
     text = _LABEL_PREFIX.sub("", sentence, count=1)
     heading = " ".join(title.split())
-    if heading and len(text) > len(heading) + 20 and text.lower().startswith(heading.lower()):
+    while heading and len(text) > len(heading) + 20 and text.lower().startswith(heading.lower()):
         rest = text[len(heading) :].lstrip(" :.-–—|")
-        if rest[:1].isupper() or cjk_bigrams(rest[:1]):
-            text = rest
+        if not (rest[:1].isupper() or cjk_bigrams(rest[:1])):
+            break
+        text = rest  # the title, perhaps twice (a page's heading line and its first line run together)
     text = _REPEATED_STOP.sub(r"\1", _GLUED_STOP.sub(". ", text))
     return text[:1].upper() + text[1:] if text[:1].islower() else text
 

@@ -184,14 +184,17 @@ def test_sentences_are_whole_attributed_and_said_once():
             result(5, "Twice said: the proximity graph links each point to its nearest neighbour search candidates."),
         ]
     )
-    page = "Graph search explained The proximity graph search needs no score normalisation across the layers at all."
+    page = (
+        "Graph search explained\nGraph search explained The proximity graph search needs no score normalisation "
+        "across the layers at all."
+    )
     writing = Writing(pages={found[3].key: [Section(page)]})
     markdown, _, _ = write_extractive(Brief(QUESTION, ReportType.research_report, found, writing=writing))
     assert "Malkov and Yashunin (2018) build a layered proximity graph" in markdown
     assert "Our summary" not in markdown and "The proximity graph makes nearest neighbour search" in markdown
     assert "Your note says: “HNSW graph search is my default" in markdown
     assert "score norm…" not in markdown and "needs no score normalisation across the layers" in markdown
-    assert "Graph search explained The proximity" not in markdown
+    assert "Graph search explained The proximity" not in markdown and "Graph search explained [" not in markdown
     said = [s for s in sentences(markdown) if "Twice said" in s]
     assert len(said) == 1  # stated once, citing both sources
 
