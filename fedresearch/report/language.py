@@ -1,4 +1,5 @@
-"""The report's language: the question's own, unless the request names one; headings follow it."""
+"""The report's language: the question's own, unless the request names one; its headings, section names
+and the words around the quotations (introductions, conclusions, notices) are written in it."""
 
 from __future__ import annotations
 
@@ -10,15 +11,11 @@ from fedresearch.core.text import cjk_bigrams
 @dataclass(frozen=True)
 class Labels:
     code: str
-    summary: str
-    question: str
     searched: str
     nothing: str
-    nothing_searched: str
     resources: str
     outline: str
     found_by: str
-    kinds: dict[str, str]
     references: str  # the References section's heading (report/citations.py renders the section)
     answer: str
     introduction: str
@@ -49,20 +46,11 @@ class Labels:
 
 ENGLISH = Labels(
     code="en",
-    summary="Summary",
-    question="Question",
     searched="Sources searched",
     nothing="No source answered this question",
-    nothing_searched="No source answered this question, though {count} were searched",
     resources="Resources",
     outline="Outline",
     found_by="Found by",
-    kinds={
-        "library": "From your library",
-        "knowledge": "From your knowledge bases",
-        "scholarly": "From the scholarly record",
-        "web": "From the web",
-    },
     references="References",
     answer="Answer",
     introduction="Introduction",
@@ -98,15 +86,11 @@ ENGLISH = Labels(
 )
 CHINESE = Labels(
     code="zh",
-    summary="摘要",
-    question="问题",
     searched="检索的来源",
     nothing="没有来源回答这个问题",
-    nothing_searched="检索了 {count} 个来源，但没有来源回答这个问题",
     resources="资源",
     outline="提纲",
     found_by="来源检索器",
-    kinds={"library": "来自你的文献库", "knowledge": "来自你的知识库", "scholarly": "来自学术文献", "web": "来自网络"},
     references="参考文献",
     answer="回答",
     introduction="引言",
