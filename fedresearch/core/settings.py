@@ -122,6 +122,7 @@ class Settings(BaseSettings):
     breaker_suspend_s: float = Field(180.0, ge=0, validation_alias="BREAKER_SUSPEND_S")
     breaker_error_threshold: int = Field(3, ge=1, validation_alias="BREAKER_ERROR_THRESHOLD")
     breaker_error_suspend_s: float = Field(30.0, ge=0, validation_alias="BREAKER_ERROR_SUSPEND_S")
+    breaker_error_askers: int = Field(2, ge=1, validation_alias="BREAKER_ERROR_ASKERS")
     upstream_cache_ttl_s: float = Field(600.0, ge=0, validation_alias="UPSTREAM_CACHE_TTL_S")
 
     # hosts a client may name in headers.internal_api_base_url: request planning checks them, so the
