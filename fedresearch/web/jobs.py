@@ -63,6 +63,11 @@ class ChatRequest(BaseModel):
     research_id: str | None = None
 
 
+# a report's chat: what one report keeps (each message is a line of the job's file, and in memory)
+CHAT_MESSAGES = 500
+CHAT_MESSAGE_BYTES = 128 * 1024  # a chat answer with its sources is 2 to 60 KB
+
+
 def _detail(kind: type[web.HTTPException], message: str) -> web.HTTPException:
     # FastAPI's HTTPException body, which GPT-Researcher's clients read
     return kind(text=json.dumps({"detail": message}), content_type="application/json")
@@ -311,11 +316,26 @@ async def report_chat(request: web.Request) -> web.Response:
 
 
 async def add_report_chat_message(request: web.Request) -> web.Response:
-    """Append one message to a saved report's chat."""
+    """Append one message to a saved report's chat (at most CHAT_MESSAGES, of CHAT_MESSAGE_BYTES each)."""
     principal = principal_of(request)
     job = await _owned(request, principal, request.match_info["research_id"], "Report not found")
     message = await _body(request)
+    size = len(json.dumps(message, ensure_ascii=False).encode())
+    if size > CHAT_MESSAGE_BYTES:
+        said = f"a chat message may hold {CHAT_MESSAGE_BYTES // 1024} KB; this one holds {size // 1024} KB"
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=CHAT_MESSAGE_BYTES,
+            actual_size=size,
+            text=json.dumps({"detail": said}),
+            content_type="application/json",
+        )
     messages = job.client.get("chatMessages")
+    if isinstance(messages, list) and len(messages) >= CHAT_MESSAGES:
+        raise _detail(
+            web.HTTPConflict,
+            f"this report's chat holds {len(messages)} messages, the most one report keeps; "
+            "start a new report to go on",
+        )
     messages = [*messages, message] if isinstance(messages, list) else [message]
     client = {**job.client, "chatMessages": messages, "timestamp": int(time.time() * 1000)}
     await request.app[RUNTIME].jobs.save(replace(job, client=client))

@@ -361,6 +361,9 @@ async def test_ids_a_client_chooses_are_each_users_own(tmp_path, fakes, start_se
         assert [entry["id"] for entry in body["reports"]] == ["temp_id"]
         status, body = await call("GET", "/api/jobs", ALICE)
         assert sorted(job["research_id"] for job in body["jobs"]) == ["alice-only", "temp_id"]
+        big = {"role": "user", "content": "x" * 200_000}
+        status, body = await call("POST", "/api/reports/alice-only/chat", ALICE, big)
+        assert status == 413 and "128 KB" in body["detail"]
         assert (await call("DELETE", "/api/reports/temp_id", ALICE))[0] == 200
         assert (await call("GET", "/api/reports/temp_id", BOB))[1]["report"]["answer"] == "bob's answer"
 
