@@ -191,9 +191,10 @@ class Library:
     def query_vector(self, query: str) -> np.ndarray:
         """The question's vector, read in English where it is Chinese (crosslingual.py): the encoder
         reads English, and the cosines reported beside a Chinese question mean what they do for English."""
-        return self._vector_of(query_texts(query).dense)
+        return self.text_vector(query_texts(query).dense)
 
-    def _vector_of(self, text: str) -> np.ndarray:
+    def text_vector(self, text: str) -> np.ndarray:
+        """The encoder's vector of `text` as it is (cached like a question's)."""
         if self._query_vectors is None:
             raise RuntimeError("no embedding model: query vectors need it; see the README's install notes")
         return self._query_vectors(text)
@@ -254,7 +255,7 @@ class Library:
         query_vector = None
         try:
             if vectors:
-                query_vector = self._vector_of(texts.dense)
+                query_vector = self.text_vector(texts.dense)
                 dense = self.store.dense(user_id, query_vector, kind, filters, limit)
         finally:
             if isinstance(bm25, Future):
