@@ -102,3 +102,13 @@ def test_segmentation_prefers_the_fewest_dictionary_words():
     assert words.segment("电子显微镜研究") == ["电子显微镜", "研究"]
     assert words.segment("脊椎动物") == ["脊椎动物"]
     assert words.segment("\u9fff\u9ffe") == ["\u9fff", "\u9ffe"]  # characters it lacks stand alone
+
+
+def test_glosses_lose_cc_cedicts_placeholders_not_the_words_that_hold_them():
+    assert "asthma" in query_texts("哮喘").english  # "sth" is CC-CEDICT's "something", not part of "asthma"
+    assert crosslingual._clean("to help sb (do sth)") == "help"
+
+
+def test_a_very_long_question_is_read_in_english_only_so_far():
+    texts = query_texts("肺癌免疫治疗" * 20_000)
+    assert len(texts.dense) < 6 * crosslingual.TRANSLATED_CHARS and texts.english
