@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import logging
 
+import aiohttp
 import pytest
+import websockets
 
 from fedresearch.library import crosslingual
 from fedresearch.library.crosslingual import ENGLISH_TERMS, query_texts
 from fedresearch.library.facade import Library
 from fedresearch.library.formats import Document, Section
 from fedresearch.library.ingest import ingest
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, report_of, run_task, settings_at
 
 PAPERS = [
     ("lens", "The crystalline lens in vertebrates", "Proteins of the crystalline lens of vertebrates."),
@@ -112,3 +114,30 @@ def test_glosses_lose_cc_cedicts_placeholders_not_the_words_that_hold_them():
 def test_a_very_long_question_is_read_in_english_only_so_far():
     texts = query_texts("肺癌免疫治疗" * 20_000)
     assert len(texts.dense) < 6 * crosslingual.TRANSLATED_CHARS and texts.english
+
+
+RRF_PAPER = "10.1145/1571941.1572114"  # examples/library: "Reciprocal Rank Fusion Outperforms Condorcet ..."
+
+
+async def test_the_literature_api_and_a_research_task_answer_a_chinese_question_with_english_papers(
+    tmp_path, start_server, library_location, encoder
+):
+    settings = settings_at(tmp_path, library_location)
+    ingest(Library(settings.library_location, encoder=encoder), "alice", [EXAMPLES])
+    server = await start_server(settings)
+    body = {"type": "biblio", "user_id": "alice", "query": "倒数排名融合", "top_k": 3}  # reciprocal rank fusion
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{server.url}/internal/biblios/vector_search/", json=body) as response,
+    ):
+        items = await response.json()
+    assert items[0]["metadata"]["structured_data"]["doi"] == RRF_PAPER
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(
+            ws,
+            {
+                "task": "倒数排名融合为什么不需要分数校准",
+                "headers": {"retrievers": "internal_biblio", "user_id": "alice"},
+            },
+        )
+    assert f"https://doi.org/{RRF_PAPER}" in report_of(frames)
