@@ -18,6 +18,7 @@ import numpy as np
 
 from fedresearch.core.work import WorkPool
 from fedresearch.library.chunking import chunk_sections
+from fedresearch.library.crosslingual import query_texts
 from fedresearch.library.embedded import EmbeddedStore
 from fedresearch.library.embeddings import Encoder
 from fedresearch.library.formats import KINDS, Document
@@ -188,9 +189,15 @@ class Library:
         return self.store.unavailable()
 
     def query_vector(self, query: str) -> np.ndarray:
+        """The question's vector, read in English where it is Chinese (crosslingual.py): the encoder
+        reads English, and the cosines reported beside a Chinese question mean what they do for English."""
+        return self.text_vector(query_texts(query).dense)
+
+    def text_vector(self, text: str) -> np.ndarray:
+        """The encoder's vector of `text` as it is (cached like a question's)."""
         if self._query_vectors is None:
             raise RuntimeError("no embedding model: query vectors need it; see the README's install notes")
-        return self._query_vectors(query)
+        return self._query_vectors(text)
 
     def text_vectors(self, texts: list[str], deadline: float | None = None) -> list[np.ndarray | None]:
         """Vectors of short texts, cached and batched across callers; None for those whose pass had
@@ -237,17 +244,18 @@ class Library:
         if mode == "dense" and self.encoder is None:
             raise RuntimeError("dense search needs the embedding model; see the README's install notes")
         vectors = mode != "bm25" and self.encoder is not None
+        texts = query_texts(query)  # a Chinese question searched in English too, in either store
         if mode == "dense":
             bm25: Future[Ranking] | Ranking = []
         elif vectors and self._beside is not None and self.store.concurrent_searches:
-            bm25 = self._beside.submit(self.store.bm25, user_id, kind, query, filters, limit)
+            bm25 = self._beside.submit(self.store.bm25, user_id, kind, texts.full_text, filters, limit)
         else:
-            bm25 = self.store.bm25(user_id, kind, query, filters, limit)
+            bm25 = self.store.bm25(user_id, kind, texts.full_text, filters, limit)
         dense: Ranking = []
         query_vector = None
         try:
             if vectors:
-                query_vector = self.query_vector(query)
+                query_vector = self.text_vector(texts.dense)
                 dense = self.store.dense(user_id, query_vector, kind, filters, limit)
         finally:
             if isinstance(bm25, Future):
