@@ -127,7 +127,7 @@ async def test_chat_answers_from_the_report_and_searches_again_when_it_must(serv
         assert answer["role"] == "assistant" and re.search(r"\[\d+\]", answer["content"])
         assert answer["metadata"]["searched"] is False
         for ref in answer["metadata"]["references"]:  # the report's numbers stay the same in chat
-            assert ref["number"] > len(numbers) or ref["title"] in numbers[ref["number"]]
+            assert ref["number"] > len(numbers) or ref["entry"] == numbers[ref["number"]]
         before = len(fakes["tavily"].requests)
         await ws.send('chat {"message": "zebra migration patterns in the serengeti"}')
         answer = await _next_chat(ws)
