@@ -136,6 +136,8 @@ def _library_note(citation: Citation) -> str | None:
     parts = ["Note in your library" if citation.kind == "note" else "File in your library"]
     if citation.document:
         parts.append(f"on {citation.document}")
+    if citation.file:
+        parts.append(f"file {citation.file}")
     if citation.section:
         parts.append(f"section “{citation.section}”")
     if citation.page is not None:

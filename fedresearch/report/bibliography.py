@@ -56,8 +56,8 @@ class Person:
 @dataclass(frozen=True)
 class Citation:
     """One cited source: what a reference entry, a BibTeX entry and an RIS record are made from.
-    A passage of the user's library also says where in the document it is (`section`, `page`)
-    and which document of the library holds it (`document_id`)."""
+    A passage of the user's library also says where in the document it is (`section`, `page`),
+    the file it was read from (`file`) and which document of the library holds it (`document_id`)."""
 
     kind: CitedKind
     title: str
@@ -68,7 +68,8 @@ class Citation:
     url: str | None = None  # the link a reader follows: the DOI's address for a paper that has one
     site: str | None = None  # a web page's site
     accessed: date | None = None  # when a web page was read
-    document: str | None = None  # a library passage's document, when the title names the passage
+    document: str | None = None  # the paper a highlight is in, when the title names the highlight
+    file: str | None = None  # the name of the file a library passage was read from
     section: str | None = None
     page: int | None = None
     document_id: str | None = None
@@ -116,6 +117,7 @@ def citation_from(title: str, href: str, metadata: dict[str, Any], accessed: dat
             section=section if section != document else None,
             page=_page(metadata.get("page")),
             document=_text(metadata.get("paper_title")),
+            file=_text(metadata.get("file")),
             **{**common, "doi": common["doi"] or paper_doi},
         )
     venue = _text(metadata.get("venue")) or _text(metadata.get("journal"))

@@ -9,6 +9,7 @@ Everything a source says goes through `_escape`, the same escaping as report/mar
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Sequence
@@ -37,8 +38,20 @@ _CSL_TYPES = {
 _LOCALES = {"en": "en-US", "zh": "zh-CN"}
 # what a library passage's entry adds, in the report's language
 _WHERE = {
-    "en": {"section": "section “{}”", "page": "p. {}", "note": "note in your library", "file": "file in your library"},
-    "zh": {"section": "章节“{}”", "page": "第 {} 页", "note": "你的文献库中的笔记", "file": "你的文献库中的文件"},
+    "en": {
+        "file_name": "file {}",
+        "section": "section “{}”",
+        "page": "p. {}",
+        "note": "note in your library",
+        "file": "file in your library",
+    },
+    "zh": {
+        "file_name": "文件 {}",
+        "section": "章节“{}”",
+        "page": "第 {} 页",
+        "note": "你的文献库中的笔记",
+        "file": "你的文献库中的文件",
+    },
 }
 _EMPHASIS = re.compile(r"([*_])")
 
@@ -106,29 +119,28 @@ def csl_item(citation: Citation, identifier: str) -> dict[str, Any]:
 def entries(citations: Sequence[Citation], style: str = DEFAULT_STYLE, language: str = "en") -> list[str]:
     """Each citation's entry as one line of Markdown, in order: the style's text, its DOI or
     address a link, and for a library passage where it is."""
-    if not citations:
-        return []
+    return [entry(citation, style, language) for citation in citations]
+
+
+# citeproc-py takes 15-30 ms an entry (it searches the style's XML for each macro it calls): each
+# entry is written once per process, and a chat, the next report or a BibTeX file citing the same
+# paper reuses it
+@functools.lru_cache(maxsize=4096)
+def entry(citation: Citation, style: str = DEFAULT_STYLE, language: str = "en") -> str:
     try:
-        rendered = _rendered(citations, style, language)
+        text = _rendered(citation, style, language)
     except Exception:  # a style's rendering fault must not cost the report its references
-        log.exception("citation style %s could not render %d references; plain entries instead", style, len(citations))
-        rendered = [_plain(citation) for citation in citations]
-    return [
-        _linked(text, citation) + _where(citation, language) for text, citation in zip(rendered, citations, strict=True)
-    ]
+        log.exception("citation style %s could not render %r; a plain entry instead", style, citation.title[:80])
+        text = _plain(citation)
+    return _linked(text, citation) + _where(citation, language)
 
 
-def _rendered(citations: Sequence[Citation], style: str, language: str) -> list[str]:
+def _rendered(citation: Citation, style: str, language: str) -> str:
     csl = CitationStylesStyle(style_file(style), locale=_LOCALES.get(language, "en-US"), validate=False)
-    source = CiteProcJSON([csl_item(citation, f"r{index}") for index, citation in enumerate(citations)])
-    bibliography = CitationStylesBibliography(csl, source, MarkdownFormat)
-    for index in range(len(citations)):
-        bibliography.register(CslCitation([CitationItem(f"r{index}")]))
-    # a style may sort its bibliography (APA by author): the report numbers by first citation
-    by_key = {
-        str(item.key): str(entry) for item, entry in zip(bibliography.items, bibliography.bibliography(), strict=True)
-    }
-    return [_tidy(by_key[f"r{index}"], citation) for index, citation in enumerate(citations)]
+    bibliography = CitationStylesBibliography(csl, CiteProcJSON([csl_item(citation, "r")]), MarkdownFormat)
+    bibliography.register(CslCitation([CitationItem("r")]))
+    (text,) = bibliography.bibliography()
+    return _tidy(str(text), citation)
 
 
 _STYLE_NUMBER = re.compile(r"^\[\d+\]\s*")  # a numeric style's own [1]: the report writes its number
@@ -176,14 +188,18 @@ def _linked(text: str, citation: Citation) -> str:
 
 
 def _where(citation: Citation, language: str) -> str:
-    """Where in the user's library a passage is: its section and page, and what it is."""
+    """Where in the user's library a passage is: what it is, the file it was read from, its
+    section and page, the paper a highlight is in, and its id (`highlight:8`) last."""
     if citation.kind not in ("note", "file"):  # a source known only by its id is named by it
         return f" — {_escape(citation.location)}" if citation.location and not citation.link else ""
     words = _WHERE.get(language, _WHERE["en"])
-    parts = [words["section"].format(_escape(citation.section))] if citation.section else []
+    parts = [words[citation.kind]]
+    if citation.file:
+        parts.append(words["file_name"].format(_escape(citation.file)))
+    if citation.section:
+        parts.append(words["section"].format(_escape(citation.section)))
     if citation.page is not None:
         parts.append(words["page"].format(citation.page))
-    parts.append(words[citation.kind])
     if citation.document:
         parts.append(f"*{_escape(citation.document)}*")
     if citation.location and not citation.link:

@@ -16,13 +16,17 @@ from markdown_it import MarkdownIt
 from pydantic import ValidationError
 
 from fedresearch.core.models import FusedResult, ReportType, ResearchRequest
+from fedresearch.library.facade import Library
+from fedresearch.library.ingest import ingest
 from fedresearch.report.bibfiles import bibtex, record_citations, ris
 from fedresearch.report.bibliography import citation_from, citation_of
 from fedresearch.report.exports import EXPORT_FORMATS, to_docx, to_html, to_pdf
 from fedresearch.report.store import export, record_bytes, save_report
 from fedresearch.report.styles import entries
 from fedresearch.report.writer import Brief, Writing, write_report
-from tests.conftest import make_settings
+from fedresearch.retrievers.internal_api import parse_item, passage_result
+from fedresearch.web.literature import item_of
+from tests.conftest import EXAMPLES, make_settings
 from tests.report.test_report import check_invariants
 
 RRF = {
@@ -34,8 +38,15 @@ RRF = {
     "authors": ["Gordon V. Cormack", "Charles L. A. Clarke", "Stefan Büttcher"],
 }
 RRF_TITLE = "Reciprocal Rank Fusion Outperforms Condorcet and Individual Rank Learning Methods"
-NOTE = {"type": "highlight", "highlight_id": "8", "document_id": "6", "section": "Fusing rankings"}
+NOTE = {
+    "type": "highlight",
+    "highlight_id": "8",
+    "document_id": "6",
+    "section": "Fusing rankings",
+    "file": "hybrid_search.md",
+}
 PDF_PAGE = {"type": "file", "file_id": "12#page=3", "document_id": "12", "page": 3, "authors": ["张三"], "year": 2023}
+PDF_PAGE["file"] = "dense_survey.pdf"
 WEB = {"type": "web"}
 
 
@@ -100,9 +111,11 @@ def test_an_apa_entry_names_authors_year_title_venue_and_links_its_doi():
         "[https://doi.org/10.1145/1571941.1572114](https://doi.org/10.1145/1571941.1572114)"
     )
     # a note of the user's library names its document, its section and where it is
-    assert note.startswith("*Notes on hybrid search*") and "section “Fusing rankings”" in note
-    assert "note in your library" in note and note.endswith("highlight:8")
-    assert page.startswith("张三. (2023). *稠密检索综述*") and "p. 3, file in your library" in page
+    assert note == (
+        "*Notes on hybrid search*. (n.d.). — note in your library, file hybrid\\_search.md, "
+        "section “Fusing rankings”, highlight:8"
+    )
+    assert page.startswith("张三. (2023). *稠密检索综述*. — file in your library, file dense\\_survey.pdf, p. 3")
     assert web.startswith("weaviate.io. (n.d.). *Hybrid search explained*. Retrieved November 28, 2026, from [https")
 
 
@@ -112,7 +125,24 @@ def test_other_styles_and_languages():
     assert ieee[0].startswith("G. V. Cormack, C. L. A. Clarke, and S. Büttcher, “Reciprocal Rank Fusion")
     assert not any(re.match(r"\[\d+\]", entry) for entry in ieee)  # the report numbers them, not the style
     chinese = entries(citations, "apa", "zh")
-    assert "章节“Fusing rankings”" in chinese[1] and "第 3 页" in chinese[2] and "2026年11月28日" in chinese[3]
+    assert "你的文献库中的笔记, 文件 hybrid\\_search.md, 章节“Fusing rankings”" in chinese[1]
+    assert "第 3 页" in chinese[2] and "2026年11月28日" in chinese[3]
+
+
+def test_a_library_passage_names_the_file_it_was_read_from(tmp_path):
+    """The library's hits carry their document's file name (never its folders), through the
+    embedded library and the literature API's JSON alike."""
+    settings = make_settings(tmp_path, embeddings=False)
+    library = Library(settings.library_dir)
+    ingest(library, "alice", [EXAMPLES])
+    (passage,) = library.search("alice", "reciprocal rank fusion default constant", "highlight", 1, mode="bm25")
+    assert passage.file == "hybrid_search.md" and "/" not in passage.file
+    result = passage_result(passage, "internal_highlight", 1)
+    assert result.metadata["file"] == "hybrid_search.md"
+    parsed = parse_item(item_of(passage), "internal_highlight", "highlight", 1)
+    assert not isinstance(parsed, str) and parsed.metadata["file"] == "hybrid_search.md"
+    (entry,) = entries([citation_from(result.title, result.href, result.metadata)])
+    assert "file hybrid\\_search.md, section “Fusing rankings”" in entry
 
 
 def test_text_a_source_gives_stays_inert_in_its_entry():
@@ -195,7 +225,7 @@ def test_bibtex_parses_back_with_unique_keys_known_types_and_its_text():
         RRF_TITLE,
     )
     note = {name: field.value for name, field in parsed.entries[1].fields_dict.items()}
-    assert note["note"] == "Note in your library, section “Fusing rankings”, (highlight:8)"
+    assert note["note"] == "Note in your library, file hybrid_search.md, section “Fusing rankings”, (highlight:8)"
     assert parsed.entries[2].fields_dict["author"].value == "张三"
     assert parsed.entries[3].fields_dict["urldate"].value == "2026-11-28"
     # braces and backslashes a title carries would change what BibTeX reads: replaced
@@ -213,7 +243,7 @@ def test_ris_parses_back_with_zoteros_types():
         "10.1145/1571941.1572114",
         "SIGIR",
     )
-    assert records[2]["notes"] == ["File in your library, p. 3, (file:12#page=3)"]
+    assert records[2]["notes"] == ["File in your library, file dense_survey.pdf, p. 3, (file:12#page=3)"]
     assert (
         records[3]["urls"] == ["https://weaviate.io/blog/hybrid-search"] and records[3]["access_date"] == "2026/11/28"
     )
