@@ -118,7 +118,8 @@ class ChatSession:
             fresh, _ = await gather_sources(message, replace(self.plan, urls=()), tools, _quiet)
             claims = await run_on(writing.work, _claims, message, fresh, writing)
             searched = True
-        return self._render(message, claims, searched)
+        # its references are written by the CSL processor: CPU work, off the event loop
+        return await run_on(writing.work, self._render, message, claims, searched)
 
     def _render(self, message: str, claims: list[Claim], searched: bool) -> ChatAnswer:
         citations = Citations()
