@@ -9,7 +9,7 @@ styles (report/styles.py) and the BibTeX and RIS files (report/bibfiles.py) read
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -74,7 +74,9 @@ class Citation:
     page: int | None = None
     document_id: str | None = None
     location: str | None = None  # where a source without an address is, as the report names it (`note:3`)
-    abstract: str | None = None
+    # for the BibTeX and RIS files; left out of equality and hashing, so that the entries written
+    # once per process (report/styles.py) are not remembered by a paper's whole abstract
+    abstract: str | None = field(default=None, compare=False)
 
     @property
     def link(self) -> str | None:
