@@ -98,6 +98,8 @@ def test_a_saved_reports_references_are_read_back_from_their_entries():
         and note.body == "It is my default."
     )
     assert (old.href, old.title) == ("https://a.example/old", "Old style")
+    chinese = markdown.replace("## References", "## 参考文献")  # a Chinese report's heading
+    assert [source.href for source in report_sources(chinese)] == [paper.href, note.href, old.href]
 
 
 def test_what_a_question_asks_about_leaves_out_the_words_that_only_ask():
