@@ -22,7 +22,7 @@ from fedresearch.core.text import STOPWORDS, cjk_bigrams
 from fedresearch.core.work import WorkPool
 from fedresearch.library.chunking import Chunk
 from fedresearch.library.formats import Section
-from fedresearch.report.citations import Citations, Reference, display_title
+from fedresearch.report.citations import Citations, Reference, display_title, reference_entries
 from fedresearch.report.evidence import (
     Claim,
     Embed,
@@ -49,6 +49,7 @@ TEMPLATES = Environment(
     auto_reload=False,  # templates ship with the package: checking their mtime on every render is waste
 )
 TEMPLATES.filters["text"] = inline_text
+TEMPLATES.globals["reference_entries"] = reference_entries
 _WORDS = re.compile(r"[A-Za-z][A-Za-z0-9\-]+")
 _MAX_THEMES = 5
 _SUMMARY_CLAIMS = 3
@@ -160,6 +161,7 @@ class Writing:
     pages: dict[str, list[Section]] = field(default_factory=dict)
     embed: Embed | None = None
     language: str | None = None
+    citation_style: str | None = None  # CSL style of the References (None: CITATION_STYLE's default, APA)
     support_threshold: float = 0.5  # REPORT_SUPPORT_THRESHOLD: what the verifier counts as supported
     work: WorkPool | None = None  # the threads it is written on (None: asyncio's default pool)
     # time.monotonic() by which a model must have finished, so that the extractive writer can still
@@ -210,6 +212,7 @@ def write_report(brief: Brief) -> tuple[str, list[Reference]]:
     labels = labels_for(question, writing.language)
     citations = Citations()
     context: dict[str, object] = {"question": question, "coverage": coverage_lines(brief.outcomes), "labels": labels}
+    context["citation_style"] = writing.citation_style
     form = form_of(report_type)
     if form.layout == "resources":
         context["entries"] = _resources(sources, citations, labels)

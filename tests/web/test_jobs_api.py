@@ -104,7 +104,8 @@ async def test_rest_jobs_webhooks_and_ownership(tmp_path, fakes, start_server, r
         research_id = started["research_id"]
         job = await poll_job(session, server.url, research_id)
         assert job["status"] == "completed" and job["progress"] == 1.0 and job["task"] == TASK["task"]
-        assert "## References" in job["report"] and set(job["files"]) == {"md", "pdf", "docx", "html", "json"}
+        assert "## References" in job["report"]
+        assert set(job["files"]) == {"md", "pdf", "docx", "html", "json", "bib", "ris"}
 
         hook = await receiver.next()
         headers, _ = receiver.calls[-1]
