@@ -1,6 +1,7 @@
-"""Citation checking, measured.
+"""Citation checking, measured; and the references a report lists, this checkout against another.
 
     python -m bench.citations [--build] [--no-encoder] [--float] [--reports 200]
+    python -m bench.citations --references [--against DIR]
 
 1. The verifier on a labelled set of sentence–passage pairs (bench/data/verifier_pairs.jsonl, built
    by `--build` from ../shared/datasets (MED, CISI abstracts) and examples/library, seed 11):
@@ -17,14 +18,25 @@
    naming no passage with 0.10, nothing with 0.10, and an invented sentence is added with 0.15.
    Its paragraphs go through the verifier exactly as the LLM writer's do; citation precision is the
    share of kept citations that point at the passage the sentence came from, before and after.
+3. `--references`: the demo's report (`make demo`: the example library, its question, offline, the
+   library's lexical search) written by this checkout and by DIR (another checkout, e.g.
+   `git worktree add /tmp/old main`), each in a process of its own, side by side: how many of its
+   references give a year, name an author of the paper (the example library's authors), link a DOI,
+   name a library note's section and file; how many paragraphs the References are in the DOCX
+   and the HTML and the longest one; the BibTeX and RIS entries fetched from the server (where the
+   checkout makes them) and whether they parse back; the time to write 20 references' entries, new
+   (the fastest of 3) and seen before (each entry is written once per process).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -235,13 +247,135 @@ def cached_encoder(encoder: Any, pairs: list[dict[str, Any]], int8: bool = True)
     return embed
 
 
+# runs in the checkout measured, so it names only what every checkout since the export registry has
+_REFERENCES_CHILD = """
+import asyncio, io, json, re, sys, tempfile, time
+from pathlib import Path
+import aiohttp, docx, websockets
+from aiohttp import web
+from fedresearch.core.settings import Settings
+from fedresearch.library.ingest import ingest
+from fedresearch.library.open import open_library
+from fedresearch.report.exports import EXPORT_FORMATS
+from fedresearch.web.app import create_app
+EXAMPLES = Path("examples/library").resolve()
+QUESTION = "How should lexical BM25 and dense retrieval be combined with rank fusion?"
+
+async def report(folder):
+    settings = Settings(_env_file=None, data_dir=Path(folder), api_keys=None, embeddings=False,
+        upstreams=dict.fromkeys(("tavily_api_key", "google_api_key", "google_cx_key", "internal_api_base_url")))
+    ingest(open_library(settings), "demo", [EXAMPLES])
+    runner = web.AppRunner(create_app(settings))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = "127.0.0.1:%d" % site._server.sockets[0].getsockname()[1]
+    task = {"task": QUESTION, "headers": {"retrievers": "internal_biblio,internal_highlight", "user_id": "demo"}}
+    markdown, files, fetched = "", {}, {}
+    try:
+        async with websockets.connect("ws://%s/ws" % base, max_size=None) as ws:
+            await ws.send("start " + json.dumps(task))
+            while (frame := json.loads(await ws.recv()))["type"] != "path":
+                markdown += frame["output"] if frame["type"] == "report" else ""
+            files = frame["output"]
+        async with aiohttp.ClientSession() as session:
+            for kind in ("bib", "ris"):
+                if kind in files:
+                    async with session.get("http://%s/%s" % (base, files[kind])) as answer:
+                        fetched[kind] = await answer.text()
+    finally:
+        await runner.cleanup()
+    return markdown, fetched
+
+with tempfile.TemporaryDirectory() as folder:
+    markdown, fetched = asyncio.run(report(folder))
+authors = set()
+for line in open(EXAMPLES / "papers.jsonl", encoding="utf-8"):
+    authors |= {name.split()[-1] for name in json.loads(line).get("authors", [])}
+lines = [l for l in markdown.partition("## References")[2].splitlines() if re.match(r"\\[\\d+\\] ", l)]
+papers = [l for l in lines if "doi.org/" in l]
+said = [re.sub(r"https?://\\S+", "", l) for l in papers]  # what an entry says, its DOI left out
+notes = [l for l in lines if "highlight:" in l]
+word = docx.Document(io.BytesIO(EXPORT_FORMATS["docx"].render(markdown, "Report", "A4")))
+texts = [p.text for p in word.paragraphs]
+after = texts[texts.index("References") + 1:] if "References" in texts else []
+html = EXPORT_FORMATS["html"].render(markdown, "Report", "A4").decode()
+out = {
+    "references": len(lines),
+    "papers": len(papers),
+    "papers with a year": sum(bool(re.search(r"\\b(19|20)\\d\\d\\b", l)) for l in said),
+    "papers naming an author": sum(any(a in l for a in authors) for l in said),
+    "papers linking a DOI": sum("](https://doi.org/" in l for l in papers),
+    "notes": len(notes),
+    "notes naming section": sum("section “" in l or " › " in l for l in notes),
+    "notes naming file": sum(".md" in l for l in notes),
+    "DOCX paragraphs": len(after),
+    "DOCX longest chars": max(map(len, after), default=0),
+    "HTML blocks": html.partition("<h2>References</h2>")[2].count("<p>"),
+}
+try:
+    import bibtexparser, rispy
+    if "bib" in fetched:
+        parsed = bibtexparser.parse_string(fetched["bib"])
+        out["BibTeX entries"] = len(parsed.entries) if not parsed.failed_blocks else -1
+        out["BibTeX unique keys"] = len({e.key for e in parsed.entries})
+    if "ris" in fetched:
+        out["RIS records"] = len(rispy.loads(fetched["ris"]))
+    from fedresearch.core.models import FusedResult
+    from fedresearch.report.citations import Citations, reference_entries
+    sources = [FusedResult(key=str(n), href="https://doi.org/10.1/%d" % n, title="Title %d" % n, body="", score=1.0,
+        retrievers=[], ranks={}, metadata={"type": "paper", "authors": ["Ann Author", "Bo Writer"], "year": 2020,
+        "venue": "SIGIR", "doi": "10.1/%d" % n}) for n in range(20)]
+    citations = Citations()
+    for source in sources:
+        citations.cite(source)
+    from fedresearch.report import styles
+    cold = []
+    for _ in range(3):
+        getattr(getattr(styles, "entry", None), "cache_clear", lambda: None)()
+        started = time.perf_counter()
+        reference_entries(citations.references)
+        cold.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    reference_entries(citations.references)
+    out["entries ms, 20 new refs"] = round(min(cold) * 1000, 1)
+    out["entries ms, 20 seen refs"] = round((time.perf_counter() - started) * 1000, 1)
+except ImportError:
+    pass
+print(json.dumps(out))
+"""
+
+
+def references_figures(against: Path | None) -> None:
+    """The demo report's references in this checkout and in `against`, side by side."""
+    checkouts = {"this": Path(__file__).resolve().parents[1]}
+    if against is not None:
+        checkouts[str(against)] = against.resolve()
+    figures = {}
+    for name, root in checkouts.items():
+        env = {**os.environ, "PYTHONPATH": str(root), "FEDRESEARCH_EMBEDDINGS": "false"}
+        done = subprocess.run(
+            [sys.executable, "-c", _REFERENCES_CHILD], cwd=root, env=env, capture_output=True, text=True, check=True
+        )
+        figures[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = list(dict.fromkeys(key for figure in figures.values() for key in figure))
+    print(f"{'':<26}" + "".join(f"{name[-24:]:>26}" for name in figures))
+    for row in rows:
+        print(f"{row:<26}" + "".join(f"{figure.get(row, '—')!s:>26}" for figure in figures.values()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--build", action="store_true", help="rebuild the labelled set from the datasets")
     parser.add_argument("--no-encoder", action="store_true")
     parser.add_argument("--float", action="store_true", help="the encoder's float graph, not the int8 one")
     parser.add_argument("--reports", type=int, default=200)
+    parser.add_argument("--references", action="store_true", help="the demo report's references (3. above)")
+    parser.add_argument("--against", type=Path, help="with --references: another checkout, measured beside this one")
     args = parser.parse_args()
+    if args.references:
+        references_figures(args.against)
+        return
     if args.build or not PAIRS.exists():
         PAIRS.parent.mkdir(parents=True, exist_ok=True)
         pairs = build()

@@ -2,10 +2,16 @@
 
     python -m bench.library [--sizes 10000,100000] [--queries 200]
     python -m bench.library --encoders [--queries 200]
+    python -m bench.library --crosslingual
 
 --encoders compares the two forward passes of the same model side by side in one process (ONNX
 Runtime and numpy): query encoding alone, ingest with real embeddings, and 16 threads asking
 different questions at once (batched by the query-vector cache, against one pass per question).
+
+--crosslingual measures what searching a Chinese question in English adds (crosslingual.py): the
+dictionary's first load (time, RSS), translating and segmenting each of med-zh's questions, an
+English question (nothing to do) and a 400-character Chinese one, and BM25 over MED with the
+translated question against the question as it is; run on its own, in a process of its own.
 
 Passages are generated from the word distribution of the collections in ../shared/datasets
 (~120 words each). The ingest rate is measured with real embeddings on a sample; the bulk of the
@@ -31,10 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.quality import DEFAULT_DATASETS
+from bench.quality import DEFAULT_DATASETS, load_collection
+from fedresearch.library import crosslingual
 from fedresearch.library.embeddings import Encoder, load_encoder
 from fedresearch.library.facade import Library
 from fedresearch.library.formats import Document, Section
+from fedresearch.library.search import SearchFilters
 
 PER_USER = 100_000
 
@@ -130,6 +138,48 @@ def run_size(size: int, query_count: int, datasets: Path) -> dict:
     }
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def crosslingual_cost(datasets: Path, rounds: int = 20) -> None:
+    questions = [json.loads(line) for line in (datasets / "med-zh" / "queries.jsonl").open()]
+    chinese = [q["text"] for q in questions]
+    english = [q["metadata"]["english"] for q in questions]
+    long_question = ("请帮我查找" + "关于肺癌免疫治疗、基因突变与预后因素的临床研究文献，" * 15)[:400]
+    before = _rss_mb()
+    started = time.perf_counter()
+    crosslingual.dictionary()
+    print(f"dictionary: first load {(time.perf_counter() - started) * 1000:.0f} ms, RSS +{_rss_mb() - before:.1f} MB")
+    for label, texts in (
+        ("med-zh's 30 Chinese questions", chinese),
+        ("the same questions in English", english),
+        ("one 400-character Chinese question", [long_question]),
+    ):
+        timings = []
+        for _ in range(rounds):
+            for text in texts:
+                started = time.perf_counter()
+                crosslingual.query_texts(text)
+                timings.append((time.perf_counter() - started) * 1000)
+        print(f"  translate and segment, {label:<36} {percentiles(timings)}")
+    corpus, _, _ = load_collection(datasets / "med")
+    library = Library(Path(tempfile.mkdtemp(prefix="bench-crosslingual-")))  # BM25 only: no vectors needed
+    papers = [Document("biblio", d["_id"], d.get("title") or "", [Section(d["text"])]) for d in corpus]
+    library.add_documents("u", papers)
+    for label, make in (("as it is", lambda q: q), ("translated", lambda q: crosslingual.query_texts(q).full_text)):
+        timings = []
+        for _ in range(rounds):
+            for text in chinese:
+                full_text = make(text)
+                started = time.perf_counter()
+                library.store.bm25("u", "biblio", full_text, SearchFilters(), 100)
+                timings.append((time.perf_counter() - started) * 1000)
+        print(f"  BM25 over MED, the Chinese question {label:<26} {percentiles(timings)}")
+
+
 # (label, backend, threads per pass, passes at once, cut batches by padding): the last session's
 # ONNX set-up (2 threads, one pass, batches padded to their longest text) first, then this one
 ENCODER_SETUPS = (
@@ -221,7 +271,11 @@ def main() -> None:
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
     parser.add_argument("--single", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--encoders", action="store_true", help="compare ONNX Runtime and numpy side by side")
+    parser.add_argument("--crosslingual", action="store_true", help="what translating Chinese questions adds")
     args = parser.parse_args()
+    if args.crosslingual:
+        crosslingual_cost(args.datasets)
+        return
     if args.encoders:
         compare_encoders(args.queries, args.datasets)
         return

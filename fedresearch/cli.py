@@ -372,7 +372,7 @@ def _add_ask(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         type=_formats,
         default=["md"],
         metavar="FORMATS",
-        help="with --output: which files, a comma list of md, html, pdf, docx, json (default: md)",
+        help="with --output: which files, a comma list of md, html, pdf, docx, json, bib, ris (default: md)",
     )
     ask.add_argument("--server", help="ws://HOST:PORT of a running server (default: run the task in this process)")
     ask.add_argument("--token", help="API key, when the server requires one")

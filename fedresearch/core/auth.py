@@ -24,6 +24,10 @@ class Principal:
     knowledge_bases: frozenset[str] | None = None
     key_id: str = "local"  # which key (a digest prefix, never the key); "local" without keys
 
+    def asker(self, user_id: str | None) -> str:
+        """Who asks, for counting an upstream's errors per asker: this key, and the user it acts for."""
+        return f"{self.key_id}/{user_id or ''}"
+
 
 class ApiKeys:
     def __init__(self, pairs: dict[str, Principal]) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from fedresearch.core.citation_styles import style_name
 from fedresearch.core.text import split_commas
 
 LIBRARY_TYPES = ("biblio", "highlight", "file")
@@ -92,6 +93,7 @@ class ResearchRequest(BaseModel):
     query_domains: list[str] = Field(default_factory=list)
     max_search_results: int | None = Field(None, ge=1, le=50)
     language: str | None = None
+    citation_style: str | None = None  # a CSL style's name for the References (default: CITATION_STYLE)
     agent: str | None = None
     headers: dict[str, Any] = Field(default_factory=dict)
     detach: bool = False  # keep running when the socket that started it closes (resume it by research_id)
@@ -174,6 +176,13 @@ class ResearchRequest(BaseModel):
         if value is None or (isinstance(value, str) and not value.strip()):
             return None
         return value.strip() if isinstance(value, str) else str(value)
+
+    @field_validator("citation_style", mode="before")
+    @classmethod
+    def _citation_style(cls, value: object) -> object:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        return style_name(value) if isinstance(value, str) else value
 
     @field_validator("complement_source_urls", "detach", mode="before")
     @classmethod

@@ -14,6 +14,7 @@ import platformdirs
 from pydantic import Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from fedresearch.core.citation_styles import DEFAULT_STYLE, style_name
 from fedresearch.core.redis import SentinelAddress, is_sentinel_url
 from fedresearch.core.text import split_commas
 
@@ -122,6 +123,7 @@ class Settings(BaseSettings):
     breaker_suspend_s: float = Field(180.0, ge=0, validation_alias="BREAKER_SUSPEND_S")
     breaker_error_threshold: int = Field(3, ge=1, validation_alias="BREAKER_ERROR_THRESHOLD")
     breaker_error_suspend_s: float = Field(30.0, ge=0, validation_alias="BREAKER_ERROR_SUSPEND_S")
+    breaker_error_askers: int = Field(2, ge=1, validation_alias="BREAKER_ERROR_ASKERS")
     upstream_cache_ttl_s: float = Field(600.0, ge=0, validation_alias="UPSTREAM_CACHE_TTL_S")
 
     # hosts a client may name in headers.internal_api_base_url: request planning checks them, so the
@@ -139,6 +141,8 @@ class Settings(BaseSettings):
     llm_max_answer_chars: int = Field(200_000, ge=1000, validation_alias="LLM_MAX_ANSWER_CHARS")
     # the page of PDF and DOCX exports
     report_page_size: Literal["A4", "Letter"] = Field("A4", validation_alias="REPORT_PAGE_SIZE")
+    # the CSL style of every report's References (a task's `citation_style` overrides it)
+    citation_style: str = Field(DEFAULT_STYLE, validation_alias="CITATION_STYLE")
     # PDF and DOCX files made at once (each in a process of its own; one per user at a time), how long
     # one may take and the memory it may use: past either it fails with a reason, the server unharmed
     export_processes: int = Field(2, ge=1, le=64, validation_alias="EXPORT_PROCESSES")
@@ -237,6 +241,11 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_secret_is_unset(cls, value: object) -> object:
         return None if value == "" else value
+
+    @field_validator("citation_style", mode="after")
+    @classmethod
+    def _citation_style(cls, value: str) -> str:
+        return style_name(value)
 
     @field_validator("workers", mode="before")
     @classmethod

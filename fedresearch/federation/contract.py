@@ -95,6 +95,8 @@ class SearchOptions:
     internal_api_base_url: str | None = None
     query_domains: tuple[str, ...] = ()
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # who asks (an API key and the user it acts for): the breaker counts errors per asker
+    asker: str = ""
 
     def credential(self, name: str) -> str | None:
         """A per-request upstream key the client sent, if any."""

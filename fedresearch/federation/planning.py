@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fedresearch.core.auth import Principal
 from fedresearch.core.errors import RequestError
 from fedresearch.core.identifiers import split_url
 from fedresearch.core.models import ReportSource, ResearchRequest, SourceKind, library_type
@@ -126,7 +127,10 @@ def plan_request(
     settings: Settings,
     registry: Mapping[str, Adapter],
     bound_user: str | None = None,
+    principal: Principal | None = None,
 ) -> Plan:
+    """What `request` runs: its retrievers and the options they see, for `principal` (who asks:
+    the breaker counts an upstream's errors per asker)."""
     names = choose_retrievers(request, settings, registry)
     needed_by = [name for name in names if registry[name].about.needs_user]
     user = choose_user(request, settings, needed_by, bound_user)
@@ -150,6 +154,7 @@ def plan_request(
         internal_api_base_url=base_url,
         query_domains=tuple(request.query_domains),
         credentials=credentials,
+        asker=principal.asker(user) if principal is not None else "",
     )
     urls = tuple(dict.fromkeys([*request.source_urls, *request.document_urls]))
     return Plan(names=names, options=options, urls=urls, notes=_notes(request))

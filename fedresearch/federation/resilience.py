@@ -63,12 +63,14 @@ class Guard:
         make the task wait; one still pending is then abandoned and the failure reported."""
         credential = credential_of(credentials, options)
         circuit = circuit_of(name, credentials, options)
-        await self.breaker.check(circuit)
+        await self.breaker.check(circuit, options.asker)
         cache_key = UpstreamCache.key(name, credential, options)
         if cacheable and (hit := await self.cache.get(cache_key)) is not None:
             return Guarded(hit, cached=True, attempts=0)
-        hits, attempts = await self._attempts(search, circuit, time.monotonic() + deadline_s, on_suspended, others_done)
-        await self.breaker.succeeded(circuit)
+        hits, attempts = await self._attempts(
+            search, circuit, options.asker, time.monotonic() + deadline_s, on_suspended, others_done
+        )
+        await self.breaker.succeeded(circuit, options.asker)
         if cacheable:
             await self.cache.put(cache_key, hits)
         return Guarded(hits, cached=False, attempts=attempts)
@@ -83,13 +85,15 @@ class Guard:
     ) -> None:
         """A call that outlasted the upstream's deadline (cancelled, so `call` could not count it):
         a failure for the breaker like any other."""
-        if (reason := await self.breaker.failed(circuit_of(name, credentials, options), failure)) is not None:
+        reason = await self.breaker.failed(circuit_of(name, credentials, options), failure, options.asker)
+        if reason is not None:
             on_suspended(reason)
 
     async def _attempts(
         self,
         search: Callable[[], Awaitable[Hits]],
         circuit: tuple[str, str],
+        asker: str,
         deadline: float,
         on_suspended: Callable[[str], None],
         others_done: asyncio.Event | None,
@@ -104,7 +108,7 @@ class Guard:
                 raise failure from None
             except RetrieverFailed as error:
                 failure = error
-                await self._pause_or_raise(failure, attempt, circuit, deadline, on_suspended, others_done)
+                await self._pause_or_raise(failure, attempt, circuit, asker, deadline, on_suspended, others_done)
                 continue
             return hits, attempt
         raise AssertionError("unreachable")
@@ -114,6 +118,7 @@ class Guard:
         failure: RetrieverFailed,
         attempt: int,
         circuit: tuple[str, str],
+        asker: str,
         deadline: float,
         on_suspended: Callable[[str], None],
         others_done: asyncio.Event | None,
@@ -121,13 +126,13 @@ class Guard:
         """Wait before the next try, or give up: record the failure with the breaker and raise it."""
         wait = self._wait_before_retry(failure, attempt, deadline - time.monotonic())
         if wait is None or (others_done is not None and others_done.is_set()):
-            if (reason := await self.breaker.failed(circuit, failure)) is not None:
+            if (reason := await self.breaker.failed(circuit, failure, asker)) is not None:
                 on_suspended(reason)
             raise failure
         try:
             await _unless(others_done, lambda: asyncio.sleep(wait))
         except _Abandoned:
-            await self.breaker.failed(circuit, failure)
+            await self.breaker.failed(circuit, failure, asker)
             raise failure from None
 
     def _wait_before_retry(self, failure: RetrieverFailed, attempt: int, remaining_s: float) -> float | None:

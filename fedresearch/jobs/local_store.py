@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -13,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from fedresearch.core.lineage import process_space
 from fedresearch.core.work import QuickWrites, WorkPool, run_on
@@ -32,6 +33,11 @@ class _Entry:
     frames_saved: bool = False  # its frames are in its file (and kept in memory a moment longer)
     report: bytes | None = None  # its saved report's record, while its frames are in memory too
     report_saved: bool = False  # the record is in its file
+    # its client's chat messages in its file (chat lines, `_chat_lines`), and the state line last
+    # written without them: a message appended costs a line of its own size, not the whole state
+    chat_written: int = 0
+    chat_prefix: list[Any] = field(default_factory=list)  # the messages written (the same objects)
+    state_written: bytes = b""  # a digest of it
 
     def wake(self) -> None:
         self.changed.set()
@@ -48,7 +54,8 @@ class LocalJobStore:
     """Jobs in this process, each written to one file in `directory`, `<id>.job.jsonl`: a line with
     the job's state when it is created, its saved report's record before the report is announced,
     and when it finishes its frames and its final state appended in one write (a line is
-    `{"job": state}`, `{"report": record}` or `{"frame": frame}`; the last state line wins), so
+    `{"job": state}`, `{"report": record}` or `{"frame": frame}`; the last state line wins; a
+    client's chat messages are lines of their own, `{"chat": [new messages], ...}`), so
     listing, replaying and reading its report survive a restart. A job that was running when the
     process died is found failed at `load`. The workers of `serve --workers N` without Redis share
     the folder, so each reads the others' reports from it.
@@ -88,13 +95,16 @@ class LocalJobStore:
         if self.directory is None:
             return 0
         found = await asyncio.to_thread(_read_saved, self.directory)
-        for job in found:
+        for job, chat_in_lines in found:
             if not job.status.finished and sibling_runs(job.runner, self._space):
                 continue  # another worker's (serve --workers N without Redis), running: it ends it
             cut_short = not job.status.finished
             if cut_short:
                 job = replace(job, status=JobStatus.failed, error="the server stopped while this job ran")
-            self._entries.setdefault(job.research_id, _Entry(job, None))
+            entry = self._entries.setdefault(job.research_id, _Entry(job, None))
+            messages = job.client.get("chatMessages")
+            if chat_in_lines and isinstance(messages, list):  # else written with the state: not yet in lines
+                entry.chat_written, entry.chat_prefix = len(messages), messages
             if cut_short:  # its last write may have been cut mid-line: the state starts a line of its own
                 await self._write_meta(job, fresh_line=True)
         return len(found)
@@ -247,8 +257,11 @@ class LocalJobStore:
             entry = self._entries.get(job.research_id)
             if entry is None:
                 return  # deleted meanwhile: writing it now would bring it back
-            lines = _record_lines(entry.job.to_json(), [frame.text for frame in frames or ()]).encode()
-            data = (b"\n" if fresh_line else b"") + (_report_line(report) if report else b"") + lines
+            chat, state = _chat_lines(entry, entry.job.to_json(), force_state=bool(frames) or fresh_line)
+            lines = _record_lines(state, [frame.text for frame in frames or ()]).encode() if state else b""
+            data = (b"\n" if fresh_line else b"") + (_report_line(report) if report else b"") + chat + lines
+            if not data:
+                return
             await self._appends.run(_append, self.directory, job.research_id, data)
             if report is not None:
                 entry.report, entry.report_saved = report, True
@@ -258,6 +271,7 @@ _JOB_SUFFIX = ".job.jsonl"
 _STATE_LINE = b'{"job":'
 _FRAME_LINE = b'{"frame": '
 _REPORT_LINE = b'{"report": '
+_CHAT_LINE = b'{"chat'
 # where a job's latest state is looked for: its file's last 4 KiB (a state line is about 600 bytes),
 # then 64 KiB, then all of it; a finished job's frames come before it and are not read at start-up
 _TAILS = (4 * 1024, 64 * 1024)
@@ -273,11 +287,47 @@ def _report_line(record: bytes) -> bytes:
     return b"%s%s}\n" % (_REPORT_LINE, record)
 
 
-def _record_lines(meta: dict[str, Any], frames: list[str]) -> str:
+def _record_lines(meta: dict[str, Any] | None, frames: list[str]) -> str:
     # frames (their texts) before the state that says the job finished, which promises them
     lines = [f'{{"frame": {frame}}}' for frame in frames]
-    lines.append(json.dumps({"job": meta}, ensure_ascii=False))
+    if meta is not None:
+        lines.append(json.dumps({"job": meta}, ensure_ascii=False))
     return "\n".join(lines) + "\n"
+
+
+def _chat_lines(entry: _Entry, meta: dict[str, Any], force_state: bool) -> tuple[bytes, dict[str, Any] | None]:
+    """The chat line a state needs (the messages new since the last written, or all of them when
+    they were replaced), and the state to write without them: None when nothing else changed.
+    A chat of 150 messages of 60 KB, each saved with the whole state, made a 680 MB file."""
+    client = dict(meta["client"])
+    messages = client.pop("chatMessages", None)
+    messages = messages if isinstance(messages, list) else []
+    written = entry.chat_written
+    moment = {"updated_at": meta["updated_at"], "timestamp": client.get("timestamp")}
+    if len(messages) == written and _kept_prefix(entry, messages):
+        chat = b""
+    elif len(messages) > written and _kept_prefix(entry, messages):
+        chat = _chat_line({"chat": messages[written:], **moment})
+    else:
+        chat = _chat_line({"chat_all": messages, **moment})
+    entry.chat_written, entry.chat_prefix = len(messages), messages
+    state = {**meta, "client": client, "chat_lines": True}
+    unchanged = {**state, "updated_at": None, "client": {**client, "timestamp": None}}
+    text = json.dumps(unchanged, ensure_ascii=False, sort_keys=True, default=str).encode()
+    stamp = hashlib.blake2b(text, digest_size=16).digest()
+    if chat and stamp == entry.state_written and not force_state:
+        return chat, None  # only the chat changed: its line says when
+    entry.state_written = stamp
+    return chat, state
+
+
+def _kept_prefix(entry: _Entry, messages: list[Any]) -> bool:
+    """Whether `messages` extends those written (a message appended, not the history replaced)."""
+    return entry.chat_prefix == messages[: entry.chat_written]
+
+
+def _chat_line(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode() + b"\n"
 
 
 def _append(directory: Path, research_id: str, data: bytes) -> None:
@@ -309,7 +359,8 @@ def _latest_state(data: bytes) -> dict[str, Any] | None:
     return None
 
 
-def _read_job(path: Path) -> Job | None:
+def _read_job(path: Path) -> tuple[Job, bool] | None:
+    """The job a file holds, and whether its chat messages are in chat lines."""
     with open(path, "rb") as file:
         size = file.seek(0, os.SEEK_END)
         for tail in (*_TAILS, size):
@@ -318,25 +369,62 @@ def _read_job(path: Path) -> Job | None:
             state = _latest_state(file.read())
             if state is not None or start == 0:
                 break
-    return Job.from_json(state) if state is not None else None
+        if state is None:
+            return None
+        chat_in_lines = bool(state.get("chat_lines"))
+        if chat_in_lines:
+            file.seek(0)
+            state = _with_chat(state, file)
+    return Job.from_json(state), chat_in_lines
 
 
-def _read_saved(directory: Path) -> list[Job]:
+def _with_chat(state: dict[str, Any], file: BinaryIO) -> dict[str, Any]:
+    """`state` with the chat its file's chat lines hold (a line cut short by a crash left out), and
+    the time of the last of them. Other lines are passed over unread."""
+    messages: list[Any] | None = None
+    updated_at, timestamp = state.get("updated_at"), state.get("client", {}).get("timestamp")
+    for line in file:
+        if not line.startswith(_CHAT_LINE):
+            continue
+        try:
+            chat = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(chat, dict):
+            continue
+        if isinstance(chat.get("chat_all"), list):
+            messages = list(chat["chat_all"])
+        elif isinstance(chat.get("chat"), list):
+            messages = messages if messages is not None else []
+            messages.extend(chat["chat"])
+        else:
+            continue
+        if isinstance(chat.get("updated_at"), (int, float)) and chat["updated_at"] > (updated_at or 0):
+            updated_at, timestamp = chat["updated_at"], chat.get("timestamp", timestamp)
+    if messages is None:
+        return state
+    client = {**state.get("client", {}), "chatMessages": messages}
+    if timestamp is not None:
+        client["timestamp"] = timestamp
+    return {**state, "client": client, "updated_at": updated_at}
+
+
+def _read_saved(directory: Path) -> list[tuple[Job, bool]]:
     if not directory.is_dir():
         return []
     _convert_earlier_records(directory)
     jobs = []
     for path in directory.glob(f"*{_JOB_SUFFIX}"):
         try:
-            job = _read_job(path)
+            read = _read_job(path)
         except (OSError, ValueError, TypeError, AttributeError) as error:
             log.warning("job record %s is unreadable and was skipped: %s", path.name, error)
             continue
-        if job is None:
+        if read is None:
             log.warning("job record %s holds no readable state and was skipped", path.name)
             continue
-        if job.research_id == path.name[: -len(_JOB_SUFFIX)] and JOB_ID.fullmatch(job.research_id):
-            jobs.append(job)
+        if read[0].research_id == path.name[: -len(_JOB_SUFFIX)] and JOB_ID.fullmatch(read[0].research_id):
+            jobs.append(read)
     return jobs
 
 

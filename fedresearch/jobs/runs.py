@@ -72,7 +72,7 @@ def chat_plan(
         return nothing
     bound = None if principal.admin else principal.user_id
     try:
-        return plan_request(follow_up, runtime.settings, runtime.registry, bound_user=bound)
+        return plan_request(follow_up, runtime.settings, runtime.registry, bound_user=bound, principal=principal)
     except RequestError:
         return nothing
 
@@ -293,7 +293,7 @@ def _admit(runtime: Runtime, principal: Principal, request: ResearchRequest) -> 
     if len(request.task) > settings.max_task_chars:
         raise RequestError(f"task is {len(request.task)} characters; MAX_TASK_CHARS is {settings.max_task_chars}")
     bound = None if principal.admin else principal.user_id
-    return plan_request(request, settings, runtime.registry, bound_user=bound)
+    return plan_request(request, settings, runtime.registry, bound_user=bound, principal=principal)
 
 
 _STOPPING = (

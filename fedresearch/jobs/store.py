@@ -30,6 +30,7 @@ A reader that wants every frame exactly once reads by index: `follow` below is t
 from __future__ import annotations
 
 import builtins
+import hashlib
 import logging
 import os
 import re
@@ -47,6 +48,19 @@ from fedresearch.jobs.frames import Frame
 log = logging.getLogger("fedresearch")
 
 JOB_ID = re.compile(r"[\w.:-]{1,128}")  # a file name too: no slash, so never outside the jobs folder
+
+
+def client_entry_id(owner: str, client_id: str) -> str:
+    """The id a report entry whose id its client chose (GPT-Researcher's page saves its history
+    under ids such as `temp_id`) is kept under: one namespace per owner, so that one user's id never
+    locks another out of the same id, and a 404 never tells whether another user holds it."""
+    return "client-" + hashlib.sha256(f"{owner}\0{client_id}".encode()).hexdigest()[:32]
+
+
+def shown_id(job: Job) -> str:
+    """The id a client knows a job by: the one it chose for its own entries, else the research id."""
+    chosen = job.client.get("id") if job.origin == "client" else None
+    return chosen if isinstance(chosen, str) else job.research_id
 
 
 class JobStatus(StrEnum):

@@ -159,7 +159,9 @@ async def retrieve(
     # Ask for more than top_k so the threshold still leaves enough; conditions are applied to the
     # candidates, so with one the pool is as wide as a retriever allows.
     wanted = 50 if request.metadata_condition is not None else min(50, max(10, top_k * 2))
-    options = SearchOptions(query=request.query, max_results=wanted, user_id=base.user_id)
+    options = SearchOptions(
+        query=request.query, max_results=wanted, user_id=base.user_id, asker=f"knowledge-base:{base.id}"
+    )
     cap = (base.timeout_s, f"timeout_s of knowledge base {base.id!r}")
     started = time.monotonic()
     federated = await federate(base.retrievers, registry, options, deps, discard, cap)

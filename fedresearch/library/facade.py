@@ -18,6 +18,7 @@ import numpy as np
 
 from fedresearch.core.work import WorkPool
 from fedresearch.library.chunking import chunk_sections
+from fedresearch.library.crosslingual import query_texts
 from fedresearch.library.embedded import EmbeddedStore
 from fedresearch.library.embeddings import Encoder
 from fedresearch.library.formats import KINDS, Document
@@ -42,6 +43,10 @@ Progress = Callable[[int], None]
 log = logging.getLogger(__name__)
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 _INGEST_THREADS = 2
+# how many times a search is ranked again when a passage it ranked was replaced before it was read
+# (PostgreSQL reads the ranking and the passages in two statements: 11% of searches for a note
+# being replaced found neither version)
+_SEARCH_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -188,9 +193,15 @@ class Library:
         return self.store.unavailable()
 
     def query_vector(self, query: str) -> np.ndarray:
+        """The question's vector, read in English where it is Chinese (crosslingual.py): the encoder
+        reads English, and the cosines reported beside a Chinese question mean what they do for English."""
+        return self.text_vector(query_texts(query).dense)
+
+    def text_vector(self, text: str) -> np.ndarray:
+        """The encoder's vector of `text` as it is (cached like a question's)."""
         if self._query_vectors is None:
             raise RuntimeError("no embedding model: query vectors need it; see the README's install notes")
-        return self._query_vectors(query)
+        return self._query_vectors(text)
 
     def text_vectors(self, texts: list[str], deadline: float | None = None) -> list[np.ndarray | None]:
         """Vectors of short texts, cached and batched across callers; None for those whose pass had
@@ -220,14 +231,21 @@ class Library:
         if top_k < 1 or not query.strip():
             return []
         limit = max(candidates, top_k * 3 if documents else top_k)
-        bm25, dense, query_vector = self.rankings(user_id, query, kind, mode, filters, limit)
-        if documents:
-            found = self.store.passages(user_id, list({chunk for chunk, _ in (*bm25, *dense)}))
-            document_of = {chunk: row["document_id"] for chunk, row in found.items()}
-            best = fuse_documents(bm25, dense, document_of, top_k, aggregation)
-        else:
-            best = fuse_rankings(bm25, dense, top_k)
-            found = self.store.passages(user_id, [hit.chunk_id for hit in best])
+        for attempt in range(_SEARCH_ATTEMPTS):
+            bm25, dense, query_vector = self.rankings(user_id, query, kind, mode, filters, limit)
+            if documents:
+                wanted = list({chunk for chunk, _ in (*bm25, *dense)})
+                found = self.store.passages(user_id, wanted)
+                document_of = {chunk: row["document_id"] for chunk, row in found.items()}
+                best = fuse_documents(bm25, dense, document_of, top_k, aggregation)
+            else:
+                best = fuse_rankings(bm25, dense, top_k)
+                wanted = [hit.chunk_id for hit in best]
+                found = self.store.passages(user_id, wanted)
+            # a passage ranked but gone when read: its document was replaced (or deleted) between
+            # the two reads, and its new version may have been ranked nowhere; rank again
+            if len(found) == len(set(wanted)) or attempt == _SEARCH_ATTEMPTS - 1:
+                break
         return self._passages(best, found, query_vector)
 
     def rankings(
@@ -237,17 +255,18 @@ class Library:
         if mode == "dense" and self.encoder is None:
             raise RuntimeError("dense search needs the embedding model; see the README's install notes")
         vectors = mode != "bm25" and self.encoder is not None
+        texts = query_texts(query)  # a Chinese question searched in English too, in either store
         if mode == "dense":
             bm25: Future[Ranking] | Ranking = []
         elif vectors and self._beside is not None and self.store.concurrent_searches:
-            bm25 = self._beside.submit(self.store.bm25, user_id, kind, query, filters, limit)
+            bm25 = self._beside.submit(self.store.bm25, user_id, kind, texts.full_text, filters, limit)
         else:
-            bm25 = self.store.bm25(user_id, kind, query, filters, limit)
+            bm25 = self.store.bm25(user_id, kind, texts.full_text, filters, limit)
         dense: Ranking = []
         query_vector = None
         try:
             if vectors:
-                query_vector = self.query_vector(query)
+                query_vector = self.text_vector(texts.dense)
                 dense = self.store.dense(user_id, query_vector, kind, filters, limit)
         finally:
             if isinstance(bm25, Future):

@@ -145,7 +145,8 @@ _TEXT_COLUMNS = {"english": "english", "cjk": "simple"}  # tsvector column: its 
 
 PASSAGE_COLUMNS = (
     "p.id, p.heading, p.page, p.position, p.text, p.kind, p.embedding AS vector, d.id AS document_id,"
-    " d.title, d.authors::text AS authors, d.year, d.doi, d.url, d.tags::text AS tags, d.extra::text AS extra"
+    " d.title, d.authors::text AS authors, d.year, d.doi, d.url, d.tags::text AS tags, d.extra::text AS extra,"
+    " d.source"
 )
 
 

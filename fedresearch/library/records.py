@@ -60,7 +60,7 @@ CREATE TABLE IF NOT EXISTS user_state (
 # what a search needs of a passage and its document, in one row
 PASSAGE_COLUMNS = (
     "c.id, c.heading, c.page, c.position, c.text, c.kind, c.vector, d.id AS document_id,"
-    " d.title, d.authors, d.year, d.doi, d.url, d.tags, d.extra"
+    " d.title, d.authors, d.year, d.doi, d.url, d.tags, d.extra, d.source"
 )
 
 

@@ -141,6 +141,14 @@ class Passage:
     cosine: float | None  # similarity to the question under the library's encoder
     bm25: float | None
     rrf: float
+    source: str = ""  # where the document was read from (a path; `path#id` for one highlight of a file)
+
+    @property
+    def file(self) -> str | None:
+        """The name of the file the passage was read from, as a reference names it (never the
+        server's folders)."""
+        name = self.source.rsplit("#", 1)[0] if self.kind == "highlight" else self.source
+        return name.replace("\\", "/").rsplit("/", 1)[-1] or None
 
     @property
     def source_id(self) -> tuple[str, str]:
@@ -190,4 +198,5 @@ class Passage:
             cosine=hit.cosine,
             bm25=hit.bm25,
             rrf=hit.rrf,
+            source=row["source"] or "",
         )

@@ -1,5 +1,10 @@
-"""Chat about a report: answers grounded in the report's evidence and cited with its numbers; when
-that evidence does not cover the question, the same retrievers are asked again."""
+"""Chat about a report: answers the question asked, grounded in the report's evidence and cited
+with its numbers; when that evidence does not speak to the question, the task's retrievers are
+asked again; when nothing does, the answer says so instead of quoting something unrelated.
+
+A question after a source ("Which paper introduced …?", "Who proposed …?") is answered by naming the
+source whose title and evidence best match its subject, with its full reference.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +13,48 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fedresearch.core.events import ProgressEvent
-from fedresearch.core.identifiers import canonical_key, is_url
+from fedresearch.core.identifiers import canonical_key
 from fedresearch.core.models import FusedResult, ResearchRequest
 from fedresearch.core.text import split_sentences
 from fedresearch.core.work import run_on
 from fedresearch.federation.planning import Plan
 from fedresearch.federation.runner import Deps
-from fedresearch.report.citations import Citations
+from fedresearch.report.bibliography import citation_of
+from fedresearch.report.citations import Citations, reference_entries
 from fedresearch.report.evidence import Claim, diversify, gather, rank, select_claims, terms
+from fedresearch.report.language import labels_for
 from fedresearch.report.markup import inline_text, read_link, read_text
 from fedresearch.report.task import ResearchOutcome, ResearchTools, gather_sources, writing_for
 from fedresearch.report.writer import Writing, cite
 
 _CLAIMS = 4
+# the words that ask for a source rather than say what it is about: "which paper introduced X" is about X
+_ASKING = frozenset(
+    terms(
+        "which what who whom whose paper papers article articles study studies publication publications work "
+        "works source sources introduced introduce introduces proposed propose proposes invented invent "
+        "developed develop wrote write first described describe presented present originally original "
+        "name named cite cited reference tell explain"
+    )
+)
+_ASKS_FOR_A_SOURCE = re.compile(
+    r"\b(?:which|what)\s+(?:\w+\s+)?(?:paper|article|study|publication|work|source)s?\b"
+    r"|\bwho\s+(?:first\s+)?(?:introduced|proposed|invented|developed|wrote|described|coined)\b"
+    r"|哪(?:一)?篇|哪些论文|谁(?:最早|首先)?提出",
+    re.IGNORECASE,
+)
+_NOTHING = {
+    "en": "Neither this report's sources nor a new search of {searched} say anything about “{question}”.",
+    "zh": "这份报告的来源和对 {searched} 的新检索都没有谈到“{question}”。",
+}
+_NOTHING_UNSEARCHED = {
+    "en": "This report's sources say nothing about “{question}”, and this chat has no retrievers to search again.",
+    "zh": "这份报告的来源没有谈到“{question}”，这次对话也没有可以重新检索的来源。",
+}
+_THE_SOURCE = {
+    "en": "These sources point to {entry} [{number}].",
+    "zh": "这些来源指向 {entry} [{number}]。",
+}
 
 
 @dataclass(frozen=True)
@@ -29,16 +63,45 @@ class ChatAnswer:
     metadata: dict[str, Any]
 
 
-def _claims(message: str, sources: list[FusedResult], writing: Writing) -> list[Claim]:
-    ranked = rank(message, gather(sources, writing.pages, writing.passages), writing.embed)
-    return select_claims(message, diversify(ranked, k=8, per_source=2), max_claims=_CLAIMS)
+def subject_terms(message: str) -> set[str]:
+    """What a message asks about: its terms without the words that only ask ("which paper …")."""
+    wanted = set(terms(message))
+    return (wanted - _ASKING) or wanted
+
+
+def bears_on(message: str, text: str) -> bool:
+    """Whether a sentence speaks to the message: it shares half its subject's terms (at least one)."""
+    wanted = subject_terms(message)
+    return bool(wanted) and len(wanted & set(terms(text))) >= max(1, (len(wanted) + 1) // 2)
 
 
 def covers(message: str, claims: list[Claim]) -> bool:
-    """Whether the claims speak to the message at all: most of its terms appear in them."""
-    wanted = set(terms(message))
-    said = {term for claim in claims for term in terms(claim.text)}
-    return bool(wanted) and len(wanted & said) >= max(1, len(wanted) // 2)
+    """Whether the claims speak to the message at all: one of them bears on it."""
+    return any(bears_on(message, claim.text) for claim in claims)
+
+
+def _claims(message: str, sources: list[FusedResult], writing: Writing) -> list[Claim]:
+    """The evidence's sentences that bear on the message, best first; none when none does."""
+    ranked = rank(message, gather(sources, writing.pages, writing.passages), writing.embed)
+    picked = select_claims(message, diversify(ranked, k=12, per_source=2), max_claims=3 * _CLAIMS)
+    return [claim for claim in picked if bears_on(message, claim.text)][:_CLAIMS]
+
+
+def named_source(message: str, claims: list[Claim]) -> FusedResult | None:
+    """For a question after a source, the one it asks for: of the sources of the claims, the one
+    whose title says most of the question's subject (a scholarly record before a note or page)."""
+    if not _ASKS_FOR_A_SOURCE.search(message) or not claims:
+        return None
+    wanted = subject_terms(message)
+    sources = {claim.source.key: claim.source for claim in claims}
+
+    def fit(source: FusedResult) -> tuple[float, int]:
+        said = set(terms(source.title))
+        scholarly = citation_of(source).kind in ("journal", "proceedings", "preprint", "paper")
+        return len(wanted & said) / len(wanted), int(scholarly)
+
+    best = max(sources.values(), key=fit)
+    return best if fit(best)[0] >= 0.5 else None
 
 
 @dataclass
@@ -49,36 +112,44 @@ class ChatSession:
 
     async def answer(self, message: str, tools: ResearchTools) -> ChatAnswer:
         sources, searched = self.outcome.sources, False
-        claims = await run_on(self.outcome.writing.work, _claims, message, sources, self.outcome.writing)
-        if not covers(message, claims) and self.plan.names:
+        writing = self.outcome.writing
+        claims = await run_on(writing.work, _claims, message, sources, writing)
+        if not claims and self.plan.names:
             fresh, _ = await gather_sources(message, replace(self.plan, urls=()), tools, _quiet)
-            claims = await run_on(self.outcome.writing.work, _claims, message, fresh, self.outcome.writing)
+            claims = await run_on(writing.work, _claims, message, fresh, writing)
             searched = True
-        return self._render(claims, searched)
+        # its references are written by the CSL processor: CPU work, off the event loop
+        return await run_on(writing.work, self._render, message, claims, searched)
 
-    def _render(self, claims: list[Claim], searched: bool) -> ChatAnswer:
+    def _render(self, message: str, claims: list[Claim], searched: bool) -> ChatAnswer:
         citations = Citations()
         for reference in self.outcome.references:  # the report's numbers stay the same in chat
             citations.cite(reference.source)
+        language = labels_for(message, self.outcome.writing.language).code
         if not claims:
-            content = "Neither this report's sources nor a new search say anything about that."
+            names = ", ".join(self.plan.names)
+            template = (_NOTHING if names else _NOTHING_UNSEARCHED).get(language, _NOTHING["en"])
+            content = template.format(searched=names, question=inline_text(message))
             return ChatAnswer(content, {"references": [], "searched": searched})
-        text = " ".join(cite(claim, citations) for claim in claims)
-        cited = sorted({citations.cite(source) for claim in claims for source in claim.sources})
-        lines = []
-        for reference in citations.references:
-            if reference.number in cited:
-                title = inline_text(reference.title)
-                link = (
-                    f"[{title}]({reference.target})"
-                    if is_url(reference.link)
-                    else f"{title} — {inline_text(reference.link)}"
-                )
-                lines.append(f"[{reference.number}] {link}")
-        listed = [
-            {"number": r.number, "title": r.title, "href": r.link} for r in citations.references if r.number in cited
-        ]
-        return ChatAnswer(f"{text}\n\n" + "\n".join(lines), {"references": listed, "searched": searched})
+        lead = []
+        named = named_source(message, claims)
+        if named is not None:
+            number = citations.cite(named)
+            claims = sorted(claims, key=lambda claim: claim.source.key != named.key)  # its own words first
+            (entry,) = [e for r, e in self._entries(citations, {number}, language)]
+            lead.append(_THE_SOURCE.get(language, _THE_SOURCE["en"]).format(entry=entry, number=number))
+        text = " ".join(lead + [cite(claim, citations) for claim in claims])
+        cited = {citations.cite(source) for claim in claims for source in claim.sources}
+        if named is not None:
+            cited.add(citations.cite(named))
+        listed = self._entries(citations, cited, language)
+        lines = [f"[{reference.number}] {entry}" for reference, entry in listed]
+        metadata = [{"number": r.number, "title": r.title, "href": r.link, "entry": e} for r, e in listed]
+        return ChatAnswer(f"{text}\n\n" + "\n\n".join(lines), {"references": metadata, "searched": searched})
+
+    def _entries(self, citations: Citations, numbers: set[int], language: str) -> list[tuple[Any, str]]:
+        chosen = [reference for reference in citations.references if reference.number in numbers]
+        return reference_entries(chosen, self.outcome.writing.citation_style, language)
 
 
 async def _quiet(_: ProgressEvent) -> None:
@@ -87,13 +158,30 @@ async def _quiet(_: ProgressEvent) -> None:
 
 _CITATION = re.compile(r"\s*(?:\[\[\d+\]\]\([^)\s]*\)|\[\d+\])")  # [3], or [[3]](link) as the writers link it
 _LEADING_CITATIONS = re.compile(rf"(?:{_CITATION.pattern})+\s*")
-_REFERENCE_LINE = re.compile(r"^\[(\d+)\]\s+(?:\[(?P<title>.+)\]\((?P<link>\S+)\)|(?P<plain>.+?) — (?P<id>\S+))\s*$")
+_REFERENCE_LINE = re.compile(r"^\[(\d+)\]\s+(?P<entry>.+?)\s*$")
+_LINK = re.compile(r"(?<!\\)\[((?:\\.|[^\[\]\\])*)\]\((\S+?)\)")  # [text](target), its text escaped as inline_text does
+_EMPHASIS_MARK = re.compile(r"(?<!\\)\*+")
+_REFERENCES_HEADING = re.compile(r"\n## (?:References|参考文献)\s*\n")
+
+
+def _reference(entry: str) -> tuple[str, str]:
+    """A References line's link (its entry's DOI or address, else the id after its last dash) and
+    its text as it reads (the title, for the writers' older one-link lines)."""
+    link = _LINK.search(entry)
+    if link is not None:
+        text = _LINK.sub(lambda match: match.group(1), entry)
+        whole = link.group(0) == entry.strip()  # `[title](link)`, as references were written before
+        return read_link(link.group(2)), read_text(_EMPHASIS_MARK.sub("", link.group(1) if whole else text))
+    text, _, where = entry.rpartition(" — ")
+    identifier = where.rsplit(", ", 1)[-1].strip() if text else ""
+    return read_text(identifier), read_text(_EMPHASIS_MARK.sub("", text or entry))
 
 
 def report_sources(markdown: str) -> list[FusedResult]:
     """A saved report's references as sources, numbered as the report numbers them, each carrying
     the report's sentences that cite it: the evidence a chat about a report with no live task has."""
-    body, _, listed = markdown.partition("\n## References")
+    parts = _REFERENCES_HEADING.split(markdown, maxsplit=1)
+    body, listed = (parts[0], parts[1]) if len(parts) == 2 else (markdown, "")
     sentences: list[str] = []
     prose = " ".join(line for line in body.splitlines() if not line.lstrip().startswith("#"))  # headings claim nothing
     for sentence in split_sentences(" ".join(prose.split())):
@@ -111,13 +199,18 @@ def report_sources(markdown: str) -> list[FusedResult]:
         if match is None:
             continue
         number = int(match.group(1))
-        link = read_link(match.group("link")) if match.group("link") else read_text(match.group("id") or "")
-        title = read_text(match.group("title") or match.group("plain") or link)
+        link, title = _reference(match.group("entry"))
         citing = " ".join(s for s in sentences if f"[{number}]" in s)
         text = read_text(_CITATION.sub("", citing).strip())
         sources.append(
             FusedResult(
-                key=canonical_key(link), href=link, title=title, body=text, score=1 / number, retrievers=[], ranks={}
+                key=canonical_key(link or title),
+                href=link or title,
+                title=title,
+                body=text,
+                score=1 / number,
+                retrievers=[],
+                ranks={},
             )
         )
     return sources

@@ -20,7 +20,7 @@ from fedresearch.core.models import ReportType
 from fedresearch.core.work import run_on
 from fedresearch.report.citations import Citations, Reference
 from fedresearch.report.evidence import Evidence, diversify, gather, rank
-from fedresearch.report.language import CHINESE, ENGLISH, labels_for
+from fedresearch.report.language import REFERENCES_HEADING, labels_for
 from fedresearch.report.llm import (
     LlmConfig,
     WriterFailure,
@@ -60,8 +60,6 @@ class SavedReport:
 # saves a written report; runs on a writer thread
 SaveReport = Callable[["Composed"], SavedReport]
 _PASSAGES = 12
-# the References block's heading in every language a report is written in (report/language.py)
-_REFERENCES = re.compile("\n## (?:" + "|".join(re.escape(labels.references) for labels in (ENGLISH, CHINESE)) + ")\n")
 _REPORT_CHUNK = 2000
 FALLBACK_NOTE = "The model stopped here; the rest of this report quotes the sources directly."
 
@@ -278,6 +276,7 @@ class LlmReport:
     def _tail(self, coverage: bool = True) -> str:
         labels = labels_for(self.brief.question, self.writing.language)
         context = {"coverage": coverage_lines(self.brief.outcomes) if coverage else [], "labels": labels}
+        context["citation_style"] = self.writing.citation_style
         context["references"] = self.citations.references
         return TEMPLATES.get_template("_tail.md.j2").render(**context)
 
@@ -295,7 +294,7 @@ class LlmReport:
 
 def _renumbered(markdown: str, references: list[Reference], citations: Citations, checked: Sequence[Checked]) -> str:
     """The extractive report's body (no title, no References) with its citations numbered into `citations`."""
-    body = _REFERENCES.split(markdown, maxsplit=1)[0]
+    body = REFERENCES_HEADING.split(markdown, maxsplit=1)[0]
     body = re.sub(r"\A# [^\n]*\n+", "", body)
     by_number = {reference.number: reference.source for reference in references}
     remap: dict[int, int] = {}

@@ -1,6 +1,7 @@
 """The formats a saved report is offered in (`EXPORT_FORMATS`, the one list every other part reads:
 the `path` frame, the /reports/ route and its media types, the saved files, the page's buttons),
-and the renderers of its self-contained HTML, PDF and DOCX, made from its Markdown on first request.
+and the renderers of its self-contained HTML, PDF and DOCX, made from its Markdown on first request,
+and of its references as BibTeX and RIS, made from its saved record (report/bibfiles.py).
 
 Markdown is parsed once by markdown-it-py (CommonMark, the parser GPT-Researcher's clients' viewers
 agree with). HTML comes from a jinja2 template with its CSS inline; PDF is that HTML through
@@ -146,6 +147,7 @@ def _hyperlink(paragraph: Paragraph, text: str, url: str) -> None:
 
 
 Renderer = Callable[[str, str, str], bytes]  # (the report's Markdown, its title, its page size) -> the file
+RecordRenderer = Callable[[dict[str, Any]], bytes]  # the saved JSON record -> the file (its references)
 Lacks = Callable[[str], str | None]  # what this host lacks to render this Markdown well, said for a reader
 
 
@@ -163,12 +165,14 @@ def _pdf_lacks(markdown: str) -> str | None:
 class ExportFormat:
     """One file a saved report is offered as: its suffix (also its key in `path` frames), the media
     type it is served with, how it is made from the report's Markdown (None: it is the saved JSON
-    record itself), and whether a browser should save it rather than show it."""
+    record itself, or it is made from that record by `from_record`), and whether a browser should
+    save it rather than show it."""
 
     suffix: str
     media_type: str
     render: Renderer | None
     attachment: bool = False
+    from_record: RecordRenderer | None = None  # made from the saved record (the references' metadata)
     lacks: Lacks | None = None  # what a host may lack to render it well: a file made so is not kept
     # made in a process of its own, bounded in time and memory (report/render.py): its renderer's
     # time and memory grow with what the Markdown holds
@@ -181,6 +185,20 @@ def _markdown(markdown: str, title: str, page: str) -> bytes:
 
 def _html(markdown: str, title: str, page: str) -> bytes:
     return to_html(markdown, title, page).encode()
+
+
+# imported when first asked for: the PDF and DOCX processes (report/render.py) import this module
+# under a memory limit, which bibtexparser and rispy would take a share of
+def _bibtex(record: dict[str, Any]) -> bytes:
+    from fedresearch.report.bibfiles import bibtex, record_citations
+
+    return bibtex(record_citations(record)).encode()
+
+
+def _ris(record: dict[str, Any]) -> bytes:
+    from fedresearch.report.bibfiles import record_citations, ris
+
+    return ris(record_citations(record)).encode()
 
 
 # in the order pages and clients list them; adding a format is one line here and its renderer
@@ -198,5 +216,10 @@ EXPORT_FORMATS: dict[str, ExportFormat] = {
             apart=True,
         ),
         ExportFormat("json", "application/json; charset=utf-8", None),
+        # the references alone, for a reference manager (Zotero, Mendeley, EndNote, JabRef)
+        ExportFormat("bib", "application/x-bibtex; charset=utf-8", None, attachment=True, from_record=_bibtex),
+        ExportFormat(
+            "ris", "application/x-research-info-systems; charset=utf-8", None, attachment=True, from_record=_ris
+        ),
     )
 }

@@ -3,6 +3,7 @@ and the words around the quotations (introductions, conclusions, notices) are wr
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from fedresearch.core.text import cjk_bigrams
@@ -33,7 +34,7 @@ class Labels:
     conclusion_parts: str
     no_disagreement: str
     your_note: str  # a user's note, quoted: {text}
-    foreign: str  # evidence in another language, quoted as it is: {text}
+    foreign: str  # said once, atop a report that quotes evidence in another language as it is
     could_not_follow: str
     followed: str
     subtopic_of: str
@@ -74,7 +75,7 @@ ENGLISH = Labels(
     conclusion_parts="Taken together, the {parts} parts above rest on {count} sources that bear on the question.",
     no_disagreement="No source found here disputes another, and none names an open question.",
     your_note="Your note says: “{text}”",
-    foreign="“{text}” (quoted in its original language)",
+    foreign="Some sources are in another language: their sentences are quoted as they are, untranslated.",
     could_not_follow="The offline writer could not follow this part of the custom prompt: {items}.",
     followed="Written as the custom prompt asks: {items}.",
     subtopic_of="A subtopic of “{parent}”.",
@@ -114,7 +115,7 @@ CHINESE = Labels(
     conclusion_parts="以上 {parts} 个部分共依据 {count} 个与这个问题相关的来源。",
     no_disagreement="这里找到的来源之间没有相互矛盾之处，也没有来源指出未决问题。",
     your_note="你的笔记写道：“{text}”",
-    foreign="“{text}”（原文引用）",
+    foreign="部分来源为其他语言（如英文）：其句子按原文引用，未经翻译。",
     could_not_follow="离线写作器无法按照自定义要求的这一部分写作：{items}。",
     followed="按自定义要求写作：{items}。",
     subtopic_of="“{parent}”的一个子主题。",
@@ -134,6 +135,10 @@ _NAMES = {
     "中文": CHINESE,
     "简体中文": CHINESE,
 }
+
+
+# the References block's heading in every language a report is written in
+REFERENCES_HEADING = re.compile(r"\n## (?:" + "|".join(re.escape(x.references) for x in (ENGLISH, CHINESE)) + r")\s*\n")
 
 
 def joined(items: list[str], labels: Labels) -> str:

@@ -104,6 +104,15 @@ def report_markdown(directory: Path, report_id: str) -> str | None:
     return markdown if isinstance(markdown, str) else None
 
 
+def report_record(directory: Path, report_id: str) -> dict[str, Any] | None:
+    """A saved report's JSON record; None when there is no such report."""
+    try:
+        record = json.loads((directory / f"{report_id}.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def export(
     directory: Path, report_id: str, kind: str, page: str = "A4", limits: ExportLimits | None = None
 ) -> Path | None:
@@ -115,6 +124,12 @@ def export(
     if path.is_file():
         return path
     form = EXPORT_FORMATS.get(kind)
+    if form is not None and form.from_record is not None:
+        record = report_record(directory, report_id)
+        if record is None:
+            return None
+        write_atomic(path, form.from_record(record))
+        return path
     if form is None or form.render is None:  # no such format, or the record itself (there when the report is)
         return None
     markdown = report_markdown(directory, report_id)

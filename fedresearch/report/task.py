@@ -93,7 +93,12 @@ def writing_for(request: ResearchRequest, deps: Deps, pages: dict[str, list[Sect
         embed = RememberedEmbed(lambda texts: encoder.encode(texts, batch_size=4, int8=True, max_tokens=RANKING_TOKENS))
     threshold = deps.settings.report_support_threshold
     return Writing(
-        pages=pages or {}, embed=embed, language=request.language, support_threshold=threshold, work=deps.work
+        pages=pages or {},
+        embed=embed,
+        language=request.language,
+        citation_style=request.citation_style or deps.settings.citation_style,
+        support_threshold=threshold,
+        work=deps.work,
     )
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from fedresearch.core.text import split_sentences
 from fedresearch.report.evidence import Embed, terms
+from fedresearch.report.language import REFERENCES_HEADING
 
 UNSUPPORTED = "⚠ unsupported"
 UNCITED = "⚠ uncited"
@@ -185,7 +186,13 @@ def verify_rendered(
     unsupported sentences are marked, never re-cited (that would reorder the References)."""
     verifier = Verifier(passages, embed, thresholds)
     verification = Verification()
-    body, sep, tail = markdown.partition("\n## References")
+    found = REFERENCES_HEADING.search(markdown)  # in any language's words (参考文献 too)
+    cut = found.start() if found else len(markdown)
+    body, sep, tail = (
+        markdown[:cut],
+        markdown[cut : found.end() if found else cut],
+        markdown[found.end() if found else cut :],
+    )
     out = []
     for block in body.split("\n\n"):
         if block.startswith(("#", "- ", "|")) or not MARKERS.search(block):

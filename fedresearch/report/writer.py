@@ -26,7 +26,7 @@ from fedresearch.core.models import FusedResult, ReportType, RetrieverOutcome, R
 from fedresearch.core.work import WorkPool
 from fedresearch.library.chunking import Chunk
 from fedresearch.library.formats import Section
-from fedresearch.report.citations import Citations, Reference, display_title
+from fedresearch.report.citations import Citations, Reference, display_title, reference_entries
 from fedresearch.report.custom import read_custom_prompt
 from fedresearch.report.evidence import (
     Claim,
@@ -56,6 +56,7 @@ TEMPLATES = Environment(
     auto_reload=False,  # templates ship with the package: checking their mtime on every render is waste
 )
 TEMPLATES.filters["text"] = inline_text
+TEMPLATES.globals["reference_entries"] = reference_entries
 REPORT_TEMPLATE = "report.md.j2"
 _MAX_THEMES = 5
 # words that make no heading: modals, quantities and other words any sentence may pair with a term
@@ -174,6 +175,7 @@ class Writing:
     pages: dict[str, list[Section]] = field(default_factory=dict)
     embed: Embed | None = None
     language: str | None = None
+    citation_style: str | None = None  # CSL style of the References (None: CITATION_STYLE's default, APA)
     support_threshold: float = 0.5  # REPORT_SUPPORT_THRESHOLD: what the verifier counts as supported
     work: WorkPool | None = None  # the threads it is written on (None: asyncio's default pool)
     # time.monotonic() by which a model must have finished, so that the extractive writer can still
@@ -226,6 +228,7 @@ class Draft:
         self.stated: set[str] = set()
         self.headings: set[str] = set()
         self.phrases: list[str] = []  # the phrases headings were made of, in order
+        self.foreign = False  # a sentence in another language than the report's was quoted
         self.common: Counter[str] | None = None  # phrases by how many of the report's sources use them
         self.titles = [_key(s.title) for s in brief.every_source if s.title.strip()]
 
@@ -249,8 +252,8 @@ class Draft:
         where it is in another language than the report's, then its citations."""
         self.stated.add(_key(claim.text))
         text = attributed(claim.text, claim.source, self.labels.your_note)
-        if is_chinese(text) != (self.labels.code == "zh"):
-            text = self.labels.foreign.format(text=text)
+        # quoted as it is; the report says so once (a mark on each sentence would split none for the verifier)
+        self.foreign = self.foreign or is_chinese(text) != (self.labels.code == "zh")
         return f"{inline_text(text)} {citation_marks(claim.sources, self.citations)[0]}"
 
     def paragraphs(self, claims: Sequence[Claim]) -> list[str]:
@@ -554,8 +557,11 @@ def write_report(brief: Brief) -> tuple[str, list[Reference]]:
         "blocks": [],
         "coverage": coverage_lines(brief.outcomes),
         "labels": labels,
+        "citation_style": brief.writing.citation_style,
     }
     LAYOUTS[form_of(brief.report_type).layout](draft, brief, context)
+    if draft.foreign:
+        context["lead"] = [*context["lead"], labels.foreign]
     if not context["blocks"] and not context["lead"]:
         context["lead"] = [labels.nothing + "."]
     context["references"] = draft.citations.references

@@ -57,7 +57,7 @@ _METADATA_ID_KEYS = ("biblio_id", "highlight_id", "file_id", "doc_id", "document
 _CONTENT_KEYS = ("body", "content", "text", "abstract", "description", "snippet")
 _WRAPPER_KEYS = ("results", "data", "items")
 # metadata kept from an item, beside its ids, DOI, year and authors
-_KEPT = ("page", "section", "tags", "url", "paper_doi", "paper_title", "venue", "journal")
+_KEPT = ("page", "section", "file", "tags", "url", "paper_doi", "paper_title", "venue", "journal")
 
 
 def passage_result(passage: Passage, retriever: str, rank: int) -> SearchResult:
@@ -65,7 +65,8 @@ def passage_result(passage: Passage, retriever: str, rank: int) -> SearchResult:
     id_field, identifier = passage.source_id
     doi = doi_of(passage.doi) if passage.doi and passage.kind != "highlight" else None
     metadata: dict[str, Any] = {"type": passage.kind, id_field: identifier, "document_id": str(passage.document_id)}
-    fields = {"page": passage.page, "section": passage.heading or None, "tags": passage.tags, **passage.extra}
+    fields = {"page": passage.page, "section": passage.heading or None, "file": passage.file, "tags": passage.tags}
+    fields |= passage.extra
     metadata.update({key: fields[key] for key in _KEPT if fields.get(key) not in (None, "", [])})
     if doi:
         metadata["doi"] = doi

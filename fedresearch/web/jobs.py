@@ -23,7 +23,7 @@ from fedresearch.core.errors import FailureKind
 from fedresearch.core.models import ResearchRequest
 from fedresearch.jobs.retention import delete_with_reports
 from fedresearch.jobs.runs import chat_plan, start_job
-from fedresearch.jobs.store import JOB_ID, Job, JobStatus, may_see
+from fedresearch.jobs.store import JOB_ID, Job, JobStatus, client_entry_id, may_see, shown_id
 from fedresearch.report.chat import session_from_report
 from fedresearch.report.render import ExportFailed
 from fedresearch.report.store import REPORT_ID, content_disposition
@@ -63,6 +63,11 @@ class ChatRequest(BaseModel):
     research_id: str | None = None
 
 
+# a report's chat: what one report keeps (each message is a line of the job's file, and in memory)
+CHAT_MESSAGES = 500
+CHAT_MESSAGE_BYTES = 128 * 1024  # a chat answer with its sources is 2 to 60 KB
+
+
 def _detail(kind: type[web.HTTPException], message: str) -> web.HTTPException:
     # FastAPI's HTTPException body, which GPT-Researcher's clients read
     return kind(text=json.dumps({"detail": message}), content_type="application/json")
@@ -75,9 +80,25 @@ async def _body(request: web.Request) -> Any:
         raise _detail(web.HTTPBadRequest, f"the body is not JSON: {error}") from None
 
 
+def _owner(request: web.Request, principal: Principal) -> str | None:
+    return principal.user_id or request.app[SETTINGS].default_user
+
+
+async def _found(request: web.Request, principal: Principal, research_id: str) -> Job | None:
+    """The job `research_id` names for this caller: a research id, or an id the caller chose for an
+    entry of its own (kept per owner: client_entry_id); None when it names nothing the caller may see."""
+    store = request.app[RUNTIME].jobs
+    job = None
+    if not REPORT_ID.fullmatch(research_id):
+        job = await store.get(client_entry_id(_owner(request, principal) or "", research_id))
+    if job is None:
+        job = await store.get(research_id)  # a research id, or (an admin) an entry's own id
+    return job if job is not None and may_see(principal, job) else None
+
+
 async def _owned(request: web.Request, principal: Principal, research_id: str, missing: str) -> Job:
-    job = await request.app[RUNTIME].jobs.get(research_id)
-    if job is None or not may_see(principal, job):
+    job = await _found(request, principal, research_id)
+    if job is None:
         raise _detail(web.HTTPNotFound, missing)
     return job
 
@@ -142,7 +163,7 @@ async def read_report(request: web.Request) -> web.StreamResponse:
 
 async def _job_view(request: web.Request, job: Job, with_report: bool) -> dict[str, Any]:
     view: dict[str, Any] = {
-        "research_id": job.research_id,
+        "research_id": shown_id(job),
         "status": job.status.value,
         "progress": job.progress,
         "task": job.task,
@@ -202,7 +223,7 @@ def _entry(job: Job, text: str | None) -> dict[str, Any]:
     stamp = client.get("timestamp")
     timestamp = max(stamp if isinstance(stamp, int) else 0, int(job.updated_at * 1000))
     return {
-        "id": job.research_id,
+        "id": shown_id(job),
         "question": client.get("question", job.task),
         "answer": answer,
         "orderedData": client.get("orderedData") or [],
@@ -218,7 +239,7 @@ async def list_reports(request: web.Request) -> web.Response:
     wanted = request.query.get("report_ids")
     if wanted:
         order = [part.strip() for part in wanted.split(",")]
-        by_id = {job.research_id: job for job in jobs}
+        by_id = {shown_id(job): job for job in jobs}
         jobs = [by_id[research_id] for research_id in order if research_id in by_id]
     return web.json_response({"reports": await _entries(request, jobs)})
 
@@ -249,17 +270,18 @@ async def create_or_update_report(request: web.Request) -> web.Response:
     if not JOB_ID.fullmatch(research_id):
         raise _detail(web.HTTPBadRequest, "id must be 1 to 128 letters, digits or _ . : -")
     store = request.app[RUNTIME].jobs
-    existing = await store.get(research_id)
+    existing = await _found(request, principal, research_id)
     # ids shaped as this server's research ids are its own to give: a client cannot claim one
-    if (existing is None and REPORT_ID.fullmatch(research_id)) or (existing and not may_see(principal, existing)):
+    if existing is None and REPORT_ID.fullmatch(research_id):
         raise _detail(web.HTTPNotFound, "Report not found")
     if existing is not None:
         await store.save(replace(existing, client=_client_fields(data, existing.client)))
     else:
-        owner = principal.user_id or request.app[SETTINGS].default_user
+        owner = _owner(request, principal)
         question = data.get("question") if isinstance(data.get("question"), str) else ""
-        job = Job(research_id, owner, question or "", origin="client", status=JobStatus.completed)
-        await store.create(replace(job, client=_client_fields(data, {})))
+        job = Job(client_entry_id(owner or "", research_id), owner, question or "", origin="client")
+        job = replace(job, status=JobStatus.completed, client={**_client_fields(data, {}), "id": research_id})
+        await store.create(job)
     return web.json_response({"success": True, "id": research_id})
 
 
@@ -271,7 +293,7 @@ async def update_report(request: web.Request) -> web.Response:
     if not isinstance(data, dict):
         raise _detail(web.HTTPBadRequest, "expected a JSON object")
     await request.app[RUNTIME].jobs.save(replace(job, client=_client_fields(data, job.client)))
-    return web.json_response({"success": True, "id": job.research_id})
+    return web.json_response({"success": True, "id": shown_id(job)})
 
 
 async def delete_report_entry(request: web.Request) -> web.Response:
@@ -294,15 +316,30 @@ async def report_chat(request: web.Request) -> web.Response:
 
 
 async def add_report_chat_message(request: web.Request) -> web.Response:
-    """Append one message to a saved report's chat."""
+    """Append one message to a saved report's chat (at most CHAT_MESSAGES, of CHAT_MESSAGE_BYTES each)."""
     principal = principal_of(request)
     job = await _owned(request, principal, request.match_info["research_id"], "Report not found")
     message = await _body(request)
+    size = len(json.dumps(message, ensure_ascii=False).encode())
+    if size > CHAT_MESSAGE_BYTES:
+        said = f"a chat message may hold {CHAT_MESSAGE_BYTES // 1024} KB; this one holds {size // 1024} KB"
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=CHAT_MESSAGE_BYTES,
+            actual_size=size,
+            text=json.dumps({"detail": said}),
+            content_type="application/json",
+        )
     messages = job.client.get("chatMessages")
+    if isinstance(messages, list) and len(messages) >= CHAT_MESSAGES:
+        raise _detail(
+            web.HTTPConflict,
+            f"this report's chat holds {len(messages)} messages, the most one report keeps; "
+            "start a new report to go on",
+        )
     messages = [*messages, message] if isinstance(messages, list) else [message]
     client = {**job.client, "chatMessages": messages, "timestamp": int(time.time() * 1000)}
     await request.app[RUNTIME].jobs.save(replace(job, client=client))
-    return web.json_response({"success": True, "id": job.research_id})
+    return web.json_response({"success": True, "id": shown_id(job)})
 
 
 async def chat(request: web.Request) -> web.Response:

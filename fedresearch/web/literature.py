@@ -60,6 +60,7 @@ def item_of(passage: Passage) -> dict[str, Any]:
         "title": passage.display_title,
         "structured_data": structured,
         "section": passage.heading or None,
+        "file": passage.file,
         "page": passage.page,
         "position": passage.position,
         "tags": passage.tags,

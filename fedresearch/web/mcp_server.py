@@ -75,7 +75,9 @@ def plan_for(
     registry = app[RUNTIME].registry
     try:
         request = ResearchRequest(task=task, headers=headers, **extra)
-        return plan_request(request, app[SETTINGS], registry, None if principal.admin else principal.user_id)
+        return plan_request(
+            request, app[SETTINGS], registry, None if principal.admin else principal.user_id, principal=principal
+        )
     except ValidationError as error:
         raise ToolError("; ".join(str(issue["msg"]) for issue in error.errors())) from None
     except RequestError as error:

@@ -25,6 +25,8 @@ class Behaviour:
     redirect_to: str | None = None
     echo_credentials: bool = False  # a 401 quotes the Authorization it refused, as one upstream did
     set_cookie: str | None = None  # a Set-Cookie on every answer, as APIs behind a CDN send (`__cf_bm=...`)
+    # queries holding one of these are answered 500, as upstreams answer some inputs every time
+    failing_queries: tuple[str, ...] = ()
     # results link to pages under these URLs, a set per query, each page on one of them (benchmarks)
     link_bases: tuple[str, ...] = ()
 

@@ -46,7 +46,7 @@ class FakeTavily(FakeUpstream):
                 {"detail": {"error": "This request exceeds your plan's set usage limit. Please upgrade your plan."}},
                 status=432,
             )
-        if mode == "500":
+        if mode == "500" or any(part in str(body.get("query", "")) for part in self.behaviour.failing_queries):
             return web.Response(status=500, text="Internal Server Error")
         if mode == "malformed":
             return web.Response(status=200, text='{"results": [', content_type="application/json")

@@ -85,6 +85,27 @@ async def test_errors_counted_across_instances_open_the_breaker(tmp_path, fakes,
     assert step == "retriever_skipped" and "suspended 30 s" in metadata["error"]
 
 
+async def test_one_users_errors_suspend_the_upstream_for_that_user_alone_on_every_instance(
+    tmp_path, fakes, start_server, redis_target
+):
+    keys = "alice-key:alice,bob-key:bob,carol-key:carol"
+    servers = await two_servers(tmp_path, fakes, start_server, redis_target, breaker_error_threshold=2, api_keys=keys)
+    fakes["tavily"].behaviour.failing_queries = ("poison",)
+    for number in range(2):  # one on each instance: alice's run of two errors
+        assert outcome(await ask(servers[number], f"poison {number}", "tavily", "alice-key"), "tavily")[0] == (
+            "retriever_failed"
+        )
+    step, metadata = outcome(await ask(servers[0], "rank fusion", "tavily", "alice-key"), "tavily")
+    assert step == "retriever_skipped" and "suspended" in metadata["error"]
+    assert outcome(await ask(servers[1], "rank fusion", "tavily", "bob-key"), "tavily")[0] == "retriever_done"
+    fakes["tavily"].behaviour.mode = "500"
+    for server, token in ((servers[0], "bob-key"), (servers[1], "carol-key")):
+        assert outcome(await ask(server, "fusion", "tavily", token), "tavily")[0] == "retriever_failed"
+    step, metadata = outcome(await ask(servers[0], "fusion", "tavily", "alice-key"), "tavily")
+    assert step == "retriever_skipped"
+    assert outcome(await ask(servers[1], "fusion", "tavily", "bob-key"), "tavily")[0] == "retriever_skipped"
+
+
 async def test_an_answer_cached_by_one_instance_serves_the_other(tmp_path, fakes, start_server, redis_target):
     first, second = await two_servers(tmp_path, fakes, start_server, redis_target)
     step, metadata = outcome(await ask(first, "Rank Fusion"), "tavily")

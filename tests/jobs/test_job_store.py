@@ -492,3 +492,52 @@ async def test_a_webhook_never_follows_a_redirect(tmp_path) -> None:
     finally:
         await runner.cleanup()
     assert delivered is False and elsewhere == []
+
+
+async def test_each_chat_message_costs_its_own_size_on_disk_and_survives_a_restart(tmp_path: Path) -> None:
+    """Round three: each message appended to a saved report's chat rewrote the whole state into its
+    append-only file, 150 messages of 60 KB made 680 MB. A message is now a line of its own."""
+    store = LocalJobStore(tmp_path)
+    entry = Job("client-1", "alice", "q?", origin="client", status=JobStatus.completed)
+    await store.create(replace(entry, client={"answer": "a" * 60_000, "orderedData": [{"x": "y" * 60_000}]}))
+    started = (tmp_path / "client-1.job.jsonl").stat().st_size
+    sent = []
+    for number in range(150):
+        job = await store.get("client-1")
+        assert job is not None
+        sent = [*job.client.get("chatMessages", []), {"role": "user", "content": f"{number} " + "词" * 20_000}]
+        await store.save(replace(job, client={**job.client, "chatMessages": sent, "timestamp": number}))
+    grown = (tmp_path / "client-1.job.jsonl").stat().st_size - started
+    assert grown < 1.1 * len(json.dumps(sent, ensure_ascii=False).encode())  # each message once, and little else
+
+    again = LocalJobStore(tmp_path)
+    await again.load()
+    job = await again.get("client-1")
+    assert job is not None and job.client["chatMessages"] == sent and job.client["timestamp"] == 149
+    assert job.client["answer"] == "a" * 60_000
+    # the history replaced (GPT-Researcher's PUT sends it whole), then added to, after the restart
+    replaced = [{"role": "user", "content": "only this"}]
+    await again.save(replace(job, client={**job.client, "chatMessages": replaced}))
+    job = await again.get("client-1")
+    assert job is not None
+    await again.save(replace(job, client={**job.client, "chatMessages": [*replaced, {"role": "assistant"}]}))
+    third = LocalJobStore(tmp_path)
+    await third.load()
+    job = await third.get("client-1")
+    assert job is not None and job.client["chatMessages"] == [*replaced, {"role": "assistant"}]
+
+
+async def test_a_chat_written_with_the_state_by_an_earlier_version_is_kept(tmp_path: Path) -> None:
+    old = {"job": {**Job("client-2", "alice", "q?", origin="client").to_json(), "status": "completed"}}
+    old["job"]["client"] = {"chatMessages": [{"role": "user", "content": "before"}]}
+    (tmp_path / "client-2.job.jsonl").write_text(json.dumps(old) + "\n")
+    store = LocalJobStore(tmp_path)
+    await store.load()
+    job = await store.get("client-2")
+    assert job is not None
+    messages = [*job.client["chatMessages"], {"role": "user", "content": "after"}]
+    await store.save(replace(job, client={**job.client, "chatMessages": messages}))
+    again = LocalJobStore(tmp_path)
+    await again.load()
+    job = await again.get("client-2")
+    assert job is not None and [m["content"] for m in job.client["chatMessages"]] == ["before", "after"]

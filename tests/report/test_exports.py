@@ -1,14 +1,17 @@
-"""Every report as Markdown, HTML, PDF, DOCX and JSON, listed in the path frame and fetchable."""
+"""Every report as Markdown, HTML, PDF, DOCX, JSON, BibTeX and RIS, listed in the path frame and fetchable."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import re
 
 import aiohttp
+import bibtexparser
 import docx
 import pypdf
 import pytest
+import rispy
 import websockets
 from aiohttp import web
 
@@ -27,7 +30,15 @@ async def test_path_frame_lists_every_format_and_each_one_is_served(tmp_path, st
     async with websockets.connect(server.ws_url) as ws:
         frames = await run_task(ws, {"task": "reciprocal rank fusion of lexical and dense rankings"})
     files = frames[-1]["output"]
-    assert set(files) == {"md", "pdf", "docx", "html", "json"}  # GPT-Researcher's page reads pdf, docx, md, json
+    assert set(files) == {
+        "md",
+        "pdf",
+        "docx",
+        "html",
+        "json",
+        "bib",
+        "ris",
+    }  # GPT-Researcher's page reads pdf, docx, md, json
     fetched = {}
     async with aiohttp.ClientSession() as session:
         for kind, path in files.items():
@@ -46,6 +57,11 @@ async def test_path_frame_lists_every_format_and_each_one_is_served(tmp_path, st
     assert "References" in texts and any("doi.org" in rel.target_ref for rel in document.part.rels.values())
     html = fetched["html"][1].decode()
     assert "<script" not in html and 'href="https://doi.org/' in html and "<h2>References</h2>" in html
+    # the references for a reference manager, one entry per reference of the report
+    listed = len(re.findall(r"^\[\d+\] ", fetched["md"][1].decode().partition("## References")[2], re.MULTILINE))
+    assert fetched["bib"][0].startswith("application/x-bibtex")
+    assert len(bibtexparser.parse_string(fetched["bib"][1].decode()).entries) == listed > 0
+    assert len(rispy.loads(fetched["ris"][1].decode())) == listed
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{server.url}/reports/{'0' * 32}.pdf") as response:
             assert response.status == 404
@@ -56,7 +72,7 @@ async def test_path_frame_lists_every_format_and_each_one_is_served(tmp_path, st
 def test_a_report_is_saved_as_its_record_and_every_other_format_rendered_when_fetched(tmp_path):
     markdown = "# Fusion\n\nReciprocal rank fusion sums 1/(k + rank) [1].\n"
     files = save_report(tmp_path, "a" * 32, record_bytes(markdown, {"owner": "alice", "question": "fusion"}))
-    assert set(files) == {"md", "pdf", "docx", "html", "json"}
+    assert set(files) == {"md", "pdf", "docx", "html", "json", "bib", "ris"}
     assert [path.name for path in tmp_path.iterdir()] == ["a" * 32 + ".json"]  # one file created per task
     assert report_markdown(tmp_path, "a" * 32) == markdown
     assert export(tmp_path, "a" * 32, "md") == tmp_path / ("a" * 32 + ".md")

@@ -222,7 +222,8 @@ def test_a_chinese_question_gets_a_chinese_report_quoting_english_evidence_as_it
     found = headings(markdown)
     assert found[0] == "回答" and "结论" in found and "Answer" not in found
     assert all(re.search(r"[\u4e00-\u9fff]", h) for h in found)  # every heading in Chinese
-    assert "（原文引用）" in markdown  # English evidence quoted as it is, marked
+    assert "部分来源为其他语言（如英文）：其句子按原文引用，未经翻译。" in markdown  # quoted as it is, and said so
+    assert "“Search in the proximity graph" not in markdown and "Search in the proximity graph" in markdown
     assert labels_for(question, "zh").references == "参考文献"
 
 

@@ -105,7 +105,7 @@ def test_a_newline_in_an_address_stays_inside_its_link() -> None:
     results = [SearchResult(href=href, title="B", retriever="tavily", rank=1, body=BODY)]
     markdown, _ = write_report(Brief("rank fusion", ReportType.research_report, fuse(results)))
     assert_inert(markdown, [fuse(results)[0].href])
-    assert references_of(markdown)[1] == f"[B]({link_target(fuse(results)[0].href)})"
+    assert references_of(markdown)[1].endswith(f"]({link_target(fuse(results)[0].href)})")
     assert "<img" not in to_html(markdown, "t") and "%0A%0A" in markdown
 
 

@@ -422,7 +422,8 @@ async def test_web_results_are_read_and_become_the_evidence(tmp_path, fakes, pag
     )
     report = report_of(frames)
     assert "Finding" in report and "merged the lexical and dense rankings" in report  # the page, not the snippet
-    assert "[1] [Pilot](" in report  # the result's own title, its page read without looking for one
+    # the result's own title, its page read without looking for one
+    assert re.search(r"^\[1\] .*\*Pilot\*\.", report, re.MULTILINE), report
     # HTML on the app's work threads (WORK_THREADS), not asyncio's pool of a thread a core plus four;
     # a PDF, read by a child process, on asyncio's pool: waiting for it never holds a work thread
     threads = dict(read_on)
@@ -436,4 +437,5 @@ async def test_a_source_url_without_a_title_takes_its_pages(tmp_path, fakes, pag
     async with websockets.connect(server.ws_url) as ws:
         task = {"task": "reciprocal rank fusion pilot study", "report_source": "static"}
         frames = await run_task(ws, {**task, "source_urls": [f"{pages}/article"]})
-    assert f"[1] [Pilot study of fusion]({pages}/article)" in report_of(frames)
+    entry = rf"^\[1\] .*\*Pilot study of fusion\*.*\]\({re.escape(pages)}/article\)$"
+    assert re.search(entry, report_of(frames), re.MULTILINE), report_of(frames)

@@ -117,7 +117,7 @@ def answer_to(ws, frame: str) -> None:
         if message["type"] == "logs":
             assert isinstance(message["content"], str) and isinstance(message["output"], str)
         if message["type"] == "path":
-            assert set(message["output"]) == {"md", "pdf", "docx", "html", "json"}
+            assert set(message["output"]) == {"md", "pdf", "docx", "html", "json", "bib", "ris"}
             return
 
 

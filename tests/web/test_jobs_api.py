@@ -104,7 +104,8 @@ async def test_rest_jobs_webhooks_and_ownership(tmp_path, fakes, start_server, r
         research_id = started["research_id"]
         job = await poll_job(session, server.url, research_id)
         assert job["status"] == "completed" and job["progress"] == 1.0 and job["task"] == TASK["task"]
-        assert "## References" in job["report"] and set(job["files"]) == {"md", "pdf", "docx", "html", "json"}
+        assert "## References" in job["report"]
+        assert set(job["files"]) == {"md", "pdf", "docx", "html", "json", "bib", "ris"}
 
         hook = await receiver.next()
         headers, _ = receiver.calls[-1]
@@ -326,6 +327,46 @@ def _overrides(settings: Settings) -> dict[str, Any]:
         "report_max_per_user": 2,
         "embeddings": False,
     }
+
+
+async def test_ids_a_client_chooses_are_each_users_own(tmp_path, fakes, start_server):
+    """GPT-Researcher's page saves its history under ids it chooses (`temp_id` when it has none):
+    one user's id locked every other user out of it (404), and 404 against 200 told whether another
+    user held an id. Each user now has the id to themselves, and another's reads as never made."""
+    server = await start_server(job_settings(tmp_path, fakes))
+    async with aiohttp.ClientSession() as session:
+
+        async def call(method: str, path: str, who: dict[str, str], body: Any = None) -> tuple[int, Any]:
+            async with session.request(method, f"{server.url}{path}", json=body, headers=who) as response:
+                return response.status, await response.json()
+
+        for who, answer in ((ALICE, "alice's answer"), (BOB, "bob's answer")):
+            assert await call("POST", "/api/reports", who, {"question": "q?", "answer": answer}) == (
+                200,
+                {"success": True, "id": "temp_id"},
+            )
+        status, body = await call("GET", "/api/reports/temp_id", ALICE)
+        assert status == 200 and body["report"]["id"] == "temp_id" and body["report"]["answer"] == "alice's answer"
+        status, body = await call("GET", "/api/reports/temp_id", BOB)
+        assert status == 200 and body["report"]["answer"] == "bob's answer"
+
+        await call("POST", "/api/reports", ALICE, {"id": "alice-only", "question": "q?", "answer": "a."})
+        held = [await call(method, "/api/reports/alice-only", BOB) for method in ("GET", "DELETE")]
+        never = [await call(method, "/api/reports/nobody-made-this", BOB) for method in ("GET", "DELETE")]
+        assert held == never and {status for status, _ in held} == {404}
+        assert (await call("PUT", "/api/reports/alice-only", BOB, {"answer": "x"}))[0] == 404
+        assert (await call("POST", "/api/reports/alice-only/chat", BOB, {"role": "user", "content": "x"}))[0] == 404
+        status, body = await call("GET", "/api/reports/alice-only", ALICE)
+        assert status == 200 and body["report"]["answer"] == "a." and body["report"]["chatMessages"] == []
+        status, body = await call("GET", "/api/reports", BOB)
+        assert [entry["id"] for entry in body["reports"]] == ["temp_id"]
+        status, body = await call("GET", "/api/jobs", ALICE)
+        assert sorted(job["research_id"] for job in body["jobs"]) == ["alice-only", "temp_id"]
+        big = {"role": "user", "content": "x" * 200_000}
+        status, body = await call("POST", "/api/reports/alice-only/chat", ALICE, big)
+        assert status == 413 and "128 KB" in body["detail"]
+        assert (await call("DELETE", "/api/reports/temp_id", ALICE))[0] == 200
+        assert (await call("GET", "/api/reports/temp_id", BOB))[1]["report"]["answer"] == "bob's answer"
 
 
 async def test_gpt_researcher_report_store_crud_and_chat(tmp_path, fakes, start_server):

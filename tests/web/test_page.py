@@ -229,7 +229,7 @@ async def _check_citations(page: Any) -> None:
 
 async def _check_exports(page: Any) -> None:
     kinds = await page.eval_on_selector_all("#downloads button", "buttons => buttons.map(b => b.dataset.kind)")
-    assert kinds == list(EXPORT_FORMATS) == ["md", "html", "pdf", "docx", "json"]  # the formats' registry
+    assert kinds == list(EXPORT_FORMATS) == ["md", "html", "pdf", "docx", "json", "bib", "ris"]  # the formats' registry
     pdf = await _downloaded(page, "pdf")
     assert pdf.startswith(b"%PDF-")
     text = " ".join(" ".join(p.extract_text() for p in pypdf.PdfReader(io.BytesIO(pdf)).pages).split())

@@ -62,6 +62,36 @@ async def test_questions_tavily_rejects_never_suspend_it_for_others(tmp_path, fa
     assert outcome(await _ask(server, "rank fusion", {"retrievers": "tavily"}), "tavily")[0] == "retriever_done"
 
 
+async def test_questions_an_upstream_answers_500_suspend_it_only_for_whoever_asks_them(tmp_path, fakes, start_server):
+    """Round three's attack: three questions Tavily answers with 500 (with the operator's key), from
+    one user, suspended it for 30 s for every user. They now suspend it for that user alone; a run of
+    errors seen by BREAKER_ERROR_ASKERS different users still suspends it for everyone."""
+    fakes["tavily"].behaviour.failing_queries = ("poison",)
+    keys = "alice-key:alice,bob-key:bob,carol-key:carol,dave-key:dave"
+    server = await start_server(make_settings(tmp_path, fakes, retry_attempts=0, api_keys=keys))
+
+    async def ask(token: str, question: str) -> tuple[str, dict[str, object]]:
+        async with websockets.connect(f"{server.ws_url}?token={token}") as ws:
+            frames = await run_task(ws, {"task": question, "headers": {"retrievers": "tavily"}})
+        return outcome(frames, "tavily")
+
+    for number in range(3):
+        assert (await ask("alice-key", f"poison {number}"))[0] == "retriever_failed"
+    step, metadata = await ask("alice-key", "rank fusion")
+    assert step == "retriever_skipped" and "suspended" in str(metadata["error"])  # alice's own run of errors
+    sent = len(fakes["tavily"].requests)
+    assert (await ask("bob-key", "rank fusion"))[0] == "retriever_done"  # never suspended for bob
+    assert len(fakes["tavily"].requests) == sent + 1
+
+    fakes["tavily"].behaviour.mode = "500"  # now the upstream itself is down
+    for token in ("bob-key", "bob-key", "carol-key"):
+        assert (await ask(token, "rank fusion again"))[0] == "retriever_failed"
+    sent = len(fakes["tavily"].requests)
+    step, metadata = await ask("dave-key", "rank fusion")  # two users saw the run: suspended for all
+    assert step == "retriever_skipped" and "suspended" in str(metadata["error"])
+    assert len(fakes["tavily"].requests) == sent
+
+
 async def test_a_dead_client_supplied_base_url_never_suspends_the_library_for_others(tmp_path, start_server):
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))

