@@ -32,6 +32,15 @@ _OBJECT_START = {
 }  # fmt: skip
 _NOT_VERBS = {"this", "thus", "its", "has", "was", "is", "as", "us", "his", "yes", "less", "plus", "news", "always"}
 _USERS_OWN = {"highlight", "file", "note"}
+# verbs an abstract's sentence opens with when it leaves out its subject (the paper)
+_OPENING_VERBS = {
+    "introduces", "proposes", "presents", "treats", "describes", "shows", "compares", "represents", "builds",
+    "uses", "evaluates", "studies", "explores", "argues", "examines", "reports", "develops", "extends", "defines",
+    "applies", "combines", "learns", "trains", "measures", "analyzes", "analyses", "surveys", "reviews",
+    "discusses", "demonstrates", "investigates", "provides", "offers", "suggests", "encodes", "outlines",
+}  # fmt: skip
+# what follows such a word when it is a noun after all ("Surveys of users show…", "Reviews are…")
+_NOT_OBJECTS = {"of", "are", "were", "is", "was", "can", "may", "have", "had", "and", "or", "from", "in", "on", "by"}
 
 
 def tidy(sentence: str, title: str = "") -> str:
@@ -64,6 +73,8 @@ def subjectless(sentence: str) -> bool:
     if not words[0].isalpha():  # "Titles, abstracts and…": a list of nouns, not a verb
         return False
     verb, following = words[0].lower(), words[1].lower().strip(",;:")
+    if verb in _OPENING_VERBS and following not in _NOT_OBJECTS:
+        return True  # "Introduces RankNet, which…", "Treats metasearch as an election"
     if verb in _NOT_VERBS or not verb.isalpha() or not verb.endswith("s") or verb.endswith(("ss", "us", "is")):
         return False
     return following in _OBJECT_START or (following.endswith("s") and following.isalpha() and len(following) > 3)
@@ -122,3 +133,18 @@ def attributed(sentence: str, source: FusedResult, note: str) -> str:
     if title and len(title) <= 90:
         return " ".join([f"“{title}”", verb, *words[1:]])
     return " ".join(["One source", verb, *words[1:]])
+
+
+# what `attributed` puts before a source's words: "Salton and Buckley (1988) ", "“A title” ",
+# "Your note says: “…”" (any language's words before the quote)
+_BY_WHOM = re.compile(r"^(?:[^\s()“”\"]+ ){1,6}\((?:1[5-9]\d\d|20\d\d)[a-z]?\) |^“[^”]{1,90}” |^One source ")
+_NOTE_SAYS = re.compile(r"^[^“”]{1,30}[:：]\s*“(.+)”\s*$", re.DOTALL)
+
+
+def unattributed(sentence: str) -> str:
+    """The source's own words of a sentence `attributed` said whose it is: what the verifier checks
+    against the source (whose passage holds neither its authors nor its year)."""
+    said = _NOTE_SAYS.match(sentence)
+    if said:
+        return said.group(1)
+    return _BY_WHOM.sub("", sentence, count=1)

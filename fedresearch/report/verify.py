@@ -21,6 +21,7 @@ import numpy as np
 from fedresearch.core.text import split_sentences
 from fedresearch.report.evidence import Embed, terms
 from fedresearch.report.language import REFERENCES_HEADING
+from fedresearch.report.sentences import unattributed
 
 UNSUPPORTED = "⚠ unsupported"
 UNCITED = "⚠ uncited"
@@ -121,7 +122,7 @@ class Verifier:
         factual = len(set(terms(text))) >= _FACT_TERMS and not text.endswith(("?", "？", ":"))
         if not cited and not factual:
             return Checked(text, [], None, "prose", asked)
-        scores = self.scores(text)
+        scores = self.scores(unattributed(text))
         best = max(scores, key=lambda n: scores[n], default=None)
         support = max((scores[n] for n in cited), default=0.0)
         limit = self.thresholds

@@ -123,6 +123,10 @@ class Block:
     children: list[Block] = field(default_factory=list)
 
 
+# words after a noun phrase that show it is no subject followed by its verb
+_NOT_VERB_AFTER = "and|or|of|in|for|with|to|on|are|were|can|may|that|which"
+
+
 def citation_marks(sources: Sequence[FusedResult], citations: Citations) -> tuple[str, list[int]]:
     """Each source's citation, a link to it when it has a URL, and the numbers cited (each once)."""
     marks, numbers = [], []
@@ -274,32 +278,51 @@ class Draft:
             self.common = evidence_phrases([s.body for s in self.brief.every_source], set())
         common = self.common
         least = 2 if len(claims) > 1 else 1
-        ranked = sorted(phrases.items(), key=lambda item: (-item[1], -common[item[0]], item[0]))
+        shared = sorted(phrases.items(), key=lambda item: (-item[1], -common[item[0]], item[0]))
+        # else a term of the field one of the claims uses: the phrase most of the report's sources use
+        field = sorted(phrases.items(), key=lambda item: (-common[item[0]], -item[1], item[0]))
         texts = " ".join(c.text.lower() for c in claims)
-        for phrase, uses in ranked:
-            if uses < least:
-                break
+        candidates = [(phrase, uses >= least and (uses > 1 or common[phrase] > 1)) for phrase, uses in shared]
+        candidates += [(phrase, common[phrase] >= 2) for phrase, _ in field]
+        for phrase, good in candidates:
+            if not good:
+                continue
             weak = set(phrase.split()) & _WEAK or any(word.endswith("ly") for word in phrase.split())
             if weak or phrase in self.phrases or any(phrase in title for title in self.titles):
                 continue
             if re.search(rf"\b{re.escape(phrase)} (?:a|an|the|its|their|each|every|this|that|these)\b", texts):
                 continue  # a subject and its verb ("graph keeps a"), not a term
+            last = phrase.rsplit(" ", 1)[-1]
+            if (
+                last.endswith("s")
+                and not last.endswith(("ss", "us", "is"))
+                and re.search(
+                    rf"\b{re.escape(phrase)} (?!(?:{_NOT_VERB_AFTER})\b)[a-z]{{3,}}",
+                    texts,
+                )
+            ):
+                continue  # "fusion needs normalization": a subject, its verb and its object
             self.phrases.append(phrase)
             return inline_text(self.labels.about.format(phrase=phrase[0].upper() + phrase[1:]))
-        further = self.labels.more_findings
-        count = sum(1 for h in self.headings if h.startswith(further))
-        self.headings.add(f"{further} {count + 1}")
-        return inline_text(further if not count else f"{further} ({count + 1})")
+        return inline_text(self.labels.more_findings)
 
     def themes(
         self, question: str, claims: Sequence[Claim], level: int = 2, skip: Callable[[str], bool] | None = None
     ) -> list[Block]:
         """Sections by theme; `skip` leaves out a theme by its heading (before any of it is cited)."""
-        blocks = []
+        blocks: list[Block] = []
+        further = inline_text(self.labels.more_findings)
+        unnamed: list[Claim] = []  # themes no term names: one section after the others, not several
         for group in themes_of(claims):
             heading = self.heading(group, question)
-            if skip is None or not skip(heading):
+            if skip is not None and skip(heading):
+                continue
+            if heading == further:
+                unnamed.extend(group)
+            else:
                 blocks.append(Block(heading, level, self.paragraphs(group)))
+        if unnamed:
+            blocks.append(Block(further, level, self.paragraphs(unnamed)))
         return blocks
 
     def open_questions(self, question: str, pool: Pool) -> list[str]:
@@ -419,8 +442,8 @@ def _outline(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
     context["lead"] = draft.notice(pool)
     claims = draft.claims(question, pool, 18)
     blocks = []
-    for number, group in enumerate(themes_of(claims), start=1):
-        heading = f"{number}. {draft.heading(group, question)}"
+    for number, (named, group) in enumerate(_named(draft, themes_of(claims), question), start=1):
+        heading = f"{number}. {named}"
         by_source: dict[str, list[Claim]] = {}
         for claim in group:
             by_source.setdefault(claim.source.key, []).append(claim)
@@ -430,6 +453,25 @@ def _outline(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
             items.append(Item(f"{number}.{point} {draft.sentence(first)}", [draft.sentence(c) for c in rest]))
         blocks.append(Block(heading, items=items))
     context["blocks"] = blocks
+
+
+def _named(
+    draft: Draft,
+    groups: Sequence[list[Claim]],
+    question: str,
+    claims_of: Callable[[list[Claim]], list[Claim]] = lambda group: group,
+) -> list[tuple[str, list[Claim]]]:
+    """Each theme with its heading; the themes no term names together, last, as one section."""
+    further = inline_text(draft.labels.more_findings)
+    named: list[tuple[str, list[Claim]]] = []
+    unnamed: list[Claim] = []
+    for group in groups:
+        heading = draft.heading(claims_of(group), question)
+        if heading == further:
+            unnamed.extend(group)
+        else:
+            named.append((heading, group))
+    return named + ([(further, unnamed)] if unnamed else [])
 
 
 def _resources(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
@@ -451,8 +493,11 @@ def _resources(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
     groups = themes_of([claims[0] for _, claims in offers])
     of_claim = {id(claims[0]): (source, claims) for source, claims in offers}
     blocks = []
-    for group in groups:
-        heading = draft.heading([c for first in group for c in of_claim[id(first)][1]], question)
+
+    def expanded(group: list[Claim]) -> list[Claim]:  # a theme's sources' sentences, not only their first
+        return [c for first in group for c in of_claim[id(first)][1]]
+
+    for heading, group in _named(draft, groups, question, expanded):
         entries = []
         for first in group:
             source, claims = of_claim[id(first)]
