@@ -17,6 +17,7 @@ from fedresearch.core.models import FusedResult
 from fedresearch.core.ranking import rrf
 from fedresearch.core.text import STOPWORDS, cjk_bigrams, split_sentences
 from fedresearch.library.chunking import Chunk, chunk_sections
+from fedresearch.library.crosslingual import query_texts
 from fedresearch.library.formats import Section
 from fedresearch.report.sentences import is_cut, tidy
 
@@ -156,8 +157,23 @@ class Ranked:
     overlap: float = 0.0  # the share of the question's weight (idf) this passage contains
 
 
-def _lexical(question: str, passages: Sequence[Evidence]) -> tuple[list[float], list[float]]:
-    """Each passage's lexical score, and the share of the question's weight (idf) that it contains."""
+def _lexical(
+    question: str, passages: Sequence[Evidence], english: Sequence[str] = ()
+) -> tuple[list[float], list[float]]:
+    """Each passage's lexical score, and the share of the question's weight (idf) that it contains;
+    `english`: a Chinese question's words in English (library/crosslingual.py), which English
+    evidence is scored by too, its share the better of the two readings'."""
+    lexical, shares = _lexical_reading(question, passages)
+    if not english:
+        return lexical, shares
+    translated, translated_shares = _lexical_reading(" ".join(english), passages)
+    return (
+        [a + b for a, b in zip(lexical, translated, strict=True)],
+        [max(a, b) for a, b in zip(shares, translated_shares, strict=True)],
+    )
+
+
+def _lexical_reading(question: str, passages: Sequence[Evidence]) -> tuple[list[float], list[float]]:
     wanted = set(terms(question))
     bags = [terms(passage.text) for passage in passages]
     frequency = Counter(term for bag in bags for term in set(bag))
@@ -182,14 +198,15 @@ def rank(question: str, passages: Sequence[Evidence], embed: Embed | None = None
     which the relevance gate reads (`bearing`)."""
     if not passages:
         return []
-    lexical, shares = _lexical(question, passages)
+    read = query_texts(question)  # a Chinese question read in English too: English evidence bears on it
+    lexical, shares = _lexical(question, passages, read.english)
     order = sorted(range(len(passages)), key=lambda i: lexical[i], reverse=True)
     fused = {i: rrf(rank + 1) for rank, i in enumerate(order)}
     vectors: dict[int, np.ndarray] = {}
     cosines: dict[int, float] = {}
     if embed is not None:
         head = order[:_EMBEDDED_PASSAGES]
-        matrix = embed([question, *(passages[i].text[:1500] for i in head)])
+        matrix = embed([read.dense, *(passages[i].text[:1500] for i in head)])
         found = matrix[1:] @ matrix[0]
         for dense_rank, j in enumerate(np.argsort(-found), start=1):
             fused[head[j]] += rrf(dense_rank)

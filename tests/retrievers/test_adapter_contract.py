@@ -40,7 +40,7 @@ async def test_a_new_adapter_is_one_module_and_one_registry_line(tmp_path, fakes
     assert adapter.seen_credentials == [{"lab_token": "t-1"}]  # never another adapter's key
     assert [type(settings) for settings in given] == [UpstreamSettings]  # nor another's settings: it has none
     report = report_of(frames)
-    assert "## From the scholarly record" in report and "https://lab.example/1" in report  # About.kind groups it
+    assert "- lab: 3 results" in report  # searched and said (whether cited is the relevance gate's call)
     async with websockets.connect(server.ws_url) as ws:  # without its key it is skipped, with the reason
         frames = await run_task(ws, {"task": "rank fusion", "headers": {"retrievers": "lab"}})
     assert "send headers.lab_token" in logs(frames, "retriever_skipped")[0]["output"]
