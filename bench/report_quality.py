@@ -310,19 +310,27 @@ def table(name: str, rows: dict[str, Row]) -> list[str]:
     return lines
 
 
+def collection(
+    name: str, options: argparse.Namespace, libraries: dict[str, Library], encoder: Any
+) -> tuple[str, dict[str, str], dict[str, dict[str, int]]]:
+    """A collection's library (opened once: med-zh searches MED's), its questions and judgments."""
+    base = "med" if name == "med-zh" else name
+    corpus, questions, qrels = load_collection(options.datasets / base)
+    if name == "med-zh":
+        lines = (options.datasets / name / "queries.jsonl").open()
+        questions = {q["_id"]: q["text"] for q in map(json.loads, lines) if q["_id"] in qrels}
+    if base not in libraries:
+        libraries[base] = open_library(base, corpus, encoder, options.keep)
+    return base, questions, qrels
+
+
 def main(options: argparse.Namespace) -> None:
     encoder = load_encoder()
     libraries: dict[str, Library] = {}
     if options.gate:
         features = {}
         for name in options.collections:
-            base = "med" if name == "med-zh" else name
-            corpus, questions, qrels = load_collection(options.datasets / base)
-            if name == "med-zh":
-                lines = (options.datasets / name / "queries.jsonl").open()
-                questions = {q["_id"]: q["text"] for q in map(json.loads, lines) if q["_id"] in qrels}
-            if base not in libraries:
-                libraries[base] = open_library(base, corpus, encoder, options.keep)
+            base, questions, qrels = collection(name, options, libraries, encoder)
             ids = {str(info.id): info.source for info in libraries[base].list_documents(USER)}
             features[name] = asyncio.run(gate_features(libraries[base], questions, qrels, ids, options.queries))
         gate_sweep(features)
@@ -330,13 +338,7 @@ def main(options: argparse.Namespace) -> None:
     report: list[str] = []
     results: dict[str, dict[str, dict[str, float]]] = {}
     for name in options.collections:
-        base = "med" if name == "med-zh" else name
-        corpus, questions, qrels = load_collection(options.datasets / base)
-        if name == "med-zh":
-            lines = (options.datasets / name / "queries.jsonl").open()
-            questions = {q["_id"]: q["text"] for q in map(json.loads, lines) if q["_id"] in qrels}
-        if base not in libraries:
-            libraries[base] = open_library(base, corpus, encoder, options.keep)
+        base, questions, qrels = collection(name, options, libraries, encoder)
         started = time.perf_counter()
         rows = asyncio.run(run_collection(name, libraries[base], questions, qrels, options))
         print(f"{name}: {time.perf_counter() - started:.0f} s", flush=True)
