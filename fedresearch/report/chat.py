@@ -8,6 +8,7 @@ source whose title and evidence best match its subject, with its full reference.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,6 +20,7 @@ from fedresearch.core.text import split_sentences
 from fedresearch.core.work import run_on
 from fedresearch.federation.planning import Plan
 from fedresearch.federation.runner import Deps
+from fedresearch.library.crosslingual import query_texts
 from fedresearch.report.bibliography import citation_of
 from fedresearch.report.citations import Citations, reference_entries
 from fedresearch.report.evidence import Claim, diversify, gather, rank, select_claims, terms
@@ -28,6 +30,7 @@ from fedresearch.report.task import ResearchOutcome, ResearchTools, gather_sourc
 from fedresearch.report.writer import Writing, cite
 
 _CLAIMS = 4
+_TRANSLATED_SHARED = 2  # English terms of a Chinese message a sentence or title must hold to bear on it
 # the words that ask for a source rather than say what it is about: "which paper introduced X" is about X
 _ASKING = frozenset(
     terms(
@@ -69,10 +72,21 @@ def subject_terms(message: str) -> set[str]:
     return (wanted - _ASKING) or wanted
 
 
+@functools.lru_cache(maxsize=256)
+def translated_terms(message: str) -> frozenset[str]:
+    """A Chinese message's subject in English (library/crosslingual.py: a few senses a word, so they
+    are many and loose: short ones are left out); empty for a message with no Chinese."""
+    read = query_texts(message, senses=3)
+    return frozenset(term for term in terms(" ".join(read.english)) if len(term) >= 4) - _ASKING
+
+
 def bears_on(message: str, text: str) -> bool:
-    """Whether a sentence speaks to the message: it shares half its subject's terms (at least one)."""
-    wanted = subject_terms(message)
-    return bool(wanted) and len(wanted & set(terms(text))) >= max(1, (len(wanted) + 1) // 2)
+    """Whether a sentence speaks to the message: it shares half its subject's terms (at least one),
+    or two of a Chinese message's English ones (a Chinese question about English sources)."""
+    wanted, said = subject_terms(message), set(terms(text))
+    if wanted and len(wanted & said) >= max(1, (len(wanted) + 1) // 2):
+        return True
+    return len(translated_terms(message) & said) >= _TRANSLATED_SHARED
 
 
 def covers(message: str, claims: list[Claim]) -> bool:
@@ -95,10 +109,15 @@ def named_source(message: str, claims: list[Claim]) -> FusedResult | None:
     wanted = subject_terms(message)
     sources = {claim.source.key: claim.source for claim in claims}
 
+    english = translated_terms(message)
+
     def fit(source: FusedResult) -> tuple[float, int]:
         said = set(terms(source.title))
         scholarly = citation_of(source).kind in ("journal", "proceedings", "preprint", "paper")
-        return len(wanted & said) / len(wanted), int(scholarly)
+        share = len(wanted & said) / len(wanted)
+        if len(english & said) >= _TRANSLATED_SHARED:  # a Chinese question naming an English title's terms
+            share = max(share, 0.5)
+        return share, int(scholarly)
 
     best = max(sources.values(), key=fit)
     return best if fit(best)[0] >= 0.5 else None

@@ -63,6 +63,19 @@ async def test_which_paper_introduced_a_method_names_the_paper_the_library_holds
     assert answer["metadata"]["searched"] is False
 
 
+async def test_a_chinese_question_about_english_sources_is_answered_from_them(server):
+    """A Chinese question about a report on English papers found "nothing says" (the sentences share
+    no Chinese words); its English reading finds them, and "哪篇论文" names the paper."""
+    async with websockets.connect(server.ws_url) as ws:
+        task = {"task": "How does reciprocal rank fusion combine lexical and dense rankings?"}
+        await run_task(ws, {**task, "headers": {"retrievers": "library"}})
+        answer = await _chat(ws, "哪篇论文提出了倒数排名融合？")
+        nothing = await _chat(ws, "法国的首都是什么？")
+    assert "Cormack, G. V." in answer["content"].split("\n\n")[0], answer["content"]
+    assert answer["metadata"]["references"]
+    assert not nothing["metadata"]["references"], nothing["content"]
+
+
 async def test_a_saved_reports_chat_reads_its_full_entries(server):
     async with websockets.connect(server.ws_url) as ws:
         frames = await run_task(ws, {"task": "reciprocal rank fusion", "headers": {"retrievers": "library"}})
