@@ -22,7 +22,7 @@ from fedresearch.federation.registry import build_registry
 from fedresearch.federation.runner import Deps, search_one
 from fedresearch.retrievers import ADAPTERS
 from fedresearch.web.app import create_app
-from tests.fakes import start_all
+from tests.fakes import start_all, start_scholarly
 from tests.fakes.base import FakeUpstream
 from tests.fakes.google import FakeGoogle
 from tests.fakes.literature_api import FakeLiteratureApi
@@ -48,6 +48,15 @@ def pytest_sessionfinish() -> None:
 @pytest.fixture
 async def fakes() -> AsyncIterator[dict[str, FakeUpstream]]:
     started = await start_all()
+    yield started
+    for fake in started.values():
+        await fake.stop()
+
+
+@pytest.fixture
+async def upstreams() -> AsyncIterator[dict[str, FakeUpstream]]:
+    """The scholarly upstreams' fakes (OpenAlex, Crossref, arXiv, ...), started for one test."""
+    started = await start_scholarly()
     yield started
     for fake in started.values():
         await fake.stop()

@@ -8,24 +8,15 @@ import asyncio
 import itertools
 
 import aiohttp
-import pytest
 
 from fedresearch.federation.contract import SearchOptions
 from fedresearch.federation.ratelimit import LocalRateLimiter, Rate, announced_rate
 from fedresearch.federation.resilience import Guard
 from fedresearch.federation.runner import DeadlineExceeded, Deps, search_one
 from tests.conftest import make_settings, registry_of
-from tests.fakes import scholarly_settings, start_scholarly
+from tests.fakes import scholarly_settings
 
 OPTIONS = SearchOptions(query="dense passage retrieval", max_results=3)
-
-
-@pytest.fixture
-async def upstreams():
-    started = await start_scholarly()
-    yield started
-    for fake in started.values():
-        await fake.stop()
 
 
 async def run_tasks(adapter, settings, count, guard=None):

@@ -5,7 +5,6 @@ record's metadata."""
 from __future__ import annotations
 
 import aiohttp
-import pytest
 
 from fedresearch.core.models import SearchResult
 from fedresearch.federation.contract import SearchOptions
@@ -14,18 +13,10 @@ from fedresearch.federation.registry import build_registry
 from fedresearch.federation.runner import Deps, federate
 from fedresearch.retrievers import ADAPTERS
 from tests.conftest import make_settings
-from tests.fakes import scholarly_settings, start_scholarly
+from tests.fakes import scholarly_settings
 from tests.fakes.papers import DPR_ARXIV, DPR_DOI
 
 FOUR = ["internal_biblio", "crossref", "arxiv", "searxng"]
-
-
-@pytest.fixture
-async def upstreams():
-    started = await start_scholarly()
-    yield started
-    for fake in started.values():
-        await fake.stop()
 
 
 async def nothing(event):

@@ -19,65 +19,52 @@ from fedresearch.core.events import ProgressStep
 from fedresearch.core.lineage import process_space
 from fedresearch.core.work import WorkPool
 from fedresearch.jobs import local_store as jobs_module
-from fedresearch.jobs.frames import Frame, LogsFrame, PathFrame, ReportFrame
+from fedresearch.jobs.frames import LogsFrame, PathFrame, ReportFrame
 from fedresearch.jobs.local_store import LocalJobStore
 from fedresearch.jobs.retention import RetentionPace, enforce_retention
 from fedresearch.jobs.store import Job, JobStatus, follow
 from fedresearch.report.store import export, record_bytes, save_report
-
-
-def _id(n: int) -> str:
-    return f"{n:032x}"
-
-
-def _numbered(n: int) -> LogsFrame:
-    """A frame that says its number, and some text that ASCII cannot."""
-    return LogsFrame(content=ProgressStep.fetching, output="文献 ✓", metadata={"n": n})
-
-
-def _number(frame: Frame) -> int:
-    assert isinstance(frame, LogsFrame) and frame.metadata is not None
-    return int(frame.metadata["n"])
+from tests.jobs.numbered import job_id, number_of, numbered
 
 
 async def test_a_follower_that_joins_late_gets_every_frame_once_in_order(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
-    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+    await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
 
     async def produce() -> None:
         for n in range(50):
-            await store.append(_id(1), _numbered(n))
+            await store.append(job_id(1), numbered(n))
             if n % 7 == 0:
                 await asyncio.sleep(0)
-        await store.finish(_id(1), JobStatus.completed)
+        await store.finish(job_id(1), JobStatus.completed)
 
     for n in range(5):
-        await store.append(_id(1), _numbered(-5 + n))
+        await store.append(job_id(1), numbered(-5 + n))
     producer = asyncio.create_task(produce())
-    early = [_number(frame) async for frame in follow(store, _id(1))]
-    late = [_number(frame) async for frame in follow(store, _id(1), start=3)]
+    early = [number_of(frame) async for frame in follow(store, job_id(1))]
+    late = [number_of(frame) async for frame in follow(store, job_id(1), start=3)]
     await producer
     assert early == list(range(-5, 50))
     assert late == list(range(-2, 50))
-    job = await store.get(_id(1))
+    job = await store.get(job_id(1))
     assert job is not None and job.status is JobStatus.completed and job.progress == 1.0
 
 
 async def test_finished_jobs_survive_a_restart_and_running_ones_are_marked_failed(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
-    await store.create(Job(_id(1), "alice", "done", status=JobStatus.running))
-    await store.append(_id(1), _numbered(1))
-    await store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"})
-    await store.create(Job(_id(2), "alice", "cut short", status=JobStatus.running))
-    await store.append(_id(2), _numbered(2))
+    await store.create(Job(job_id(1), "alice", "done", status=JobStatus.running))
+    await store.append(job_id(1), numbered(1))
+    await store.finish(job_id(1), JobStatus.completed, files={"md": "reports/x.md"})
+    await store.create(Job(job_id(2), "alice", "cut short", status=JobStatus.running))
+    await store.append(job_id(2), numbered(2))
 
     again = LocalJobStore(tmp_path)
     assert await again.load() == 2
-    done, cut = await again.get(_id(1)), await again.get(_id(2))
+    done, cut = await again.get(job_id(1)), await again.get(job_id(2))
     assert done is not None and done.status is JobStatus.completed and done.files == {"md": "reports/x.md"}
-    assert await again.frames(_id(1)) == [_numbered(1)]
+    assert await again.frames(job_id(1)) == [numbered(1)]
     assert cut is not None and cut.status is JobStatus.failed and cut.error
-    assert [job.research_id for job in await again.list("alice")] == [_id(2), _id(1)]
+    assert [job.research_id for job in await again.list("alice")] == [job_id(2), job_id(1)]
     assert await again.list("bob") == []
     assert await again.wait("nope", 0) is False
 
@@ -92,26 +79,30 @@ async def test_a_job_running_in_a_live_sibling_worker_is_left_to_it_at_load(tmp_
     try:
         first = LocalJobStore(tmp_path)
         await first.create(
-            Job(_id(1), "alice", "runs on", status=JobStatus.running, runner=f"{'a' * 32}@{space}:{sibling.pid}")
+            Job(job_id(1), "alice", "runs on", status=JobStatus.running, runner=f"{'a' * 32}@{space}:{sibling.pid}")
         )
         await first.create(
             Job(
-                _id(2), "alice", "elsewhere", status=JobStatus.running, runner=f"{'b' * 32}@other/pid:[1]:{sibling.pid}"
+                job_id(2),
+                "alice",
+                "elsewhere",
+                status=JobStatus.running,
+                runner=f"{'b' * 32}@other/pid:[1]:{sibling.pid}",
             )
         )
         await first.create(
-            Job(_id(3), "alice", "mine, earlier", status=JobStatus.running)
+            Job(job_id(3), "alice", "mine, earlier", status=JobStatus.running)
         )  # this pid: an earlier process's
-        assert (await first.get(_id(3))).runner == first.runner  # type: ignore[union-attr]
+        assert (await first.get(job_id(3))).runner == first.runner  # type: ignore[union-attr]
 
         replaced = LocalJobStore(tmp_path)
         assert await replaced.load() == 3
-        assert await replaced.get(_id(1)) is None  # its worker lists and ends it
-        assert (await replaced.get(_id(2))).status is JobStatus.failed  # type: ignore[union-attr]
-        assert (await replaced.get(_id(3))).status is JobStatus.failed  # type: ignore[union-attr]
+        assert await replaced.get(job_id(1)) is None  # its worker lists and ends it
+        assert (await replaced.get(job_id(2))).status is JobStatus.failed  # type: ignore[union-attr]
+        assert (await replaced.get(job_id(3))).status is JobStatus.failed  # type: ignore[union-attr]
         states = [
             json.loads(line)["job"]["status"]
-            for line in Path(f"{tmp_path}/{_id(1)}.job.jsonl").read_text().splitlines()
+            for line in Path(f"{tmp_path}/{job_id(1)}.job.jsonl").read_text().splitlines()
         ]
         assert states == ["running"]  # its file untouched (before: "failed" appended)
     finally:
@@ -119,7 +110,7 @@ async def test_a_job_running_in_a_live_sibling_worker_is_left_to_it_at_load(tmp_
         sibling.wait()
     later = LocalJobStore(tmp_path)
     await later.load()
-    assert (await later.get(_id(1))).status is JobStatus.failed  # type: ignore[union-attr]  # its worker is gone
+    assert (await later.get(job_id(1))).status is JobStatus.failed  # type: ignore[union-attr]  # its worker is gone
 
 
 async def test_retention_deletes_old_and_surplus_jobs_with_their_reports(tmp_path: Path) -> None:
@@ -127,24 +118,24 @@ async def test_retention_deletes_old_and_surplus_jobs_with_their_reports(tmp_pat
     now = time.time()
     ages = {1: 40, 2: 3, 3: 2, 4: 1}  # days
     for n, days in ages.items():
-        await store.create(Job(_id(n), "alice", f"q{n}", created_at=now - days * 86400, status=JobStatus.running))
-        await store.finish(_id(n), JobStatus.completed)
-        save_report(reports, _id(n), record_bytes("# q\n", {"owner": "alice"}))
-    await store.create(Job(_id(9), "alice", "running", created_at=now - 90 * 86400, status=JobStatus.running))
-    await store.create(Job(_id(8), "bob", "bob's", status=JobStatus.running))
-    await store.finish(_id(8), JobStatus.completed)
+        await store.create(Job(job_id(n), "alice", f"q{n}", created_at=now - days * 86400, status=JobStatus.running))
+        await store.finish(job_id(n), JobStatus.completed)
+        save_report(reports, job_id(n), record_bytes("# q\n", {"owner": "alice"}))
+    await store.create(Job(job_id(9), "alice", "running", created_at=now - 90 * 86400, status=JobStatus.running))
+    await store.create(Job(job_id(8), "bob", "bob's", status=JobStatus.running))
+    await store.finish(job_id(8), JobStatus.completed)
 
-    assert export(reports, _id(1), "md") == reports / f"{_id(1)}.md"  # rendered when first fetched
+    assert export(reports, job_id(1), "md") == reports / f"{job_id(1)}.md"  # rendered when first fetched
 
     deleted = await enforce_retention(store, reports, retention_days=30, max_per_user=2)
-    assert sorted(deleted) == [_id(1), _id(2)]
+    assert sorted(deleted) == [job_id(1), job_id(2)]
     left = {job.research_id for job in await store.list(None, everyone=True)}
-    assert left == {_id(3), _id(4), _id(8), _id(9)}  # a running job is never deleted
-    assert not (reports / f"{_id(1)}.md").exists() and not (reports / f"{_id(1)}.json").exists()
-    assert not (reports / f"{_id(2)}.json").exists()
-    assert (reports / f"{_id(3)}.json").exists()
-    assert not (tmp_path / "jobs" / f"{_id(1)}.job.jsonl").exists()
-    assert not (tmp_path / "jobs" / f"{_id(2)}.job.jsonl").exists()  # all in one trip to a thread
+    assert left == {job_id(3), job_id(4), job_id(8), job_id(9)}  # a running job is never deleted
+    assert not (reports / f"{job_id(1)}.md").exists() and not (reports / f"{job_id(1)}.json").exists()
+    assert not (reports / f"{job_id(2)}.json").exists()
+    assert (reports / f"{job_id(3)}.json").exists()
+    assert not (tmp_path / "jobs" / f"{job_id(1)}.job.jsonl").exists()
+    assert not (tmp_path / "jobs" / f"{job_id(2)}.job.jsonl").exists()  # all in one trip to a thread
     again = LocalJobStore(tmp_path / "jobs")
     assert await again.load() == 4 and {job.research_id for job in await again.list(None, everyone=True)} == left
 
@@ -159,38 +150,38 @@ async def test_a_deletion_killed_midway_never_leaves_a_deleted_reports_file_behi
             raise KeyboardInterrupt  # the process dies here
 
     store, reports = KilledAfterDeleting(tmp_path / "jobs"), tmp_path / "reports"
-    await store.create(Job(_id(1), "alice", "q", created_at=time.time() - 40 * 86400, status=JobStatus.running))
-    await store.finish(_id(1), JobStatus.completed, record=record_bytes("# q\n", {"owner": "alice"}))
-    save_report(reports, _id(1), (await store.records([_id(1)]))[_id(1)])  # fetched when first asked for
-    assert export(reports, _id(1), "md") is not None
+    await store.create(Job(job_id(1), "alice", "q", created_at=time.time() - 40 * 86400, status=JobStatus.running))
+    await store.finish(job_id(1), JobStatus.completed, record=record_bytes("# q\n", {"owner": "alice"}))
+    save_report(reports, job_id(1), (await store.records([job_id(1)]))[job_id(1)])  # fetched when first asked for
+    assert export(reports, job_id(1), "md") is not None
     with pytest.raises(KeyboardInterrupt):
         await enforce_retention(store, reports, retention_days=30, max_per_user=0)
     assert not list(reports.iterdir())
-    assert not (tmp_path / "jobs" / f"{_id(1)}.job.jsonl").exists()
+    assert not (tmp_path / "jobs" / f"{job_id(1)}.job.jsonl").exists()
 
 
 async def test_saving_client_fields_keeps_the_frames(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
-    await store.create(Job(_id(1), None, "q", status=JobStatus.running))
-    await store.append(_id(1), _numbered(1))
-    job = await store.get(_id(1))
+    await store.create(Job(job_id(1), None, "q", status=JobStatus.running))
+    await store.append(job_id(1), numbered(1))
+    job = await store.get(job_id(1))
     assert job is not None
     await store.save(replace(job, progress=0.5, client={"chatMessages": []}))
-    assert await store.frames(_id(1)) == [_numbered(1)]
-    saved = await store.get(_id(1))
+    assert await store.frames(job_id(1)) == [numbered(1)]
+    saved = await store.get(job_id(1))
     assert saved is not None and saved.progress == 0.5 and saved.client == {"chatMessages": []}
 
 
 async def test_a_job_cut_short_is_saved_as_failed_and_a_deleted_one_stays_deleted(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
-    await store.create(Job(_id(1), "alice", "cut short", status=JobStatus.running))
+    await store.create(Job(job_id(1), "alice", "cut short", status=JobStatus.running))
     await LocalJobStore(tmp_path).load()
     third = LocalJobStore(tmp_path)
     await third.load()
-    job = await third.get(_id(1))
+    job = await third.get(job_id(1))
     assert job is not None and job.status is JobStatus.failed  # written by the second load, read by the third
-    await asyncio.gather(third.save(replace(job, client={"x": 1})), third.delete(_id(1)))
-    assert not (tmp_path / f"{_id(1)}.job.jsonl").exists()
+    await asyncio.gather(third.save(replace(job, client={"x": 1})), third.delete(job_id(1)))
+    assert not (tmp_path / f"{job_id(1)}.job.jsonl").exists()
 
 
 async def test_retention_runs_when_the_count_limit_may_be_passed_and_keeps_a_tenth_less(tmp_path: Path) -> None:
@@ -198,23 +189,23 @@ async def test_retention_runs_when_the_count_limit_may_be_passed_and_keeps_a_ten
     pace = RetentionPace(max_per_user=20)
     passes = 0
     for n in range(1, 61):
-        await store.create(Job(_id(n), "alice", f"q{n}", created_at=time.time() + n, status=JobStatus.running))
-        await store.finish(_id(n), JobStatus.completed)
+        await store.create(Job(job_id(n), "alice", f"q{n}", created_at=time.time() + n, status=JobStatus.running))
+        await store.finish(job_id(n), JobStatus.completed)
         if pace.due("alice"):
             passes += 1
             await enforce_retention(store, reports, 0, 20, owner="alice", keep=pace.keep, kept_out=pace.counts)
             pace.done("alice")
         assert len(await store.list("alice")) <= 20  # never more than the limit
     assert passes == 1 + (60 - 18) // 3  # the first job, then every third: 18 kept, a pass at 21
-    assert {job.research_id for job in await store.list("alice")} >= {_id(n) for n in range(58, 61)}
+    assert {job.research_id for job in await store.list("alice")} >= {job_id(n) for n in range(58, 61)}
 
 
 async def test_jobs_finishing_while_a_retention_pass_runs_start_no_second_pass(tmp_path: Path) -> None:
     store, reports = LocalJobStore(tmp_path / "jobs"), tmp_path / "reports"
     pace = RetentionPace(max_per_user=20)
     for n in range(1, 31):
-        await store.create(Job(_id(n), "alice", f"q{n}", created_at=time.time() + n, status=JobStatus.running))
-        await store.finish(_id(n), JobStatus.completed)
+        await store.create(Job(job_id(n), "alice", f"q{n}", created_at=time.time() + n, status=JobStatus.running))
+        await store.finish(job_id(n), JobStatus.completed)
     assert pace.due("alice")  # never counted: a pass starts
     assert not any(pace.due("alice") for _ in range(50))  # 50 more finish while it runs: none starts
     await enforce_retention(store, reports, 0, 20, owner="alice", keep=pace.keep, kept_out=pace.counts)
@@ -229,11 +220,11 @@ async def test_jobs_finishing_while_a_retention_pass_runs_start_no_second_pass(t
 async def test_a_finished_jobs_pass_reads_only_the_jobs_after_the_newest_kept(tmp_path: Path) -> None:
     store, reports = LocalJobStore(tmp_path / "jobs"), tmp_path / "reports"
     for n in range(1, 31):
-        await store.create(Job(_id(n), "alice", f"q{n}", created_at=time.time() + n, status=JobStatus.running))
+        await store.create(Job(job_id(n), "alice", f"q{n}", created_at=time.time() + n, status=JobStatus.running))
         if n != 29:  # one of the newest still runs
-            await store.finish(_id(n), JobStatus.completed)
-    await store.create(Job(_id(99), "bob", "bob's", created_at=time.time(), status=JobStatus.running))
-    await store.finish(_id(99), JobStatus.completed)
+            await store.finish(job_id(n), JobStatus.completed)
+    await store.create(Job(job_id(99), "bob", "bob's", created_at=time.time(), status=JobStatus.running))
+    await store.finish(job_id(99), JobStatus.completed)
     seen: list[tuple[str | None, int]] = []
     listing = store.list
 
@@ -245,97 +236,97 @@ async def test_a_finished_jobs_pass_reads_only_the_jobs_after_the_newest_kept(tm
     counts: dict[str | None, int] = {}
     deleted = await enforce_retention(store, reports, 30, 20, owner="alice", keep=18, kept_out=counts)
     assert seen == [("alice", 18)]  # not the whole list
-    assert sorted(deleted) == [_id(n) for n in range(1, 13)]  # the newest 18 kept, the running one among them
-    assert [job.research_id for job in await listing("alice")] == [_id(n) for n in range(30, 12, -1)]
+    assert sorted(deleted) == [job_id(n) for n in range(1, 13)]  # the newest 18 kept, the running one among them
+    assert [job.research_id for job in await listing("alice")] == [job_id(n) for n in range(30, 12, -1)]
     assert counts == {"alice": 18} and len(await listing("bob")) == 1
     assert await enforce_retention(store, reports, 30, 20, owner="alice", keep=18, kept_out=counts) == []
 
 
 async def test_a_job_is_one_file_appended_to_and_read_back_after_a_restart(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
-    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-    inode = (tmp_path / f"{_id(1)}.job.jsonl").stat().st_ino
+    await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
+    inode = (tmp_path / f"{job_id(1)}.job.jsonl").stat().st_ino
     # U+2028 and U+0085 end lines for str.splitlines: a finished job holding one could not be replayed
     frames = [LogsFrame(content=ProgressStep.fetching, output="a\u2028b\u0085c\nd"), ReportFrame(output="x")]
     for frame in frames:
-        await store.append(_id(1), frame)
-    await store.finish(_id(1), JobStatus.completed, files={"md": "reports/a.md"})
-    assert [path.name for path in tmp_path.iterdir()] == [f"{_id(1)}.job.jsonl"]
-    assert (tmp_path / f"{_id(1)}.job.jsonl").stat().st_ino == inode  # appended, never replaced
+        await store.append(job_id(1), frame)
+    await store.finish(job_id(1), JobStatus.completed, files={"md": "reports/a.md"})
+    assert [path.name for path in tmp_path.iterdir()] == [f"{job_id(1)}.job.jsonl"]
+    assert (tmp_path / f"{job_id(1)}.job.jsonl").stat().st_ino == inode  # appended, never replaced
     again = LocalJobStore(tmp_path)
     assert await again.load() == 1
-    job = await again.get(_id(1))
+    job = await again.get(job_id(1))
     assert job is not None and job.status is JobStatus.completed and job.files == {"md": "reports/a.md"}
-    assert await again.frames(_id(1)) == frames
-    assert await again.frames(_id(1), start=1) == frames[1:]
-    assert [frame.text for frame in await again.frames(_id(1))] == [frame.text for frame in frames]
+    assert await again.frames(job_id(1)) == frames
+    assert await again.frames(job_id(1), start=1) == frames[1:]
+    assert [frame.text for frame in await again.frames(job_id(1))] == [frame.text for frame in frames]
 
 
 async def test_a_write_torn_by_a_crash_leaves_the_state_before_it(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
-    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-    await store.append(_id(1), ReportFrame(output="one"))
-    await store.finish(_id(1), JobStatus.completed)
-    path = tmp_path / f"{_id(1)}.job.jsonl"
+    await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
+    await store.append(job_id(1), ReportFrame(output="one"))
+    await store.finish(job_id(1), JobStatus.completed)
+    path = tmp_path / f"{job_id(1)}.job.jsonl"
     whole = path.read_bytes()
     path.write_bytes(whole[:-20])  # the final state line cut short, as by a kill mid-write
     second = LocalJobStore(tmp_path)
     await second.load()
-    job = await second.get(_id(1))
+    job = await second.get(job_id(1))
     assert job is not None and job.status is JobStatus.failed  # the last whole state said running
-    assert await second.frames(_id(1)) == [ReportFrame(output="one")]
+    assert await second.frames(job_id(1)) == [ReportFrame(output="one")]
     third = LocalJobStore(tmp_path)  # the failed state was written on a line of its own
     await third.load()
-    job = await third.get(_id(1))
+    job = await third.get(job_id(1))
     assert job is not None and job.status is JobStatus.failed and job.error is not None
 
 
 async def test_the_state_of_a_job_with_large_frames_is_read_from_its_end(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
-    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+    await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
     for n in range(40):
-        await store.append(_id(1), ReportFrame(output=f"{n} " + "word " * 1000))
-    await store.finish(_id(1), JobStatus.completed)
+        await store.append(job_id(1), ReportFrame(output=f"{n} " + "word " * 1000))
+    await store.finish(job_id(1), JobStatus.completed)
     big_states = {2: 100_000, 3: 10_000}  # state lines longer than the ends that are read first
     for n, size in big_states.items():
-        await store.create(Job(_id(n), "bob", "q", status=JobStatus.running, client={"orderedData": ["x" * size]}))
-        await store.finish(_id(n), JobStatus.completed)
+        await store.create(Job(job_id(n), "bob", "q", status=JobStatus.running, client={"orderedData": ["x" * size]}))
+        await store.finish(job_id(n), JobStatus.completed)
     again = LocalJobStore(tmp_path)
     await again.load()
-    first = await again.get(_id(1))
+    first = await again.get(job_id(1))
     assert first is not None and first.status is JobStatus.completed
     for n, size in big_states.items():
-        job = await again.get(_id(n))
+        job = await again.get(job_id(n))
         assert job is not None and job.status is JobStatus.completed and job.client == {"orderedData": ["x" * size]}
-    assert len(await again.frames(_id(1))) == 40
+    assert len(await again.frames(job_id(1))) == 40
 
 
 async def test_records_of_earlier_versions_are_converted_at_load(tmp_path: Path) -> None:
     import json
 
-    finished = Job(_id(1), "alice", "q", status=JobStatus.completed).to_json()
-    (tmp_path / f"{_id(1)}.json").write_text(json.dumps(finished))
+    finished = Job(job_id(1), "alice", "q", status=JobStatus.completed).to_json()
+    (tmp_path / f"{job_id(1)}.json").write_text(json.dumps(finished))
     # U+0085 (NEL, common in text taken from PDFs) ends a line for str.splitlines, not for JSON Lines
     earlier = '{"type": "logs", "content": "warning", "output": "a\u0085b"}\n{"type": "path", "output": {"md": "x"}}\n'
-    (tmp_path / f"{_id(1)}.frames.jsonl").write_text(earlier)
+    (tmp_path / f"{job_id(1)}.frames.jsonl").write_text(earlier)
     frames = [LogsFrame(content=ProgressStep.warning, output="a\u0085b"), PathFrame(output={"md": "x"})]
-    running = Job(_id(2), "bob", "q", status=JobStatus.running).to_json()
-    (tmp_path / f"{_id(2)}.json").write_text(json.dumps(running))
-    (tmp_path / f"{_id(3)}.json").write_text("{not json")
+    running = Job(job_id(2), "bob", "q", status=JobStatus.running).to_json()
+    (tmp_path / f"{job_id(2)}.json").write_text(json.dumps(running))
+    (tmp_path / f"{job_id(3)}.json").write_text("{not json")
     store = LocalJobStore(tmp_path)
     assert await store.load() == 2
-    assert await store.frames(_id(1)) == frames
-    second = await store.get(_id(2))
+    assert await store.frames(job_id(1)) == frames
+    second = await store.get(job_id(2))
     assert second is not None and second.status is JobStatus.failed
     names = sorted(path.name for path in tmp_path.iterdir())
-    assert names == [f"{_id(1)}.job.jsonl", f"{_id(2)}.job.jsonl", f"{_id(3)}.json"]  # the unreadable one left
+    assert names == [f"{job_id(1)}.job.jsonl", f"{job_id(2)}.job.jsonl", f"{job_id(3)}.json"]  # the unreadable one left
     again = LocalJobStore(tmp_path)
     assert await again.load() == 2
-    assert await again.frames(_id(1)) == frames
+    assert await again.frames(job_id(1)) == frames
 
 
 def test_an_evolved_job_is_a_new_frozen_job_with_only_known_fields_changed() -> None:
-    job = Job(_id(1), "alice", "q", status=JobStatus.running, files={"md": "reports/x.md"})
+    job = Job(job_id(1), "alice", "q", status=JobStatus.running, files={"md": "reports/x.md"})
     later = job.evolve(progress=0.5, status=JobStatus.completed)
     assert later == replace(job, progress=0.5, status=JobStatus.completed) and job.progress == 0.0
     assert later.status.finished and not job.status.finished
@@ -347,18 +338,18 @@ def test_an_evolved_job_is_a_new_frozen_job_with_only_known_fields_changed() -> 
 
 async def test_a_frame_encoded_once_is_stored_as_any_frame_would_be(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
-    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+    await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
     plain = {"type": "logs", "content": "warning", "output": "文献 \u2028 ✓", "metadata": {"n": [1, 2.5, None]}}
     encoded = LogsFrame(content=ProgressStep.warning, output="文献 \u2028 ✓", metadata={"n": [1, 2.5, None]})
     assert encoded.text == json.dumps(plain, ensure_ascii=False) and encoded.text is encoded.text  # made once
-    await store.append(_id(1), encoded)
-    await store.append(_id(1), LogsFrame.model_validate(plain))
-    await store.finish(_id(1), JobStatus.completed)
-    lines = (tmp_path / f"{_id(1)}.job.jsonl").read_text(encoding="utf-8").split("\n")
+    await store.append(job_id(1), encoded)
+    await store.append(job_id(1), LogsFrame.model_validate(plain))
+    await store.finish(job_id(1), JobStatus.completed)
+    lines = (tmp_path / f"{job_id(1)}.job.jsonl").read_text(encoding="utf-8").split("\n")
     assert lines[1] == lines[2] == json.dumps({"frame": plain}, ensure_ascii=False)
     again = LocalJobStore(tmp_path)
     await again.load()
-    read = await again.frames(_id(1))
+    read = await again.frames(job_id(1))
     assert read == [encoded, encoded] and [frame.text for frame in read] == [encoded.text] * 2
 
 
@@ -377,16 +368,16 @@ async def test_a_jobs_appends_run_on_the_event_loop_not_on_the_work_threads(
     pool = WorkPool(1)
     try:
         store = LocalJobStore(tmp_path, pool)
-        await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-        await store.append(_id(1), ReportFrame(output="one"))
-        await store.finish(_id(1), JobStatus.completed)
+        await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
+        await store.append(job_id(1), ReportFrame(output="one"))
+        await store.finish(job_id(1), JobStatus.completed)
     finally:
         pool.close()
     assert threads == [threading.current_thread().name] * 2
     again = LocalJobStore(tmp_path)
     assert await again.load() == 1
-    assert await again.frames(_id(1)) == [ReportFrame(output="one")]
-    job = await again.get(_id(1))
+    assert await again.frames(job_id(1)) == [ReportFrame(output="one")]
+    job = await again.get(job_id(1))
     assert job is not None and job.status is JobStatus.completed
 
 
@@ -403,47 +394,47 @@ async def test_a_follower_behind_when_its_job_ends_catches_up_from_memory_not_th
     monkeypatch.setattr(jobs_module, "_read_frames", seen)
     store = LocalJobStore(tmp_path)
     store.frames_kept_s = 0.2
-    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-    follower = follow(store, _id(1))
-    await store.append(_id(1), _numbered(0))
-    assert await anext(follower) == _numbered(0)
+    await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
+    follower = follow(store, job_id(1))
+    await store.append(job_id(1), numbered(0))
+    assert await anext(follower) == numbered(0)
     for n in range(1, 4):  # the job ends before its follower runs again
-        await store.append(_id(1), _numbered(n))
-    await store.finish(_id(1), JobStatus.completed)
-    assert [_number(frame) async for frame in follower] == [1, 2, 3]
+        await store.append(job_id(1), numbered(n))
+    await store.finish(job_id(1), JobStatus.completed)
+    assert [number_of(frame) async for frame in follower] == [1, 2, 3]
     assert read_back == []
     await asyncio.sleep(0.3)  # then memory lets them go: the file has them
-    assert [_number(frame) for frame in await store.frames(_id(1), 1)] == [1, 2, 3]
+    assert [number_of(frame) for frame in await store.frames(job_id(1), 1)] == [1, 2, 3]
     assert len(read_back) == 1
-    await store.finish(_id(1), JobStatus.completed)  # a second end writes no frame twice
-    assert [_number(frame) for frame in await store.frames(_id(1))] == [0, 1, 2, 3]
+    await store.finish(job_id(1), JobStatus.completed)  # a second end writes no frame twice
+    assert [number_of(frame) for frame in await store.frames(job_id(1))] == [0, 1, 2, 3]
 
 
 async def test_a_jobs_report_is_kept_in_its_file_and_read_back_by_any_store_of_the_folder(tmp_path: Path) -> None:
     store = LocalJobStore(tmp_path)
-    record = record_bytes("# q\n\nline\u2028one\n", {"owner": "alice", "id": _id(1)})
-    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-    await store.append(_id(1), ReportFrame(output="# q"))
-    await store.keep_report(_id(1), record)  # announced (`path`), not yet finished
+    record = record_bytes("# q\n\nline\u2028one\n", {"owner": "alice", "id": job_id(1)})
+    await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
+    await store.append(job_id(1), ReportFrame(output="# q"))
+    await store.keep_report(job_id(1), record)  # announced (`path`), not yet finished
     sibling = LocalJobStore(tmp_path)  # another worker of the host: nothing of the job in memory
-    assert await sibling.records([_id(1), _id(2), "../x"]) == {_id(1): record}
-    await store.finish(_id(1), JobStatus.completed, record=record)
-    assert (tmp_path / f"{_id(1)}.job.jsonl").read_bytes().count(b'{"report": ') == 1  # not again at the end
-    assert await store.records([_id(1)]) == {_id(1): record}
+    assert await sibling.records([job_id(1), job_id(2), "../x"]) == {job_id(1): record}
+    await store.finish(job_id(1), JobStatus.completed, record=record)
+    assert (tmp_path / f"{job_id(1)}.job.jsonl").read_bytes().count(b'{"report": ') == 1  # not again at the end
+    assert await store.records([job_id(1)]) == {job_id(1): record}
 
     # cancelled between its report's writing and its announcement: the end keeps the report
-    await store.create(Job(_id(2), "alice", "q", status=JobStatus.running))
-    await store.finish(_id(2), JobStatus.cancelled, record=record)
+    await store.create(Job(job_id(2), "alice", "q", status=JobStatus.running))
+    await store.finish(job_id(2), JobStatus.cancelled, record=record)
     # a crash mid-write tore its report's line: no report, the job's state before it stands
-    await store.create(Job(_id(3), "alice", "q", status=JobStatus.running))
-    with (tmp_path / f"{_id(3)}.job.jsonl").open("ab") as file:
+    await store.create(Job(job_id(3), "alice", "q", status=JobStatus.running))
+    with (tmp_path / f"{job_id(3)}.job.jsonl").open("ab") as file:
         file.write(b'{"report": ' + record[:40])
     again = LocalJobStore(tmp_path)
     assert await again.load() == 3
-    assert await again.records([_id(1), _id(2), _id(3)]) == {_id(1): record, _id(2): record}
-    assert await again.frames(_id(1)) == [ReportFrame(output="# q")]
-    await again.delete(_id(1))
-    assert await again.records([_id(1)]) == {}
+    assert await again.records([job_id(1), job_id(2), job_id(3)]) == {job_id(1): record, job_id(2): record}
+    assert await again.frames(job_id(1)) == [ReportFrame(output="# q")]
+    await again.delete(job_id(1))
+    assert await again.records([job_id(1)]) == {}
 
 
 async def test_a_store_in_memory_alone_keeps_its_jobs_reports_in_memory() -> None:
@@ -452,11 +443,11 @@ async def test_a_store_in_memory_alone_keeps_its_jobs_reports_in_memory() -> Non
     store = LocalJobStore(None)
     record = record_bytes("# q\n", {"owner": "alice"})
     for n in (1, 2):
-        await store.create(Job(_id(n), "alice", "q", status=JobStatus.running))
-    await store.keep_report(_id(1), record)
-    await store.finish(_id(1), JobStatus.completed, record=record)
-    await store.finish(_id(2), JobStatus.cancelled, record=record)  # never announced
-    assert await store.records([_id(1), _id(2), _id(3)]) == {_id(1): record, _id(2): record}
+        await store.create(Job(job_id(n), "alice", "q", status=JobStatus.running))
+    await store.keep_report(job_id(1), record)
+    await store.finish(job_id(1), JobStatus.completed, record=record)
+    await store.finish(job_id(2), JobStatus.cancelled, record=record)  # never announced
+    assert await store.records([job_id(1), job_id(2), job_id(3)]) == {job_id(1): record, job_id(2): record}
 
 
 async def test_a_webhook_never_follows_a_redirect(tmp_path) -> None:

@@ -21,88 +21,77 @@ from fedresearch.jobs.redis_store import RedisJobStore
 from fedresearch.jobs.store import Job, JobStatus, died_here, follow, runner_id
 from fedresearch.web.keys import RUNTIME
 from tests.conftest import make_settings, report_of
+from tests.jobs.numbered import job_id, number_of, numbered
 from tests.redis_server import start_redis
 from tests.tcp_proxy import TcpProxy
 from tests.web.test_jobs_api import ALICE, BOB, KEYS, TASK, WebhookReceiver
-
-
-def _id(n: int) -> str:
-    return f"{n:032x}"
-
-
-def _numbered(n: int) -> LogsFrame:
-    """A frame that says its number, and some text that ASCII cannot."""
-    return LogsFrame(content=ProgressStep.fetching, output="文献 ✓", metadata={"n": n})
-
-
-def _number(frame: Frame) -> int:
-    assert isinstance(frame, LogsFrame) and frame.metadata is not None
-    return int(frame.metadata["n"])
 
 
 def _step(output: str, step: ProgressStep = ProgressStep.fetching) -> LogsFrame:
     return LogsFrame(content=step, output=output)
 
 
-@pytest.fixture
-async def store(redis_target):
+async def _opened(redis_target):
     shared = redis_target.shared()
     jobs = RedisJobStore(shared)
     yield jobs
     await jobs.close()
     await shared.close()
+
+
+@pytest.fixture
+async def store(redis_target):
+    async for jobs in _opened(redis_target):
+        yield jobs
 
 
 @pytest.fixture
 async def elsewhere(redis_target):
     """The same store as another worker sees it: only through Redis."""
-    shared = redis_target.shared()
-    jobs = RedisJobStore(shared)
-    yield jobs
-    await jobs.close()
-    await shared.close()
+    async for jobs in _opened(redis_target):
+        yield jobs
 
 
 async def test_a_follower_that_joins_late_gets_every_frame_once_in_order(store, elsewhere) -> None:
-    await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+    await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
 
     async def produce() -> None:
         for n in range(50):
-            await store.append(_id(1), _numbered(n))
+            await store.append(job_id(1), numbered(n))
             if n % 7 == 0:
                 await asyncio.sleep(0.01)
-        await store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"})
+        await store.finish(job_id(1), JobStatus.completed, files={"md": "reports/x.md"})
 
     for n in range(5):
-        assert await store.append(_id(1), _numbered(-5 + n)) == n
+        assert await store.append(job_id(1), numbered(-5 + n)) == n
     producer = asyncio.create_task(produce())
-    early = asyncio.create_task(_numbers(follow(elsewhere, _id(1))))  # through Redis, while it is written
-    here = [_number(frame) async for frame in follow(store, _id(1), start=3)]  # the worker's own mirror
+    early = asyncio.create_task(_numbers(follow(elsewhere, job_id(1))))  # through Redis, while it is written
+    here = [number_of(frame) async for frame in follow(store, job_id(1), start=3)]  # the worker's own mirror
     await producer
     assert await early == list(range(-5, 50)) and here == list(range(-2, 50))
-    assert [_number(frame) async for frame in follow(elsewhere, _id(1), start=3)] == here
-    last = (await elsewhere.frames(_id(1), 54))[0]
-    assert last == _numbered(49) and last.text == _numbered(49).text  # sent again as it was first sent
-    job = await elsewhere.get(_id(1))
+    assert [number_of(frame) async for frame in follow(elsewhere, job_id(1), start=3)] == here
+    last = (await elsewhere.frames(job_id(1), 54))[0]
+    assert last == numbered(49) and last.text == numbered(49).text  # sent again as it was first sent
+    job = await elsewhere.get(job_id(1))
     assert job is not None and job.status is JobStatus.completed and job.progress == 1.0
     assert job.files == {"md": "reports/x.md"}
     for writer in (store, elsewhere):
         with pytest.raises(ValueError, match="no frame may follow"):
-            await writer.append(_id(1), _numbered(50))
-    assert len(await elsewhere.frames(_id(1))) == 55  # the end marker is no frame
+            await writer.append(job_id(1), numbered(50))
+    assert len(await elsewhere.frames(job_id(1))) == 55  # the end marker is no frame
 
 
 async def test_finishing_writes_the_last_frames_state_and_end_in_one_round_trip(store, elsewhere) -> None:
     """The frames still gathering go with the final state and the end, at once, not after the
     write-behind's wait and then a round trip of their own."""
-    await store.create(Job(_id(2), "alice", "q", status=JobStatus.running))
+    await store.create(Job(job_id(2), "alice", "q", status=JobStatus.running))
     before = await _scripts_run(store)
     for n in range(3):
-        await store.append(_id(2), _numbered(n))
-    await store.finish(_id(2), JobStatus.completed)
+        await store.append(job_id(2), numbered(n))
+    await store.finish(job_id(2), JobStatus.completed)
     assert await _scripts_run(store) == before + 1
-    assert [_number(frame) async for frame in follow(elsewhere, _id(2))] == [0, 1, 2]
-    job = await elsewhere.get(_id(2))
+    assert [number_of(frame) async for frame in follow(elsewhere, job_id(2))] == [0, 1, 2]
+    job = await elsewhere.get(job_id(2))
     assert job is not None and job.status is JobStatus.completed
 
 
@@ -115,50 +104,50 @@ async def _scripts_run(store: RedisJobStore) -> int:
 
 
 async def test_frames_of_a_job_deleted_elsewhere_do_not_bring_it_back(store, elsewhere) -> None:
-    await store.create(Job(_id(3), "alice", "q", status=JobStatus.running))
-    assert await elsewhere.delete(_id(3))
-    await store.append(_id(3), _numbered(0))
-    await store.finish(_id(3), JobStatus.completed)
-    assert await store.redis.exists(f"fedresearch:job:{_id(3)}:frames", f"fedresearch:job:{_id(3)}:ended") == 0
+    await store.create(Job(job_id(3), "alice", "q", status=JobStatus.running))
+    assert await elsewhere.delete(job_id(3))
+    await store.append(job_id(3), numbered(0))
+    await store.finish(job_id(3), JobStatus.completed)
+    assert await store.redis.exists(f"fedresearch:job:{job_id(3)}:frames", f"fedresearch:job:{job_id(3)}:ended") == 0
 
 
 async def _numbers(frames) -> list[int]:
-    return [_number(frame) async for frame in frames]
+    return [number_of(frame) async for frame in frames]
 
 
 async def test_jobs_are_listed_by_owner_newest_first_and_deleted(store, elsewhere) -> None:
     for n, owner in enumerate(("alice", "bob", "alice", None)):
-        await store.create(Job(_id(n), owner, f"q{n}", created_at=1000.0 + n))
+        await store.create(Job(job_id(n), owner, f"q{n}", created_at=1000.0 + n))
     with pytest.raises(ValueError, match="exists"):
-        await store.create(Job(_id(0), "alice", "again"))
+        await store.create(Job(job_id(0), "alice", "again"))
     for reader in (store, elsewhere):
-        assert [job.research_id for job in await reader.list("alice")] == [_id(2), _id(0)]
-        assert [job.research_id for job in await reader.list(None)] == [_id(3)]
+        assert [job.research_id for job in await reader.list("alice")] == [job_id(2), job_id(0)]
+        assert [job.research_id for job in await reader.list(None)] == [job_id(3)]
         assert len(await reader.list(None, everyone=True)) == 4
-        assert [job.research_id for job in await reader.list("alice", skip=1)] == [_id(0)]  # after the newest
-        assert [job.research_id for job in await reader.list(None, everyone=True, skip=2)] == [_id(1), _id(0)]
+        assert [job.research_id for job in await reader.list("alice", skip=1)] == [job_id(0)]  # after the newest
+        assert [job.research_id for job in await reader.list(None, everyone=True, skip=2)] == [job_id(1), job_id(0)]
         assert await reader.list("alice", skip=2) == []
-    waiting = asyncio.create_task(elsewhere.wait(_id(2), 0))
+    waiting = asyncio.create_task(elsewhere.wait(job_id(2), 0))
     await asyncio.sleep(0.1)
-    assert await store.delete(_id(2)) and not await store.delete(_id(2))
+    assert await store.delete(job_id(2)) and not await store.delete(job_id(2))
     assert await asyncio.wait_for(waiting, 5) is False  # a deleted job's waiter is told, not left waiting
-    assert [job.research_id for job in await elsewhere.list("alice")] == [_id(0)]
+    assert [job.research_id for job in await elsewhere.list("alice")] == [job_id(0)]
     with pytest.raises(KeyError):
-        await elsewhere.save(Job(_id(2), "alice", "gone"))
+        await elsewhere.save(Job(job_id(2), "alice", "gone"))
 
 
 async def test_many_jobs_of_several_owners_are_deleted_at_once(store, elsewhere) -> None:
     for n, owner in enumerate(("alice", "bob", "alice", None, "bob")):
-        await store.create(Job(_id(n), owner, f"q{n}", created_at=1000.0 + n))
-    await store.finish(_id(0), JobStatus.completed)
+        await store.create(Job(job_id(n), owner, f"q{n}", created_at=1000.0 + n))
+    await store.finish(job_id(0), JobStatus.completed)
     # the first one is this worker's own (mirrored here), the others only in Redis for `elsewhere`
-    deleted = await elsewhere.delete_many([_id(0), _id(1), _id(3), _id(9)])
-    assert sorted(deleted) == [_id(0), _id(1), _id(3)]  # an unknown id is no error, and not reported
-    assert [job.research_id for job in await elsewhere.list(None, everyone=True)] == [_id(4), _id(2)]
-    assert [job.research_id for job in await elsewhere.list("bob")] == [_id(4)]
-    assert await elsewhere.frames(_id(1)) == [] and await elsewhere.get(_id(3)) is None
-    assert await store.delete_many([_id(2)]) == [_id(2)]  # a job run here: its mirror goes too
-    assert await store.get(_id(2)) is None and [job.research_id for job in await elsewhere.list("alice")] == []
+    deleted = await elsewhere.delete_many([job_id(0), job_id(1), job_id(3), job_id(9)])
+    assert sorted(deleted) == [job_id(0), job_id(1), job_id(3)]  # an unknown id is no error, and not reported
+    assert [job.research_id for job in await elsewhere.list(None, everyone=True)] == [job_id(4), job_id(2)]
+    assert [job.research_id for job in await elsewhere.list("bob")] == [job_id(4)]
+    assert await elsewhere.frames(job_id(1)) == [] and await elsewhere.get(job_id(3)) is None
+    assert await store.delete_many([job_id(2)]) == [job_id(2)]  # a job run here: its mirror goes too
+    assert await store.get(job_id(2)) is None and [job.research_id for job in await elsewhere.list("alice")] == []
 
 
 async def test_with_redis_gone_a_workers_own_jobs_are_still_deleted_and_others_say_why() -> None:
@@ -167,13 +156,15 @@ async def test_with_redis_gone_a_workers_own_jobs_are_still_deleted_and_others_s
     try:
         store, other = RedisJobStore(shared), RedisJobStore(shared)
         for n in range(3):
-            await store.create(Job(_id(n), "alice", f"q{n}", status=JobStatus.running))
-        await other.create(Job(_id(7), "bob", "elsewhere", status=JobStatus.running))
+            await store.create(Job(job_id(n), "alice", f"q{n}", status=JobStatus.running))
+        await other.create(Job(job_id(7), "bob", "elsewhere", status=JobStatus.running))
         server_of_redis.stop()
-        assert await store.delete_many([_id(0)]) == [_id(0)]  # its own: deleted here as created here
+        assert await store.delete_many([job_id(0)]) == [job_id(0)]  # its own: deleted here as created here
         with pytest.raises(SharedDown):
-            await store.delete_many([_id(1), _id(7)])  # bob's job lives in Redis alone: that must be said
-        assert [job.research_id for job in await store.list("alice")] == [_id(2)]  # what it holds while Redis is away
+            await store.delete_many([job_id(1), job_id(7)])  # bob's job lives in Redis alone: that must be said
+        assert [job.research_id for job in await store.list("alice")] == [
+            job_id(2)
+        ]  # what it holds while Redis is away
     finally:
         server_of_redis.stop()
         await shared.close()
@@ -186,12 +177,12 @@ async def test_a_report_is_kept_in_redis_read_here_from_its_announcement_and_on_
     store, elsewhere = RedisJobStore(shared, reports_dir=tmp_path), RedisJobStore(shared)
     record = json.dumps({"owner": "alice", "report": "# 文献\n"}).encode()
     try:
-        await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-        await store.keep_report(_id(1), record)  # announced (`path`), not yet finished
-        assert await store.records([_id(1), _id(2)]) == {_id(1): record}
-        assert await elsewhere.records([_id(1)]) == {}
-        await store.finish(_id(1), JobStatus.completed, record=record)
-        assert await elsewhere.records([_id(1)]) == {_id(1): record} == await store.records([_id(1)])
+        await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
+        await store.keep_report(job_id(1), record)  # announced (`path`), not yet finished
+        assert await store.records([job_id(1), job_id(2)]) == {job_id(1): record}
+        assert await elsewhere.records([job_id(1)]) == {}
+        await store.finish(job_id(1), JobStatus.completed, record=record)
+        assert await elsewhere.records([job_id(1)]) == {job_id(1): record} == await store.records([job_id(1)])
         assert not list(tmp_path.iterdir())  # no file: Redis keeps it, a host writes it when asked
     finally:
         await shared.close()
@@ -200,13 +191,13 @@ async def test_a_report_is_kept_in_redis_read_here_from_its_announcement_and_on_
     shared = SharedRedis(connect(server_of_redis.url), server_of_redis.url)
     try:
         store = RedisJobStore(shared, reports_dir=tmp_path)
-        await store.create(Job(_id(3), "alice", "q", status=JobStatus.running))
-        await store.append(_id(3), _numbered(0))
-        await store.keep_report(_id(3), record)
+        await store.create(Job(job_id(3), "alice", "q", status=JobStatus.running))
+        await store.append(job_id(3), numbered(0))
+        await store.keep_report(job_id(3), record)
         server_of_redis.stop()  # the job's end, its report with it, cannot reach Redis
-        job = await store.finish(_id(3), JobStatus.completed, record=record)
+        job = await store.finish(job_id(3), JobStatus.completed, record=record)
         assert job is not None and job.status is JobStatus.completed
-        assert (tmp_path / f"{_id(3)}.json").read_bytes() == record  # kept where this host reads
+        assert (tmp_path / f"{job_id(3)}.json").read_bytes() == record  # kept where this host reads
     finally:
         server_of_redis.stop()
         await shared.close()
@@ -219,20 +210,20 @@ async def test_a_report_stays_readable_here_when_the_task_finishing_its_job_is_c
     store = RedisJobStore(shared)
     record = json.dumps({"owner": "alice", "report": "# q\n"}).encode()
     try:
-        await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-        await store.keep_report(_id(1), record)
+        await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
+        await store.keep_report(job_id(1), record)
         await shared.client.execute_command("CLIENT", "PAUSE", 5000, "WRITE")  # the last batch waits
-        finishing = asyncio.create_task(store.finish(_id(1), JobStatus.completed, record=record))
+        finishing = asyncio.create_task(store.finish(job_id(1), JobStatus.completed, record=record))
         await asyncio.sleep(0.2)
         finishing.cancel()
         await asyncio.gather(finishing, return_exceptions=True)
-        assert await store.records([_id(1)]) == {_id(1): record}  # Redis has it not yet: memory does
+        assert await store.records([job_id(1)]) == {job_id(1): record}  # Redis has it not yet: memory does
         await shared.client.execute_command("CLIENT", "UNPAUSE")
         for _ in range(100):
-            if _id(1) not in store._reports_here:
+            if job_id(1) not in store._reports_here:
                 break
             await asyncio.sleep(0.02)
-        assert await RedisJobStore(shared).records([_id(1)]) == {_id(1): record}  # written, as any worker reads
+        assert await RedisJobStore(shared).records([job_id(1)]) == {job_id(1): record}  # written, as any worker reads
     finally:
         await shared.client.execute_command("CLIENT", "UNPAUSE")
         await shared.close()
@@ -245,18 +236,18 @@ async def test_a_running_job_whose_worker_died_is_ended_failed_by_the_next_reade
     dying, living = RedisJobStore(shared, runner_lease_s=0.5), RedisJobStore(shared)
     try:
         for number in (1, 2):
-            await dying.create(Job(_id(number), "alice", f"q{number}", status=JobStatus.running))
-        await dying.append(_id(1), _step("starting", ProgressStep.starting_research))
-        await dying._written(_id(1))
+            await dying.create(Job(job_id(number), "alice", f"q{number}", status=JobStatus.running))
+        await dying.append(job_id(1), _step("starting", ProgressStep.starting_research))
+        await dying._written(job_id(1))
         await asyncio.sleep(1.0)  # twice the lease: renewed meanwhile
-        job = await living.get(_id(1))
+        job = await living.get(job_id(1))
         assert job is not None and job.status is JobStatus.running and job.runner == dying.runner
 
         async def frames_followed() -> list[Frame]:
-            return [frame async for frame in follow(living, _id(1))]
+            return [frame async for frame in follow(living, job_id(1))]
 
         followed = asyncio.create_task(frames_followed())
-        await dying.finish(_id(2), JobStatus.completed)  # what it ended before dying stays so
+        await dying.finish(job_id(2), JobStatus.completed)  # what it ended before dying stays so
         assert dying._renewing is not None
         await cancelled(dying._renewing)  # killed: no renewal, nothing cleaned up
         frames = await asyncio.wait_for(followed, 10)
@@ -265,18 +256,20 @@ async def test_a_running_job_whose_worker_died_is_ended_failed_by_the_next_reade
         # GPT-Researcher's clients wait for (one resuming it was left waiting for ever)
         assert [frame.type for frame in frames[1:]] == ["error", "logs", "report", "path"]
         assert isinstance(frames[2], LogsFrame) and "stopped before it ended" in frames[2].output
-        assert isinstance(frames[-1], PathFrame) and frames[-1].output["md"] == f"reports/{_id(1)}.md"
-        assert b"stopped before it ended" in (await living.records([_id(1)]))[_id(1)]  # the short report, readable
-        job = await living.get(_id(1))
+        assert isinstance(frames[-1], PathFrame) and frames[-1].output["md"] == f"reports/{job_id(1)}.md"
+        assert (
+            b"stopped before it ended" in (await living.records([job_id(1)]))[job_id(1)]
+        )  # the short report, readable
+        job = await living.get(job_id(1))
         assert job is not None and job.status is JobStatus.failed and "stopped before it ended" in (job.error or "")
         assert {job.research_id: job.status for job in await RedisJobStore(shared).list("alice")} == {
-            _id(1): JobStatus.failed,
-            _id(2): JobStatus.completed,
+            job_id(1): JobStatus.failed,
+            job_id(2): JobStatus.completed,
         }
-        await dying.finish(_id(1), JobStatus.completed)  # a worker thought dead, late: the end stands
-        job = await living.get(_id(1))
+        await dying.finish(job_id(1), JobStatus.completed)  # a worker thought dead, late: the end stands
+        job = await living.get(job_id(1))
         assert job is not None and job.status is JobStatus.failed
-        assert len(await living.frames(_id(1))) == 5  # its end as ended here: no frame of the late worker
+        assert len(await living.frames(job_id(1))) == 5  # its end as ended here: no frame of the late worker
     finally:
         await dying.close()
         await shared.close()
@@ -289,7 +282,7 @@ async def test_a_dead_workers_job_ended_by_a_server_is_announced_by_webhook_once
     shared = SharedRedis(connect(redis_url), redis_url)
     dying = RedisJobStore(shared, runner_lease_s=0.5)
     try:
-        await dying.create(Job(_id(1), "alice", "q", status=JobStatus.running))
+        await dying.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
         settings = make_settings(
             tmp_path, fakes, api_keys=SecretStr(KEYS), redis_url=SecretStr(redis_url), webhook_url=receiver.url
         )
@@ -298,16 +291,16 @@ async def test_a_dead_workers_job_ended_by_a_server_is_announced_by_webhook_once
         await cancelled(dying._renewing)  # killed
         async with aiohttp.ClientSession(headers=ALICE) as session:
             for _ in range(100):  # the lease lapses; what the server found at start is trusted a second
-                async with session.get(f"{server.url}/api/jobs/{_id(1)}") as response:
+                async with session.get(f"{server.url}/api/jobs/{job_id(1)}") as response:
                     job = await response.json()
                 if job["status"] != "running":
                     break
                 await asyncio.sleep(0.05)
             assert job["status"] == "failed" and "stopped before it ended" in job["error"]
             async with session.get(f"{server.url}/api/reports") as response:  # read again: ended once
-                assert [entry["id"] for entry in (await response.json())["reports"]] == [_id(1)]
+                assert [entry["id"] for entry in (await response.json())["reports"]] == [job_id(1)]
         hook = await receiver.next()
-        assert hook["research_id"] == _id(1) and hook["status"] == "failed" and hook["user_id"] == "alice"
+        assert hook["research_id"] == job_id(1) and hook["status"] == "failed" and hook["user_id"] == "alice"
         assert "stopped before it ended" in hook["error"]
         await asyncio.sleep(0.3)
         assert len(receiver.calls) == 1
@@ -331,26 +324,26 @@ async def test_a_job_whose_writes_redis_failed_midway_is_written_whole_with_its_
     store, elsewhere = RedisJobStore(through, runner_lease_s=1.0), RedisJobStore(direct)
     record = json.dumps({"owner": "alice", "report": "# q\n"}).encode()
     try:
-        await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-        await store.append(_id(1), _step("starting", ProgressStep.starting_research))
-        await store._written(_id(1))
+        await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
+        await store.append(job_id(1), _step("starting", ProgressStep.starting_research))
+        await store._written(job_id(1))
         path.down()  # mid-job
         for number in range(3):
-            await store.append(_id(1), _step(f"step {number}"))
-        await store._written(_id(1))
+            await store.append(job_id(1), _step(f"step {number}"))
+        await store._written(job_id(1))
         path.up()
-        await store.keep_report(_id(1), record)
-        await store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"}, record=record)
-        frames = await asyncio.wait_for(_all_frames(elsewhere, _id(1)), 10)  # paid by the worker's upkeep
+        await store.keep_report(job_id(1), record)
+        await store.finish(job_id(1), JobStatus.completed, files={"md": "reports/x.md"}, record=record)
+        frames = await asyncio.wait_for(_all_frames(elsewhere, job_id(1)), 10)  # paid by the worker's upkeep
         assert frames == [_step("starting", ProgressStep.starting_research)] + [_step(f"step {n}") for n in range(3)]
-        job = await elsewhere.get(_id(1))
+        job = await elsewhere.get(job_id(1))
         assert job is not None and job.status is JobStatus.completed and job.files == {"md": "reports/x.md"}
-        assert await elsewhere.records([_id(1)]) == {_id(1): record}
+        assert await elsewhere.records([job_id(1)]) == {job_id(1): record}
         for _ in range(50):  # the worker reads Redis for it again
-            if _id(1) not in store._only_here:
+            if job_id(1) not in store._only_here:
                 break
             await asyncio.sleep(0.1)
-        assert _id(1) not in store._only_here and not store._ends_owed
+        assert job_id(1) not in store._only_here and not store._ends_owed
     finally:
         path.down()
         await store.close()
@@ -373,35 +366,35 @@ async def test_a_job_run_while_redis_failed_is_written_whole_once_it_answers(red
     elsewhere = RedisJobStore(direct)
     record = json.dumps({"owner": "alice", "report": "# q\n"}).encode()
     try:
-        await store.create(Job(_id(1), "alice", "q", status=JobStatus.running))  # Redis away
+        await store.create(Job(job_id(1), "alice", "q", status=JobStatus.running))  # Redis away
         for number in range(3):
-            await store.append(_id(1), _step(f"step {number}"))
-        await store.keep_report(_id(1), record)
+            await store.append(job_id(1), _step(f"step {number}"))
+        await store.keep_report(job_id(1), record)
         finishing = asyncio.create_task(
-            store.finish(_id(1), JobStatus.completed, files={"md": "reports/x.md"}, record=record)
+            store.finish(job_id(1), JobStatus.completed, files={"md": "reports/x.md"}, record=record)
         )
-        while _id(1) not in store._ends_owed:
+        while job_id(1) not in store._ends_owed:
             await asyncio.sleep(0)
         finishing.cancel()
         await asyncio.gather(finishing, return_exceptions=True)
-        assert await elsewhere.get(_id(1)) is None
+        assert await elsewhere.get(job_id(1)) is None
         for _ in range(50):  # saved where this host reads reports, should Redis not come back
-            if (tmp_path / f"{_id(1)}.json").is_file():
+            if (tmp_path / f"{job_id(1)}.json").is_file():
                 break
             await asyncio.sleep(0.1)
-        assert (tmp_path / f"{_id(1)}.json").read_bytes() == record
+        assert (tmp_path / f"{job_id(1)}.json").read_bytes() == record
         path.up()
         for _ in range(100):
-            if not store._ends_owed and _id(1) not in store.here:
+            if not store._ends_owed and job_id(1) not in store.here:
                 break
             await asyncio.sleep(0.1)
-        assert not store._ends_owed and not store._never_in_redis and _id(1) not in store.here  # forgotten
-        frames = await asyncio.wait_for(_all_frames(elsewhere, _id(1)), 10)
+        assert not store._ends_owed and not store._never_in_redis and job_id(1) not in store.here  # forgotten
+        frames = await asyncio.wait_for(_all_frames(elsewhere, job_id(1)), 10)
         assert frames == [_step(f"step {n}") for n in range(3)]
-        assert [job.research_id for job in await elsewhere.list("alice")] == [_id(1)]
-        job = await elsewhere.get(_id(1))
+        assert [job.research_id for job in await elsewhere.list("alice")] == [job_id(1)]
+        job = await elsewhere.get(job_id(1))
         assert job is not None and job.status is JobStatus.completed and job.files == {"md": "reports/x.md"}
-        assert await elsewhere.records([_id(1)]) == {_id(1): record}
+        assert await elsewhere.records([job_id(1)]) == {job_id(1): record}
     finally:
         path.down()
         await store.close()
@@ -432,15 +425,22 @@ async def test_a_job_naming_no_worker_is_ended_once_no_task_could_still_run(redi
     earlier, unbounded, living = RedisJobStore(shared), RedisJobStore(shared), RedisJobStore(shared, longest_job_s=60)
     try:
         for number, age in ((1, 3600), (2, 10)):
-            await earlier.create(Job(_id(number), "alice", "q", status=JobStatus.running, created_at=time.time() - age))
-            key = earlier._keys.meta(_id(number))
+            await earlier.create(
+                Job(job_id(number), "alice", "q", status=JobStatus.running, created_at=time.time() - age)
+            )
+            key = earlier._keys.meta(job_id(number))
             meta = json.loads(await shared.client.get(key))
             del meta["runner"]  # as the earlier version wrote it
             await shared.client.set(key, json.dumps(meta))
         assert [job.status for job in await unbounded.list("alice")] == [JobStatus.running] * 2
         listed = {job.research_id: job for job in await living.list("alice")}
-        assert listed[_id(1)].status is JobStatus.failed and listed[_id(2)].status is JobStatus.running
-        assert [frame.type for frame in await _all_frames(living, _id(1))][-4:] == ["error", "logs", "report", "path"]
+        assert listed[job_id(1)].status is JobStatus.failed and listed[job_id(2)].status is JobStatus.running
+        assert [frame.type for frame in await _all_frames(living, job_id(1))][-4:] == [
+            "error",
+            "logs",
+            "report",
+            "path",
+        ]
     finally:
         for store in (earlier, unbounded, living):
             await store.close()
@@ -451,12 +451,12 @@ async def test_a_workers_key_goes_when_it_closes_and_its_unended_jobs_with_it(re
     shared = redis_target.shared()
     closing, living = RedisJobStore(shared), RedisJobStore(shared)
     try:
-        await closing.create(Job(_id(1), "alice", "q", status=JobStatus.running))
-        job = await living.get(_id(1))
+        await closing.create(Job(job_id(1), "alice", "q", status=JobStatus.running))
+        job = await living.get(job_id(1))
         assert job is not None and job.status is JobStatus.running
         await closing.close()  # stopped with its job unended (its end could not be written)
         await asyncio.sleep(1.1)  # what `living` knew of it is trusted a second
-        job = await living.get(_id(1))
+        job = await living.get(job_id(1))
         assert job is not None and job.status is JobStatus.failed
     finally:
         await shared.close()
@@ -467,13 +467,13 @@ async def test_a_dead_workers_many_jobs_are_ended_by_one_listing_and_said_in_one
     dying, living = RedisJobStore(shared), RedisJobStore(shared)
     try:
         for number in range(12):
-            await dying.create(Job(_id(number), "alice", "q", status=JobStatus.running))
+            await dying.create(Job(job_id(number), "alice", "q", status=JobStatus.running))
         await dying.close()
         with caplog.at_level("WARNING", logger="fedresearch"):
             jobs = await living.list("alice")
         assert [job.status for job in jobs] == [JobStatus.failed] * 12
         (said,) = [record.getMessage() for record in caplog.records if "stopped before" in record.getMessage()]
-        assert said.startswith("12 job(s)") and said.endswith("and 2 more") and _id(11) in said
+        assert said.startswith("12 job(s)") and said.endswith("and 2 more") and job_id(11) in said
     finally:
         await living.close()
         await shared.close()
@@ -579,15 +579,15 @@ async def test_a_report_asked_of_another_worker_the_moment_path_arrives_is_serve
 async def test_a_finished_jobs_mirror_is_dropped_and_redis_serves_it_after(redis_target) -> None:
     shared = redis_target.shared()
     store = RedisJobStore(shared, keep_finished_s=0.1)
-    await store.create(Job(_id(7), "alice", "q", status=JobStatus.running))
+    await store.create(Job(job_id(7), "alice", "q", status=JobStatus.running))
     for n in range(3):
-        await store.append(_id(7), _numbered(n))
-    await store.finish(_id(7), JobStatus.completed)
-    assert _id(7) in store.here
+        await store.append(job_id(7), numbered(n))
+    await store.finish(job_id(7), JobStatus.completed)
+    assert job_id(7) in store.here
     await asyncio.sleep(0.5)
-    assert _id(7) not in store.here  # memory holds only recent jobs
-    assert [_number(frame) async for frame in follow(store, _id(7))] == [0, 1, 2]
-    job = await store.get(_id(7))
+    assert job_id(7) not in store.here  # memory holds only recent jobs
+    assert [number_of(frame) async for frame in follow(store, job_id(7))] == [0, 1, 2]
+    job = await store.get(job_id(7))
     assert job is not None and job.status is JobStatus.completed
     await shared.close()
 

@@ -11,7 +11,7 @@ from fedresearch.federation.contract import RetrieverFailed, RetrieverSkipped, S
 from fedresearch.retrievers import arxiv, brave, crossref, europepmc, openalex, pubmed, searxng, semantic_scholar
 from fedresearch.retrievers.scholarly import parse_xml
 from tests.conftest import make_settings, registry_of, search_with
-from tests.fakes import scholarly_settings, start_scholarly
+from tests.fakes import scholarly_settings
 from tests.fakes.arxiv import BILLION_LAUGHS
 from tests.fakes.brave import FakeBrave
 from tests.fakes.crossref import dpr_crossref
@@ -23,14 +23,6 @@ from tests.fakes.semantic_scholar import FakeSemanticScholar, dpr_semantic_schol
 OPTIONS = SearchOptions(query="dense passage retrieval", max_results=5)
 ACL_PDF = "https://www.aclweb.org/anthology/2020.emnlp-main.550.pdf"
 DPR_AUTHOR_NAMES = ["Vladimir Karpukhin", "Barlas Oguz", "Sewon Min"]
-
-
-@pytest.fixture
-async def upstreams():
-    started = await start_scholarly()
-    yield started
-    for fake in started.values():
-        await fake.stop()
 
 
 async def search(name, tmp_path, upstreams, options=OPTIONS, **overrides):
