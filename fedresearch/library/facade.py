@@ -18,7 +18,7 @@ import numpy as np
 
 from fedresearch.core.work import WorkPool
 from fedresearch.library.chunking import chunk_sections
-from fedresearch.library.crosslingual import query_texts
+from fedresearch.library.crosslingual import passage_reading, query_texts
 from fedresearch.library.embedded import EmbeddedStore
 from fedresearch.library.embeddings import Encoder
 from fedresearch.library.formats import KINDS, Document
@@ -287,5 +287,6 @@ class Library:
 
 
 def embedding_text(title: str, heading: str, text: str) -> str:
+    """What the encoder reads of a passage: its title, heading and text, Chinese read in English."""
     heading = heading if heading != title else ""
-    return "\n".join(part for part in (title, heading, text) if part)
+    return passage_reading("\n".join(part for part in (title, heading, text) if part))

@@ -17,7 +17,7 @@ from fedresearch.core.models import FusedResult
 from fedresearch.core.ranking import rrf
 from fedresearch.core.text import STOPWORDS, cjk_bigrams, split_sentences
 from fedresearch.library.chunking import Chunk, chunk_sections
-from fedresearch.library.crosslingual import query_texts
+from fedresearch.library.crosslingual import passage_reading, query_texts
 from fedresearch.library.formats import Section
 from fedresearch.report.sentences import is_cut, tidy
 
@@ -158,15 +158,16 @@ class Ranked:
 
 
 def _lexical(
-    question: str, passages: Sequence[Evidence], english: Sequence[str] = ()
+    question: str, passages: Sequence[Evidence], translated_words: Sequence[str] = ()
 ) -> tuple[list[float], list[float]]:
     """Each passage's lexical score, and the share of the question's weight (idf) that it contains;
-    `english`: a Chinese question's words in English (library/crosslingual.py), which English
-    evidence is scored by too, its share the better of the two readings'."""
+    `translated_words`: the question's words in the other language (library/crosslingual.py: a
+    Chinese question's in English, an English question's in Chinese), which evidence in that
+    language is scored by too, its share the better of the two readings'."""
     lexical, shares = _lexical_reading(question, passages)
-    if not english:
+    if not translated_words:
         return lexical, shares
-    translated, translated_shares = _lexical_reading(" ".join(english), passages)
+    translated, translated_shares = _lexical_reading(" ".join(translated_words), passages)
     return (
         [a + b for a, b in zip(lexical, translated, strict=True)],
         [max(a, b) for a, b in zip(shares, translated_shares, strict=True)],
@@ -198,15 +199,16 @@ def rank(question: str, passages: Sequence[Evidence], embed: Embed | None = None
     which the relevance gate reads (`bearing`)."""
     if not passages:
         return []
-    read = query_texts(question)  # a Chinese question read in English too: English evidence bears on it
-    lexical, shares = _lexical(question, passages, read.english)
+    read = query_texts(question)  # read in the other language too: evidence in either bears on it
+    lexical, shares = _lexical(question, passages, read.english + read.chinese)
     order = sorted(range(len(passages)), key=lambda i: lexical[i], reverse=True)
     fused = {i: rrf(rank + 1) for rank, i in enumerate(order)}
     vectors: dict[int, np.ndarray] = {}
     cosines: dict[int, float] = {}
     if embed is not None:
         head = order[:_EMBEDDED_PASSAGES]
-        matrix = embed([read.dense, *(passages[i].text[:1500] for i in head)])
+        # a Chinese passage read in English, as the library's encoder reads it (crosslingual.py)
+        matrix = embed([read.dense, *(passage_reading(passages[i].text[:1500]) for i in head)])
         found = matrix[1:] @ matrix[0]
         for dense_rank, j in enumerate(np.argsort(-found), start=1):
             fused[head[j]] += rrf(dense_rank)

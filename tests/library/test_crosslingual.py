@@ -10,7 +10,7 @@ import websockets
 
 from fedresearch.library import crosslingual
 from fedresearch.library.crosslingual import ENGLISH_TERMS, query_texts
-from fedresearch.library.facade import Library
+from fedresearch.library.facade import Library, embedding_text
 from fedresearch.library.formats import Document, Section
 from fedresearch.library.ingest import ingest
 from tests.conftest import EXAMPLES, report_of, run_task, settings_at
@@ -33,10 +33,47 @@ def test_a_chinese_question_reads_in_english_for_both_rankings():
     assert texts.full_text.startswith("脊椎动物的晶状体 ")  # the Chinese stays: Chinese notes still match
 
 
-def test_an_english_question_is_searched_as_it_is():
-    assert query_texts("tissue culture of lung neoplasms") == crosslingual.QueryTexts(
-        "tissue culture of lung neoplasms", "tissue culture of lung neoplasms", ()
-    )
+def test_an_english_question_is_also_searched_as_chinese_words_in_full_text_only():
+    texts = query_texts("the crystalline lens in vertebrates, including humans")
+    assert texts.dense == "the crystalline lens in vertebrates, including humans"  # the encoder reads it as it is
+    assert texts.english == ()
+    assert {"晶状体", "脊椎动物"} <= set(texts.chinese)
+    assert texts.full_text == " ".join(("the crystalline lens in vertebrates, including humans", *texts.chinese))
+    assert not {"包括", "人文学"} & set(texts.chinese)  # a function word; "humans" is not "humanities"
+
+
+def test_an_english_phrase_is_looked_up_before_its_words():
+    reverse = crosslingual.reverse()
+    assert reverse is not None
+    assert "脑脊液" in reverse.words_for("cerebrospinal fluid")  # the phrase's word, not "fluid"'s
+    assert not set(reverse.words_for("cerebrospinal fluid")) & set(reverse.words_for("fluid"))
+    assert reverse.words_for("the of and") == [] and reverse.words_for("") == []
+    assert len(reverse.words_for("cancer tumour lung heart blood " * 40)) <= crosslingual.CHINESE_TERMS
+
+
+def test_an_english_question_finds_a_chinese_note_in_either_store(library_location, encoder):
+    library = Library(library_location, encoder=encoder)
+    notes = [
+        ("lens-note", "脊椎动物（包括人类）的晶状体蛋白质。"),
+        ("csf-note", "血液与脑脊液中的氧浓度之间的关系。"),
+        ("kidney-note", "肾淀粉样变性是结核病的并发症。"),
+    ]
+    library.add_documents("alice", [Document("highlight", source, "", [Section(text)]) for source, text in notes])
+    library.add_documents("alice", _papers())
+    sources = {info.id: info.source for info in library.list_documents("alice")}
+    asked = (("crystalline lens proteins of vertebrates", "lens-note"), ("oxygen in cerebrospinal fluid", "csf-note"))
+    for question, source in asked:
+        for mode in ("bm25", "dense", "hybrid"):
+            found = library.search("alice", question, "highlight", 1, mode)  # type: ignore[arg-type]
+            assert found and sources[found[0].document_id] == source, (question, mode)
+    english = library.search("alice", "amyloidosis of the kidney", "biblio", 1, "bm25")
+    assert sources[english[0].document_id] == "kidney"  # English papers as before
+
+
+def test_a_chinese_passage_is_read_by_the_encoder_in_english():
+    assert crosslingual.passage_reading("血液与脑脊液") == "blood cerebrospinal fluid"
+    assert crosslingual.passage_reading("Dense retrieval, 2020") == "Dense retrieval, 2020"
+    assert embedding_text("肺癌", "", "肺癌的免疫治疗") == crosslingual.passage_reading("肺癌\n肺癌的免疫治疗")
 
 
 def test_traditional_characters_are_also_searched_simplified():
@@ -141,3 +178,23 @@ async def test_the_literature_api_and_a_research_task_answer_a_chinese_question_
             },
         )
     assert f"https://doi.org/{RRF_PAPER}" in report_of(frames)
+
+
+async def test_a_research_task_in_english_cites_the_chinese_note_that_answers_it(
+    tmp_path, start_server, library_location, encoder
+):
+    settings = settings_at(tmp_path, library_location)
+    ingest(Library(settings.library_location, encoder=encoder), "alice", [EXAMPLES])
+    server = await start_server(settings)
+    async with websockets.connect(server.ws_url) as ws:
+        frames = await run_task(
+            ws,
+            {
+                "task": "How do full-text search engines cope with Chinese text that has no spaces between words?",
+                "headers": {"retrievers": "internal_biblio,internal_highlight", "user_id": "alice"},
+            },
+        )
+    report = report_of(frames)
+    answer = report.split("## Answer", 1)[1].split("\n## ", 1)[0]
+    assert "二元字符切分" in answer  # the note on segmentation, quoted as written (examples/library/notes)
+    assert "中文检索笔记" in report.split("## References", 1)[1]
