@@ -12,6 +12,7 @@ Printed per collection and type, averaged over the questions:
 - `cited P`: of the library documents the report cites, the share judged relevant; `search P@k`: the
   same for the library search's own first k documents, k the number the report cites (a report that
   picks worse sources than its own search scores under it); `ratio` = cited P / search P@k;
+- `answer P`: the same as `cited P` for the sources the research report's answer paragraph cites;
 - `cover@20`: of the relevant documents among the search's first 20, the share the report cites;
 - `words` of the body (headings, the sources searched and References excluded); `cited %`: the
   body's sentences that carry a citation; `repeats`: sentences stated twice or more;
@@ -66,12 +67,15 @@ _WORD = re.compile(r"[A-Za-z][A-Za-z\-]+")
 _LABELS = {
     value for labels in (ENGLISH, CHINESE) for value in vars(labels).values() if isinstance(value, str) and value
 }
+_ANSWER = re.compile(r"^## (?:Answer|回答)\s*\n(.*?)(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+_NUMBER = re.compile(r"\[\[?(\d+)\]")
 _TAIL = re.compile(r"^## (Sources searched|References|检索的来源|参考文献)\s*$", re.MULTILINE)
 
 
 @dataclass
 class Row:
     cited_p: list[float] = field(default_factory=list)
+    answer_p: list[float] = field(default_factory=list)
     search_p: list[float] = field(default_factory=list)
     cover: list[float] = field(default_factory=list)
     words: list[int] = field(default_factory=list)
@@ -158,6 +162,13 @@ def score(outcome: Any, qrels: dict[str, int], chinese: bool, row: Row, ids: dic
     if k:
         row.cited_p.append(sum(1 for d in cited if qrels.get(d, 0) > 0) / k)
         row.search_p.append(sum(1 for d in searched[:k] if qrels.get(d, 0) > 0) / k)
+    answer = _ANSWER.search(outcome.markdown)
+    if answer is not None:  # the sources the answer paragraph cites (the report's most read lines)
+        numbers = {int(n) for n in _NUMBER.findall(answer.group(1))}
+        references = [outcome.references[n - 1].source for n in sorted(numbers) if 0 < n <= len(outcome.references)]
+        said = list(dict.fromkeys(d for source in references if (d := doc_id(source, ids)) is not None))
+        if said:
+            row.answer_p.append(sum(1 for d in said if qrels.get(d, 0) > 0) / len(said))
     relevant_top = [d for d in searched[:20] if qrels.get(d, 0) > 0]
     if relevant_top:
         row.cover.append(sum(1 for d in relevant_top if d in cited) / len(relevant_top))
@@ -295,7 +306,7 @@ def gate_sweep(features: dict[str, list[list[tuple[float | None, float, bool]]]]
 def table(name: str, rows: dict[str, Row]) -> list[str]:
     lines = [
         f"{name}",
-        f"  {'type':<16} {'cited P':>7} {'search P@k':>10} {'ratio':>5} {'cover@20':>8} {'words':>6}"
+        f"  {'type':<16} {'cited P':>7} {'search P@k':>10} {'ratio':>5} {'answer P':>8} {'cover@20':>8} {'words':>6}"
         f" {'cited %':>7} {'repeats':>7} {'bad heads':>11} {'ms':>7}",
     ]
     for report_type, row in rows.items():
@@ -303,7 +314,8 @@ def table(name: str, rows: dict[str, Row]) -> list[str]:
         ratio = cited / searched if searched else float("nan")
         heads = f"{sum(row.bad_heads)}/{sum(row.heads)}"
         lines.append(
-            f"  {report_type:<16} {cited:7.2f} {searched:10.2f} {ratio:5.2f} {_mean(row.cover):8.2f}"
+            f"  {report_type:<16} {cited:7.2f} {searched:10.2f} {ratio:5.2f} {_mean(row.answer_p):8.2f}"
+            f" {_mean(row.cover):8.2f}"
             f" {_mean(row.words):6.0f} {100 * _mean(row.cited_share):6.0f}% {_mean(row.repeats):7.1f}"
             f" {heads:>11} {statistics.median(row.ms) if row.ms else float('nan'):7.0f}"
         )

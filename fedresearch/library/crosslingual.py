@@ -76,6 +76,7 @@ class Dictionary:
         common: dict[str, str] = {}
         names: dict[str, str] = {}  # senses read with a capital (places, people): after the others
         simplified: dict[str, str] = {}
+        written_simply: set[str] = set()  # every character of a simplified headword
         for line in lines:
             head, _, rest = line.partition(" [")
             traditional, _, simple = head.partition(" ")
@@ -85,10 +86,15 @@ class Dictionary:
             target = names if pinyin[:1].isupper() else common
             for headword in {simple, traditional}:
                 target[headword] = target[headword] + glosses if headword in target else glosses
+            written_simply.update(simple)
             if traditional != simple and len(traditional) == len(simple):
                 for old, new in zip(traditional, simple, strict=True):
                     if old != new:
                         simplified.setdefault(old, new)
+        for character in written_simply.intersection(simplified):
+            # a character simplified text uses is not traditional: 么 is 幺's traditional form in one
+            # entry, yet 为什么 must stay 为什么, not become "为什幺" ("youngest")
+            del simplified[character]
         for word, glosses in names.items():
             common[word] = common[word] + glosses if word in common else glosses
         self.glosses = common

@@ -82,6 +82,15 @@ def test_traditional_characters_are_also_searched_simplified():
     assert {"machine", "learn"} <= set(texts.english)  # 机器 + 学习: stemmed as "learning" is
 
 
+def test_simplified_text_stays_as_it_is():
+    words = crosslingual.dictionary()
+    assert words is not None
+    # 么 is written as 幺's traditional form in one entry; 为什么 is still "why", not "youngest"
+    assert words.simplified("混合检索为什么更好") == "混合检索为什么更好"
+    assert "youngest" not in query_texts("混合检索为什么更好").dense
+    assert words.simplified("臺灣的頭髮") == "台湾的头发"
+
+
 @pytest.mark.parametrize(
     "question",
     [
