@@ -275,7 +275,7 @@ class LlmReport:
 
     def _tail(self, coverage: bool = True) -> str:
         labels = labels_for(self.brief.question, self.writing.language)
-        context = {"coverage": coverage_lines(self.brief.outcomes) if coverage else [], "labels": labels}
+        context = {"coverage": coverage_lines(self.brief.outcomes, labels) if coverage else [], "labels": labels}
         context["citation_style"] = self.writing.citation_style
         context["references"] = self.citations.references
         return TEMPLATES.get_template("_tail.md.j2").render(**context)

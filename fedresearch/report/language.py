@@ -4,7 +4,7 @@ and the words around the quotations (introductions, conclusions, notices) are wr
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fedresearch.core.text import cjk_bigrams
 
@@ -43,10 +43,15 @@ class Labels:
     list_and: str  # how a list's last item is joined
     list_sep: str
     colon: str
+    searched_line: str  # a retriever that answered: {name}, {count} results, {ms}
+    failed_line: str  # one that did not: {name}, {status}, {error}
+    statuses: dict[str, str] = field(default_factory=dict)  # RetrieverStatus values, as the report says them
 
 
 ENGLISH = Labels(
     code="en",
+    searched_line="{name}: {count} results in {ms} ms",
+    failed_line="{name}: {status} — {error}",
     searched="Sources searched",
     nothing="No source answered this question",
     resources="Resources",
@@ -87,6 +92,9 @@ ENGLISH = Labels(
 )
 CHINESE = Labels(
     code="zh",
+    searched_line="{name}：{count} 条结果，用时 {ms} 毫秒",
+    failed_line="{name}：{status} — {error}",
+    statuses={"failed": "失败", "skipped": "跳过"},
     searched="检索的来源",
     nothing="没有来源回答这个问题",
     resources="资源",

@@ -40,7 +40,7 @@ from fedresearch.report.evidence import (
     select_claims,
     terms,
 )
-from fedresearch.report.language import Labels, is_chinese, joined, labels_for
+from fedresearch.report.language import ENGLISH, Labels, is_chinese, joined, labels_for
 from fedresearch.report.markup import inline_text, link_target
 from fedresearch.report.planner import evidence_phrases
 from fedresearch.report.sentences import attributed, authors_year
@@ -66,6 +66,7 @@ _WEAK = {
     "well", "high", "higher", "low", "lower", "per", "way", "ways", "use", "made", "make", "makes", "found",
     "shown", "show", "shows", "showed", "two", "three", "one", "first", "second", "least", "less", "more",
     "most", "other", "others", "same", "such", "total", "whole", "picks", "gives", "give", "get", "gets",
+    "enough", "fast", "slow", "good", "better", "best", "very", "too", "quite",
 }  # fmt: skip
 _ANSWER_CLAIMS = 3
 _WORDS_A_CLAIM = 25  # a quoted sentence's words on average (MED, CISI): a length asked becomes claims
@@ -162,13 +163,16 @@ def themes_of(claims: Sequence[Claim], limit: int = _MAX_THEMES, threshold: floa
     return groups
 
 
-def coverage_lines(outcomes: Sequence[RetrieverOutcome]) -> list[str]:
+def coverage_lines(outcomes: Sequence[RetrieverOutcome], labels: Labels = ENGLISH) -> list[str]:
+    """How each retriever fared, in the report's language (an upstream's own error as it said it)."""
     lines = []
     for outcome in outcomes:
         if outcome.status is RetrieverStatus.done:
-            lines.append(f"{outcome.name}: {outcome.count} results in {outcome.elapsed_ms:.0f} ms")
+            ms = f"{outcome.elapsed_ms:.0f}"
+            lines.append(labels.searched_line.format(name=outcome.name, count=outcome.count, ms=ms))
         else:
-            lines.append(f"{outcome.name}: {outcome.status.value} — {outcome.error}")
+            status = labels.statuses.get(outcome.status.value, outcome.status.value)
+            lines.append(labels.failed_line.format(name=outcome.name, status=status, error=outcome.error))
     return lines
 
 
@@ -600,7 +604,7 @@ def write_report(brief: Brief) -> tuple[str, list[Reference]]:
         "title": brief.question,
         "lead": [],
         "blocks": [],
-        "coverage": coverage_lines(brief.outcomes),
+        "coverage": coverage_lines(brief.outcomes, draft.labels),
         "labels": labels,
         "citation_style": brief.writing.citation_style,
     }

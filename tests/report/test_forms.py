@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from fedresearch.core.models import FusedResult, ReportType, SearchResult
+from fedresearch.core.models import FusedResult, ReportType, RetrieverOutcome, RetrieverStatus, SearchResult
 from fedresearch.federation.fusion import fuse
 from fedresearch.library.formats import Section
 from fedresearch.report.compose import write_extractive
@@ -221,11 +221,19 @@ def test_headings_are_phrases_of_the_evidence_never_pieces_of_titles_or_words():
 def test_a_chinese_question_gets_a_chinese_report_quoting_english_evidence_as_it_is():
     assert labels_for("HNSW 如何构建邻近图来做最近邻搜索？", None).code == "zh"  # the question's script
     question = "HNSW proximity graph for nearest neighbour search"  # or the task's `language`
-    brief = Brief(question, ReportType.research_report, hnsw_sources(), writing=Writing(language="chinese"))
+    outcomes = [
+        RetrieverOutcome(name="internal_biblio", status=RetrieverStatus.done, count=4, elapsed_ms=12.4),
+        RetrieverOutcome(name="tavily", status=RetrieverStatus.failed, error="HTTP 500"),
+    ]
+    brief = Brief(
+        question, ReportType.research_report, hnsw_sources(), outcomes=outcomes, writing=Writing(language="chinese")
+    )
     markdown, _ = write_report(brief)
     check_invariants(markdown)
     found = headings(markdown)
     assert found[0] == "回答" and "结论" in found and "Answer" not in found
+    searched = markdown.split("## 检索的来源\n", 1)[1]
+    assert "- internal_biblio：4 条结果，用时 12 毫秒" in searched and "- tavily：失败 — HTTP 500" in searched
     assert all(re.search(r"[\u4e00-\u9fff]", h) for h in found)  # every heading in Chinese
     assert "部分来源为其他语言（如英文）：其句子按原文引用，未经翻译。" in markdown  # quoted as it is, and said so
     assert "“Search in the proximity graph" not in markdown and "Search in the proximity graph" in markdown
