@@ -33,6 +33,8 @@ from fedresearch.federation.runner import federate
 from fedresearch.jobs.frames import LogsFrame
 from fedresearch.jobs.runs import start_job
 from fedresearch.jobs.store import follow
+from fedresearch.report.citations import reference_entries
+from fedresearch.report.language import labels_for
 from fedresearch.report.store import REPORT_NAME
 from fedresearch.report.types import offered_forms
 from fedresearch.web.keys import KEYS, RUNTIME, SETTINGS
@@ -147,7 +149,13 @@ class McpTools:
         if run.failure is not None or run.outcome is None:
             raise ToolError(run.failure.reason if run.failure is not None else "the task was cancelled")
         outcome = run.outcome
-        references = [{"number": r.number, "title": r.title, "href": r.link} for r in outcome.references]
+        # each reference's full entry as the report's References give it (its style, its language),
+        # formatted by citeproc off the loop
+        language = labels_for(task, outcome.writing.language).code
+        entries = await asyncio.to_thread(
+            reference_entries, outcome.references, outcome.writing.citation_style, language
+        )
+        references = [{"number": r.number, "title": r.title, "href": r.link, "entry": e} for r, e in entries]
         files = {kind: f"/reports/{name}" for kind, name in outcome.files.items()}
         return {"research_id": outcome.report_id, "report": outcome.markdown, "references": references, "files": files}
 

@@ -62,6 +62,10 @@ async def test_research_streams_progress_and_saves_a_cited_report(server):
         assert not result.is_error, result
         report = result.structured_content
         assert "## References" in report["report"] and report["references"]
+        rrf = next(r for r in report["references"] if "Reciprocal Rank Fusion" in r["title"])
+        # the full entry, as the report's References give it (APA), for a client to show or import
+        assert rrf["entry"].startswith("Cormack, G. V., Clarke, C. L. A., & Buettcher, S. (2009).")
+        assert rrf["entry"] in report["report"]
         assert any("Merging" in (message or "") for message in progress)
         assert any("Researching" in (message or "") for message in progress)
         again = await client.call_tool("get_report", {"research_id": report["research_id"]})
