@@ -12,10 +12,12 @@ fusion and aggregation choice at document level (nDCG@10, Recall@100 with pytrec
 - a leave-one-collection-out table: the choice that scores best on one collection, measured on
   the other, so no figure is tuned on the collection it reports.
 
-A collection without a corpus of its own (med-zh: MED's queries in Chinese) is searched over the
-corpus it names (CORPUS_OF). With med-zh, a cross-lingual table: the same queries in English, in
-Chinese searched as they are, and in Chinese translated (crosslingual.py, the shipped path) with
-one, two or three dictionary senses per word in full text; BM25, dense, hybrid.
+A collection without a corpus of its own (med-zh: MED's queries in Chinese; cacm-zh, ours in
+bench/data: CACM's 52 judged queries written in Chinese for this project) is searched over the
+corpus it names (CORPUS_OF). For each, a cross-lingual table: the same queries in English, in
+Chinese searched as they are, in Chinese translated with CC-CEDICT's first sense of each word, and
+translated as shipped (crosslingual.py: each word in the sense the library uses most) with one, two
+or three senses per word in full text; BM25, dense, hybrid.
 
 --translation-choices also scores, on med-zh, how Chinese is segmented and translated: the shipped
 CC-CEDICT segmentation, the same without its Chinese function-word list, and jieba's words (when
@@ -53,7 +55,9 @@ DEPTH = 300  # passages taken from each ranking
 Ranking = list[tuple[int, float]]
 Rankings = dict[str, tuple[Ranking, Ranking]]  # query id -> (BM25, dense)
 Run = dict[str, dict[str, float]]
-CORPUS_OF = {"med-zh": "med"}  # a collection of queries over another collection's corpus
+# a collection of queries over another collection's corpus (cacm-zh: ours, in bench/data)
+CORPUS_OF = {"med-zh": "med", "cacm-zh": "cacm"}
+OUR_COLLECTIONS = Path(__file__).resolve().parent / "data"
 # the library's documents search as it ships, by mode (one ranking alone: every aggregation agrees)
 SHIPPED = {
     "bm25": "documents bm25",
@@ -62,8 +66,18 @@ SHIPPED = {
 }
 
 
+def collection_directory(datasets: Path, name: str) -> Path:
+    """Where a collection's queries and judgments are: ../shared/datasets, or ours (bench/data)."""
+    return datasets / name if (datasets / name).is_dir() else OUR_COLLECTIONS / name
+
+
 def load_collection(directory: Path) -> tuple[list[dict], dict[str, str], dict[str, dict[str, int]]]:
-    corpus_directory = directory.parent / CORPUS_OF.get(directory.name, directory.name)
+    """A collection's corpus, judged queries and judgments; `directory` may name one of ours
+    (bench/data), whose corpus is then a collection of the datasets beside `directory`."""
+    datasets = directory.parent
+    if not directory.is_dir():
+        directory = OUR_COLLECTIONS / directory.name
+    corpus_directory = datasets / CORPUS_OF.get(directory.name, directory.name)
     corpus = [json.loads(line) for line in (corpus_directory / "corpus.jsonl").open()]
     queries = {q["_id"]: q["text"] for q in map(json.loads, (directory / "queries.jsonl").open())}
     qrels: dict[str, dict[str, int]] = {}
@@ -171,9 +185,17 @@ def crosslingual_table(library: Library, directory: Path, qrels: dict[str, dict[
         "English": {q["_id"]: (q["metadata"]["english"],) * 2 for q in queries},
         "Chinese as it is": {q["_id"]: (q["text"],) * 2 for q in queries},
     }
+
+    def counts(words: list[str]) -> dict[str, int]:
+        return library.store.term_counts(USER, words)
+
+    first = {q["_id"]: crosslingual.query_texts(q["text"]) for q in queries}
+    variants["Chinese translated, CC-CEDICT's first sense"] = {
+        query_id: (texts.full_text, texts.dense) for query_id, texts in first.items()
+    }
     for senses in (1, 2, 3):
         shipped_mark = " (shipped)" if senses == crosslingual.FULL_TEXT_SENSES else ""
-        translated = {q["_id"]: crosslingual.query_texts(q["text"], senses) for q in queries}
+        translated = {q["_id"]: crosslingual.query_texts(q["text"], senses, counts) for q in queries}
         variants[f"Chinese translated, {senses} sense(s){shipped_mark}"] = {
             query_id: (texts.full_text, texts.dense) for query_id, texts in translated.items()
         }
@@ -311,7 +333,7 @@ def leave_one_out(results: dict[str, dict[str, dict]], prefix: str = "hybrid rrf
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
-    parser.add_argument("--collections", default="med,cisi,scifact,cacm,med-zh")
+    parser.add_argument("--collections", default="med,cisi,scifact,cacm,med-zh,cacm-zh")
     parser.add_argument("--keep", type=Path, help="ingest into DIR/<collection> once and reuse it")
     parser.add_argument("--index-choices", action="store_true", help="also score stopword and title choices")
     parser.add_argument("--translation-choices", action="store_true", help="also score segmentation choices")
@@ -321,7 +343,7 @@ def main() -> None:
         raise SystemExit("the embedding model is not installed (make installs it)")
     results: dict[str, dict[str, dict]] = {}
     indexing: dict[str, dict[str, dict]] = {}
-    crossing: dict[str, dict] = {}
+    crossing: dict[str, dict[str, dict]] = {}
     for name in args.collections.split(","):
         corpus, queries, qrels = load_collection(args.datasets / name)
         library = open_library(CORPUS_OF.get(name, name), corpus, encoder, args.keep)
@@ -329,9 +351,10 @@ def main() -> None:
         if args.index_choices and name not in CORPUS_OF:
             indexing[name] = index_choices(library, queries, qrels)
         if name in CORPUS_OF:
-            crossing = crosslingual_table(library, args.datasets / name, qrels)
+            directory = collection_directory(args.datasets, name)
+            crossing[name] = crosslingual_table(library, directory, qrels)
             if args.translation_choices:
-                crossing |= translation_choices(library, args.datasets / name, qrels)
+                crossing[name] |= translation_choices(library, directory, qrels)
         print(name)
         for choice, scores in (results[name] | indexing.get(name, {})).items():
             print(f"  {choice:<42} nDCG@10 {scores['ndcg@10']:.3f}  Recall@100 {scores['recall@100']:.3f}")
@@ -339,9 +362,9 @@ def main() -> None:
     for name, scores in results.items():
         bm25, dense, hybrid = (scores[SHIPPED[mode]]["ndcg@10"] for mode in ("bm25", "dense", "hybrid"))
         print(f"  {name:<8} {bm25:.3f}  {dense:.3f}  {hybrid:.3f}  {'yes' if hybrid > max(bm25, dense) else 'NO'}")
-    if crossing:
-        print("\ncross-lingual (med-zh: MED's queries over MED's English corpus):")
-        for label, scores in crossing.items():
+    for name, table in crossing.items():
+        print(f"\ncross-lingual ({name}: {CORPUS_OF[name]}'s queries in Chinese over its English corpus):")
+        for label, scores in table.items():
             print(f"  {label:<48} nDCG@10 {scores['ndcg@10']:.3f}  Recall@100 {scores['recall@100']:.3f}")
     print("\nleave one collection out (hybrid choices: RRF k, aggregation):")
     print("\n".join(leave_one_out(results)))

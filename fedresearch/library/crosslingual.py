@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import gzip
 import logging
+import math
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
 
@@ -55,6 +56,9 @@ PASSAGE_READ_CHARS = 2000  # a passage's characters read in English (more than t
 # Senses of each Chinese word whose English full text searches: on med-zh BM25 nDCG@10 was 0.509 with
 # the first, 0.481 with two, 0.505 with three (noise at 30 queries): the first, the fewest terms.
 FULL_TEXT_SENSES = 1
+# Senses of a Chinese word the library's own use may choose among (bench/quality.py on med-zh and
+# cacm-zh, leave one out: the first three, hybrid nDCG@10 0.731 -> 0.733 and 0.344 -> 0.391)
+SENSE_CHOICES = 3
 _PUNCTUATION = re.compile(r"[\u3000-\u303f\uff00-\uff0f\uff1a-\uff20\uff3b-\uff40\uff5b-\uff65]+")
 
 
@@ -135,14 +139,33 @@ class Dictionary:
         """`word`'s glosses that say what it means, cleaned, in the dictionary's order."""
         return [gloss for gloss in map(_clean, self.glosses.get(word, "").split("/")) if gloss]
 
-    def english(self, word: str, senses: int) -> list[str]:
-        """The English words of `word`'s first `senses` glosses, in order, without stopwords."""
+    def english(self, word: str, senses: int, counts: dict[str, int] | None = None) -> list[str]:
+        """The English words of `word`'s first `senses` glosses, in order, without stopwords; with
+        `counts` (how many of the library's passages hold each English word), the sense among the
+        first `SENSE_CHOICES` whose words the library uses most comes first."""
         if word in _FUNCTION_WORDS:
             return []
-        found: list[str] = []
-        for gloss in self.senses(word)[:senses]:
-            found.extend(w for w in _ENGLISH_WORD.findall(gloss) if w not in STOPWORDS)
-        return found
+        glosses = [_gloss_words(gloss) for gloss in self.senses(word)]
+        if counts is not None and len(glosses) > 1:
+            choices = glosses[:SENSE_CHOICES]
+            best = max(range(len(choices)), key=lambda i: (_usage(choices[i], counts), -i))
+            glosses = [glosses[best], *glosses[:best], *glosses[best + 1 :]]
+        return [w for gloss in glosses[:senses] for w in gloss]
+
+    def candidates(self, word: str) -> list[str]:
+        """The English words whose use in the library could choose `word`'s sense."""
+        if word in _FUNCTION_WORDS:
+            return []
+        return [w for gloss in self.senses(word)[:SENSE_CHOICES] for w in _gloss_words(gloss)]
+
+
+def _gloss_words(gloss: str) -> list[str]:
+    return [w for w in _ENGLISH_WORD.findall(gloss) if w not in STOPWORDS]
+
+
+def _usage(words: list[str], counts: dict[str, int]) -> float:
+    """How much a library uses a sense's words: the mean of log(1 + passages holding each)."""
+    return sum(math.log1p(counts.get(w, 0)) for w in words) / len(words) if words else -1.0
 
 
 class Reverse:
@@ -255,12 +278,17 @@ def reverse() -> Reverse | None:
     return _reverse
 
 
-def query_texts(query: str, senses: int = FULL_TEXT_SENSES) -> QueryTexts:
+Counts = Callable[[list[str]], dict[str, int]]  # English words -> passages of the library holding each
+
+
+def query_texts(query: str, senses: int = FULL_TEXT_SENSES, counts: Counts | None = None) -> QueryTexts:
     """The question widened for search. A question without Chinese is also searched, in full text
     only, as the Chinese words its English words are (Reverse: it finds Chinese notes; in an English
     library those words match nothing and change no score). A Chinese question's words' English
     glosses join it (`senses` per word for full text, the first for the encoder), and traditional
-    characters are also searched simplified."""
+    characters are also searched simplified. With `counts` (the library's), each Chinese word is read
+    in the sense the library's own text uses most: 算法 is "algorithm" in a computing library, though
+    CC-CEDICT lists "arithmetic" first."""
     if not has_cjk(query) or _CJK.search(query) is None:  # kana and hangul alone: not in CC-CEDICT
         backwards = reverse() if _ENGLISH_WORD.search(query.lower()) else None
         chinese = tuple(backwards.words_for(query[:TRANSLATED_CHARS])) if backwards is not None else ()
@@ -269,7 +297,7 @@ def query_texts(query: str, senses: int = FULL_TEXT_SENSES) -> QueryTexts:
     if words is None:
         return QueryTexts(query, query, ())
     simple = words.simplified(query)
-    full, dense = _read(words, simple[:TRANSLATED_CHARS], senses)
+    full, dense = _read(words, simple[:TRANSLATED_CHARS], senses, counts)
     english = tuple(dict.fromkeys(full))[:ENGLISH_TERMS]
     extra = simple if simple != query else ""
     return QueryTexts(" ".join(filter(None, (query, extra, *english))), dense or query, english)
@@ -287,17 +315,27 @@ def passage_reading(text: str) -> str:
     return _read(words, words.simplified(text)[:PASSAGE_READ_CHARS], 1)[1] or text
 
 
-def _read(words: Dictionary, text: str, senses: int) -> tuple[list[str], str]:
+def _read(words: Dictionary, text: str, senses: int, counts: Counts | None = None) -> tuple[list[str], str]:
     """`text`'s Chinese words' English words (`senses` each, for full text), and the text with each
-    Chinese word replaced by its first sense's English (for the encoder)."""
-    full: list[str] = []
-    dense_parts: list[str] = []
+    Chinese word replaced by its first sense's English (for the encoder); `counts` chooses senses."""
+    pieces: list[str | list[str]] = []  # text between Chinese runs, and each run's words
     at = 0
     for run in _CJK.finditer(text):
-        dense_parts.append(text[at : run.start()])
+        pieces.append(text[at : run.start()])
+        pieces.append(words.segment(run.group()))
         at = run.end()
-        for word in words.segment(run.group()):
-            full.extend(words.english(word, senses))
-            dense_parts.append(" ".join(words.english(word, 1)))
-    dense_parts.append(text[at:])
+    pieces.append(text[at:])
+    used: dict[str, int] | None = None
+    if counts is not None:  # one question to the library for every word whose sense it could choose
+        asked = [w for piece in pieces if isinstance(piece, list) for word in piece for w in words.candidates(word)]
+        used = counts(list(dict.fromkeys(asked))) if asked else {}
+    full: list[str] = []
+    dense_parts: list[str] = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            dense_parts.append(piece)
+            continue
+        for word in piece:
+            full.extend(words.english(word, senses, used))
+            dense_parts.append(" ".join(words.english(word, 1, used)))
     return full, " ".join(_PUNCTUATION.sub(" ", " ".join(dense_parts)).split())

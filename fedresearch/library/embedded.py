@@ -94,6 +94,9 @@ class EmbeddedStore:
     def bm25(self, user_id: str, kind: str | None, query: str, filters: SearchFilters, limit: int) -> Ranking:
         return self.index.search(user_id, kind, query, filters, limit)
 
+    def term_counts(self, user_id: str, words: Sequence[str]) -> dict[str, int]:
+        return self.index.term_counts(words)  # the index's, over every user's passages, as BM25 counts them
+
     def dense(
         self, user_id: str, query_vector: np.ndarray, kind: str | None, filters: SearchFilters, limit: int
     ) -> Ranking:

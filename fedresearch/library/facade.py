@@ -255,7 +255,9 @@ class Library:
         if mode == "dense" and self.encoder is None:
             raise RuntimeError("dense search needs the embedding model; see the README's install notes")
         vectors = mode != "bm25" and self.encoder is not None
-        texts = query_texts(query)  # a Chinese question searched in English too, in either store
+        # a Chinese question searched in English too, in either store, each word in the sense the
+        # user's library uses most
+        texts = query_texts(query, counts=lambda words: self.store.term_counts(user_id, words))
         if mode == "dense":
             bm25: Future[Ranking] | Ranking = []
         elif vectors and self._beside is not None and self.store.concurrent_searches:

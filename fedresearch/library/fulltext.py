@@ -12,6 +12,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,17 @@ class FullTextIndex:
         self._index.reload()
         searcher = self._index.searcher()
         return [(searcher.doc(address)["chunk"][0], score) for score, address in searcher.search(full, limit).hits]
+
+    def term_counts(self, words: Sequence[str]) -> dict[str, int]:
+        """Passages of the index holding each English word, stemmed as the body field stems it
+        (every user's: the document frequencies BM25 ranks with); 0 for a stopword."""
+        self._index.reload()
+        searcher = self._index.searcher()
+        counts = {}
+        for word in words:
+            stems = self._english.analyze(word)
+            counts[word] = searcher.doc_freq("body", stems[0]) if len(stems) == 1 else 0
+        return counts
 
     def _scope(self, user_id: str, kind: str | None, filters: SearchFilters) -> list[tuple[Any, tantivy.Query]]:
         q, must = tantivy.Query, tantivy.Occur.Must

@@ -686,6 +686,19 @@ class PostgresStore:
         ]
         return terms, average
 
+    def term_counts(self, user_id: str, words: Sequence[str]) -> dict[str, int]:
+        """The user's passages holding each English word, from library_terms (its `english` lexeme)."""
+        if not words:
+            return {}
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT w.word, COALESCE(t.passages, 0) AS passages FROM unnest(%s::text[]) AS w(word)"
+                " LEFT JOIN library_terms t ON t.user_id = %s AND t.field = 'english'"
+                " AND t.lexeme = (tsvector_to_array(to_tsvector('english', w.word)))[1]",
+                (list(words), user_id),
+            ).fetchall()
+        return {row["word"]: row["passages"] for row in rows}
+
     def dense(
         self, user_id: str, query_vector: np.ndarray, kind: str | None, filters: SearchFilters, limit: int
     ) -> Ranking:

@@ -56,6 +56,10 @@ class Store(Protocol):
     ) -> Ranking:
         """The user's passages nearest `query_vector` by cosine (scores are cosines)."""
 
+    def term_counts(self, user_id: str, words: Sequence[str]) -> dict[str, int]:
+        """How many passages hold each English word (stemmed as full text stems it): BM25's
+        document frequencies, which choose a Chinese word's sense (crosslingual.py)."""
+
     def health(self) -> str:
         """What an operator checks: whether derived data is whole, and what the store holds."""
 
