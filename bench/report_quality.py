@@ -1,6 +1,6 @@
 """What the offline writer's reports cite and how they read, per report type, on judged collections.
 
-    python -m bench.report_quality [--collections med,cisi,med-zh] [--queries 6] [--types research_report,...]
+    python -m bench.report_quality [--collections med,cisi,med-zh,cacm-zh] [--queries 6] [--types research_report,...]
                                    [--keep DIR] [--datasets DIR] [--json FILE]
 
 Each collection (BEIR layout, ../shared/datasets; `med-zh` is MED's questions in Chinese over MED's
@@ -40,7 +40,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.quality import DEFAULT_DATASETS, USER, load_collection, open_library
+from bench.quality import CORPUS_OF, DEFAULT_DATASETS, USER, load_collection, open_library
 from fedresearch.core.events import ProgressEvent
 from fedresearch.core.models import FusedResult, ReportType, ResearchRequest
 from fedresearch.core.settings import Settings
@@ -326,11 +326,8 @@ def collection(
     name: str, options: argparse.Namespace, libraries: dict[str, Library], encoder: Any
 ) -> tuple[str, dict[str, str], dict[str, dict[str, int]]]:
     """A collection's library (opened once: med-zh searches MED's), its questions and judgments."""
-    base = "med" if name == "med-zh" else name
-    corpus, questions, qrels = load_collection(options.datasets / base)
-    if name == "med-zh":
-        lines = (options.datasets / name / "queries.jsonl").open()
-        questions = {q["_id"]: q["text"] for q in map(json.loads, lines) if q["_id"] in qrels}
+    base = CORPUS_OF.get(name, name)
+    corpus, questions, qrels = load_collection(options.datasets / name)
     if base not in libraries:
         libraries[base] = open_library(base, corpus, encoder, options.keep)
     return base, questions, qrels

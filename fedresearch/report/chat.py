@@ -96,7 +96,7 @@ def covers(message: str, claims: list[Claim]) -> bool:
 
 def _claims(message: str, sources: list[FusedResult], writing: Writing) -> list[Claim]:
     """The evidence's sentences that bear on the message, best first; none when none does."""
-    ranked = rank(message, gather(sources, writing.pages, writing.passages), writing.embed)
+    ranked = rank(message, gather(sources, writing.pages, writing.passages), writing.embed, writing.term_counts)
     picked = select_claims(message, diversify(ranked, k=12, per_source=2), max_claims=3 * _CLAIMS)
     return [claim for claim in picked if bears_on(message, claim.text)][:_CLAIMS]
 

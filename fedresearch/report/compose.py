@@ -215,7 +215,8 @@ class LlmReport:
     def _passages(self) -> list[Evidence]:
         everything = self.brief.every_source
         question = self.brief.question
-        ranked = rank(question, gather(everything, self.writing.pages, self.writing.passages), self.writing.embed)
+        passages = gather(everything, self.writing.pages, self.writing.passages)
+        ranked = rank(question, passages, self.writing.embed, self.writing.term_counts)
         return [r.evidence for r in diversify(ranked, k=_PASSAGES, per_source=3)]
 
     async def _stream(self, passages: list[Evidence]) -> None:

@@ -17,7 +17,7 @@ from fedresearch.core.models import FusedResult
 from fedresearch.core.ranking import rrf
 from fedresearch.core.text import STOPWORDS, cjk_bigrams, split_sentences
 from fedresearch.library.chunking import Chunk, chunk_sections
-from fedresearch.library.crosslingual import passage_reading, query_texts
+from fedresearch.library.crosslingual import Counts, passage_reading, query_texts
 from fedresearch.library.formats import Section
 from fedresearch.report.sentences import is_cut, tidy
 
@@ -192,14 +192,16 @@ def _lexical_reading(question: str, passages: Sequence[Evidence]) -> tuple[list[
     return scores, shares
 
 
-def rank(question: str, passages: Sequence[Evidence], embed: Embed | None = None) -> list[Ranked]:
+def rank(
+    question: str, passages: Sequence[Evidence], embed: Embed | None = None, counts: Counts | None = None
+) -> list[Ranked]:
     """Passages best first: a lexical ranking and, with an encoder, a dense one, fused with the
     library's RRF; the fused source's own standing (retrievers agreeing on it) breaks ties. Each
     keeps how much of the question it contains and, where encoded, its cosine with the question,
     which the relevance gate reads (`bearing`)."""
     if not passages:
         return []
-    read = query_texts(question)  # read in the other language too: evidence in either bears on it
+    read = query_texts(question, counts=counts)  # read in the other language too: evidence in either bears on it
     lexical, shares = _lexical(question, passages, read.english + read.chinese)
     order = sorted(range(len(passages)), key=lambda i: lexical[i], reverse=True)
     fused = {i: rrf(rank + 1) for rank, i in enumerate(order)}

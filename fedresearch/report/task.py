@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -80,9 +81,13 @@ class ResearchOutcome:
     record: bytes = b""  # the saved JSON record, which a shared job store keeps for other hosts
 
 
-def writing_for(request: ResearchRequest, deps: Deps, pages: dict[str, list[Section]] | None = None) -> Writing:
-    """The writer's options for `request`: the pages read, the encoder's vectors, its language."""
-    encoder = deps.library.encoder if deps.library is not None else None
+def writing_for(
+    request: ResearchRequest, deps: Deps, pages: dict[str, list[Section]] | None = None, user_id: str | None = None
+) -> Writing:
+    """The writer's options for `request`: the pages read, the encoder's vectors, its language, and
+    how `user_id`'s library uses English words (a Chinese question is read in its senses)."""
+    library = deps.library
+    encoder = library.encoder if library is not None else None
     # int8: the writer's vectors are compared only with each other (passages, its question, its
     # sentences), and its ranking is nearly all of a task's CPU with the model (bench.evidence). In
     # passes of 4: the int8 graph's intermediates (int32 products, their float casts) are 3x the float
@@ -92,9 +97,11 @@ def writing_for(request: ResearchRequest, deps: Deps, pages: dict[str, list[Sect
     if encoder is not None:  # remembered: the report's parts and its chat rank the same passages again
         embed = RememberedEmbed(lambda texts: encoder.encode(texts, batch_size=4, int8=True, max_tokens=RANKING_TOKENS))
     threshold = deps.settings.report_support_threshold
+    counts = functools.partial(library.store.term_counts, user_id) if library is not None and user_id else None
     return Writing(
         pages=pages or {},
         embed=embed,
+        term_counts=counts,
         language=request.language,
         citation_style=request.citation_style or deps.settings.citation_style,
         support_threshold=threshold,
@@ -252,7 +259,8 @@ async def run_research(
     decomposes = form_of(request.report_type).decomposes
     parts = await _parts(task, sources, tools, emit, config) if decomposes else []
     everything = sources + [s for part in parts for s in part.every_source]
-    writing = writing_for(request, deps, await _read(everything, plan, tools, emit, started))
+    pages = await _read(everything, plan, tools, emit, started)
+    writing = writing_for(request, deps, pages, plan.options.user_id)
     # a model still writing then hands over to the extractive writer, which needs a moment of its own
     writing.deadline = (
         time.monotonic()

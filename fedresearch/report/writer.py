@@ -25,6 +25,7 @@ from fedresearch.core.identifiers import is_url
 from fedresearch.core.models import FusedResult, ReportType, RetrieverOutcome, RetrieverStatus
 from fedresearch.core.work import WorkPool
 from fedresearch.library.chunking import Chunk
+from fedresearch.library.crosslingual import Counts
 from fedresearch.library.formats import Section
 from fedresearch.report.citations import Citations, Reference, display_title, reference_entries
 from fedresearch.report.custom import read_custom_prompt
@@ -182,6 +183,9 @@ class Writing:
 
     pages: dict[str, list[Section]] = field(default_factory=dict)
     embed: Embed | None = None
+    # how many of the user's passages hold each English word: a Chinese question is read in the
+    # senses its library uses (library/crosslingual.py); None outside a user's task
+    term_counts: Counts | None = field(default=None, repr=False)
     language: str | None = None
     citation_style: str | None = None  # CSL style of the References (None: CITATION_STYLE's default, APA)
     support_threshold: float = 0.5  # REPORT_SUPPORT_THRESHOLD: what the verifier counts as supported
@@ -242,7 +246,8 @@ class Draft:
 
     def pool(self, question: str, sources: Sequence[FusedResult]) -> Pool:
         """The passages of `sources` that bear on `question` (the relevance gate), best first."""
-        ranked = rank(question, gather(sources, self.writing.pages, self.writing.passages), self.writing.embed)
+        passages = gather(sources, self.writing.pages, self.writing.passages)
+        ranked = rank(question, passages, self.writing.embed, self.writing.term_counts)
         keys = bearing(ranked)
         return Pool([r for r in ranked if r.evidence.source.key in keys], len(keys), len({s.key for s in sources}))
 
