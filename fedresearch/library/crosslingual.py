@@ -303,6 +303,18 @@ def query_texts(query: str, senses: int = FULL_TEXT_SENSES, counts: Counts | Non
     return QueryTexts(" ".join(filter(None, (query, extra, *english))), dense or query, english)
 
 
+def chinese_words(text: str) -> list[str]:
+    """`text`'s Chinese words of two characters or more (CC-CEDICT's, simplified), in order, without
+    function words: the terms a Chinese text is about (a lone character is rarely one)."""
+    if not has_cjk(text):
+        return []
+    words = dictionary()
+    if words is None:
+        return []
+    simple = words.simplified(text)
+    return [w for run in _CJK.findall(simple) for w in words.segment(run) if len(w) > 1 and w not in _FUNCTION_WORDS]
+
+
 def passage_reading(text: str) -> str:
     """What the encoder reads of a stored passage: its Chinese words in English (their first senses),
     as a Chinese question is read, so an English question and a Chinese one meet a Chinese note in

@@ -15,9 +15,9 @@ import numpy as np
 
 from fedresearch.core.models import FusedResult
 from fedresearch.core.ranking import rrf
-from fedresearch.core.text import STOPWORDS, cjk_bigrams, split_sentences
+from fedresearch.core.text import STOPWORDS, cjk_bigrams, has_cjk, split_sentences
 from fedresearch.library.chunking import Chunk, chunk_sections
-from fedresearch.library.crosslingual import Counts, passage_reading, query_texts
+from fedresearch.library.crosslingual import Counts, chinese_words, passage_reading, query_texts
 from fedresearch.library.formats import Section
 from fedresearch.report.sentences import is_cut, tidy
 
@@ -74,6 +74,16 @@ def _stem(word: str) -> str:
 
 def terms(text: str) -> list[str]:
     return list(_terms(text))
+
+
+def question_terms(question: str) -> set[str]:
+    """What a question asks for: its English stems, and the bigrams of its Chinese dictionary words
+    only (a bigram across two words, 索怎 of 检索怎样, is in no passage and would only dilute the
+    share of the question a passage holds)."""
+    if not has_cjk(question):
+        return set(terms(question))
+    english = {t for t in terms(question) if not has_cjk(t)}
+    return english | {gram for word in chinese_words(question) for gram in cjk_bigrams(word)}
 
 
 @functools.lru_cache(maxsize=4096)  # ranking, diversifying, picking and verifying read the same texts
@@ -175,7 +185,7 @@ def _lexical(
 
 
 def _lexical_reading(question: str, passages: Sequence[Evidence]) -> tuple[list[float], list[float]]:
-    wanted = set(terms(question))
+    wanted = question_terms(question)
     bags = [terms(passage.text) for passage in passages]
     frequency = Counter(term for bag in bags for term in set(bag))
     total = len(passages)
@@ -347,7 +357,7 @@ class Claim:
 
 def select_claims(question: str, chosen: Sequence[Ranked], max_claims: int, per_passage: int = 2) -> list[Claim]:
     """The best sentences of the chosen passages; a sentence another source also states cites both."""
-    wanted = set(terms(question))
+    wanted = question_terms(question)
     candidates: list[Claim] = []
     for rank_index, ranked in enumerate(chosen):
         for position, sentence in enumerate(claim_sentences(ranked.evidence.text, ranked.evidence.source.title)):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from fedresearch.core.models import FusedResult
 from fedresearch.core.text import STOPWORDS, cjk_bigrams
+from fedresearch.library.crosslingual import chinese_words
 from fedresearch.report.evidence import Gate
 from fedresearch.report.llm import LlmConfig, ThinkFilter, WriterFailure, complete
 
@@ -40,16 +41,33 @@ class SubQuestion:
     phrase: str = ""  # what of the evidence it asks about (the extractive planner's)
 
 
+# Chinese words any text may say, whatever it is about: no heading, no sub-question
+_GENERIC_CHINESE = frozenset({
+    "研究", "方法", "结果", "使用", "可以", "没有", "一个", "这个", "那个", "需要",
+    "因为", "所以", "但是", "如果", "我们", "他们", "已经", "非常", "其他", "主要",
+    "不同", "一些", "很多", "这种", "这样", "作者", "论文", "本文", "提出", "表明",
+    "发现", "结论", "解决", "导致", "成为", "用于", "部分", "一种", "时候", "东西",
+    "事情", "认为", "觉得", "应该", "因此", "然而", "同时", "这里", "那里", "目前",
+    "一般", "通常", "常常", "可能", "不能", "无法", "重要", "有效", "很好", "更好",
+    "比较",
+})  # fmt: skip
 # a phrase's words: letters only, three or more, none a stopword, within one clause of one sentence
 _CLAUSES = re.compile(r"[.;:!?,()\[\]\"“”/|。；：！？，（）]+")
 
 
+def asked_words(question: str) -> set[str]:
+    """The words a question says already, English (lowercase) and Chinese (dictionary words)."""
+    return {word.lower() for word in _WORDS.findall(question)} | set(chinese_words(question))
+
+
 def evidence_phrases(texts: Sequence[str], asked: set[str]) -> Counter[str]:
     """Two-word phrases of the texts, counted once per text: both words whole words of a clause (never
-    across a sentence's end, a title and its text, or a piece of a word), and not all asked already."""
+    across a sentence's end, a title and its text, or a piece of a word), and not all asked already;
+    and the Chinese words of Chinese texts (a Chinese word is a term as a two-word phrase is), those
+    any text says (研究, 方法) and those asked left out."""
     phrases: Counter[str] = Counter()
     for text in texts:
-        seen: set[str] = set()
+        seen: set[str] = {w for w in chinese_words(text) if w not in asked and w not in _GENERIC_CHINESE}
         for clause in _CLAUSES.split(text.lower()):
             words = clause.split()
             for a, b in itertools.pairwise(words):
@@ -84,7 +102,7 @@ def sub_questions(
     """Sub-questions about what the first results that bear on `question` say and it does not: the
     phrases most of them use, each asked as a question (`forms`, in the report's language, in turn).
     `avoid`: phrases asked already (a deeper level of deep research asks about something new)."""
-    asked = {word.lower() for word in _WORDS.findall(question)} | {w for p in avoid for w in p.split()}
+    asked = asked_words(question) | {w for p in avoid for w in p.split()}
     texts = [s.body for s in bearing_sources(sources)]
     phrases = evidence_phrases(texts, asked)
     chosen: list[str] = []

@@ -23,9 +23,10 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from fedresearch.core.identifiers import is_url
 from fedresearch.core.models import FusedResult, ReportType, RetrieverOutcome, RetrieverStatus
+from fedresearch.core.text import STOPWORDS, has_cjk
 from fedresearch.core.work import WorkPool
 from fedresearch.library.chunking import Chunk
-from fedresearch.library.crosslingual import Counts
+from fedresearch.library.crosslingual import Counts, dictionary
 from fedresearch.library.formats import Section
 from fedresearch.report.citations import Citations, Reference, display_title, reference_entries
 from fedresearch.report.custom import read_custom_prompt
@@ -43,7 +44,7 @@ from fedresearch.report.evidence import (
 )
 from fedresearch.report.language import ENGLISH, Labels, is_chinese, joined, labels_for
 from fedresearch.report.markup import inline_text, link_target
-from fedresearch.report.planner import evidence_phrases
+from fedresearch.report.planner import asked_words, evidence_phrases
 from fedresearch.report.sentences import attributed, authors_year
 from fedresearch.report.types import Layout, form_of
 
@@ -225,6 +226,18 @@ class Pool:
     searched: int
 
 
+def _says_nothing(chinese: str) -> bool:
+    """A Chinese word one of whose first sense's readings is only words that make no heading (同一
+    "identical; the same", 更多 "more")."""
+    words = dictionary()
+    senses = words.senses(chinese)[:1] if words is not None else []
+    for reading in (part for sense in senses for part in sense.split(";")):
+        english = [word for word in re.findall(r"[a-z]+", reading) if word not in STOPWORDS]
+        if all(word in _WEAK for word in english):
+            return True
+    return not senses
+
+
 def _key(text: str) -> str:
     return " ".join(re.sub(r"\W+", " ", text.lower()).split())
 
@@ -281,8 +294,10 @@ class Draft:
         """A phrase the claims' own sentences share (whole words, never a piece of a source's title),
         the one most of the report's sources use among those (a term of the field, not a chance
         pair), in the report's language; else the language's "Further findings"."""
-        asked = {word.lower() for word in re.findall(r"[A-Za-z]+", question)}
+        asked = asked_words(question)
         phrases = evidence_phrases([c.text for c in claims], asked)
+        if self.labels.code != "zh":  # an English report's headings are English (Chinese is quoted, not a heading)
+            phrases = Counter({p: n for p, n in phrases.items() if not has_cjk(p)})
         if self.common is None:
             self.common = evidence_phrases([s.body for s in self.brief.every_source], set())
         common = self.common
@@ -297,6 +312,7 @@ class Draft:
             if not good:
                 continue
             weak = set(phrase.split()) & _WEAK or any(word.endswith("ly") for word in phrase.split())
+            weak = weak or (has_cjk(phrase) and _says_nothing(phrase))
             if weak or phrase in self.phrases or any(phrase in title for title in self.titles):
                 continue
             if re.search(rf"\b{re.escape(phrase)} (?:a|an|the|its|their|each|every|this|that|these)\b", texts):

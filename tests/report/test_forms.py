@@ -259,3 +259,24 @@ def test_the_model_is_asked_for_the_form_the_request_asks():
     shape = model_shape(Brief(QUESTION, ReportType.subtopic_report, [], asked=asked))
     assert "one subtopic of: Vector search" in shape and "already written cover: Memory use" in shape
     assert "disagreements and open questions" in model_shape(Brief(QUESTION, ReportType.research_report, []))
+
+
+CHINESE_NOTES = [
+    "中文没有空格，全文检索需要先做分词，否则整段文字会被当成一个词。二元切分把每两个相邻汉字当作一个词。",
+    "结巴分词基于词典和隐马尔可夫模型做分词，适合中文检索中的关键词匹配。分词错误会直接降低召回率。",
+    "向量检索把文本编码成稠密向量，用余弦相似度排序。多语言编码器可以把中文和英文放进同一个向量空间。",
+    "倒数排名融合把关键词检索和向量检索的排序合并。它只看名次，不需要把两种分数校准到同一尺度。",
+]
+
+
+def test_a_chinese_report_over_chinese_notes_takes_its_headings_from_their_words():
+    found = [result(i + 1, body, f"笔记 {i + 1}") for i, body in enumerate(CHINESE_NOTES)]
+    question = "中文全文检索怎样处理词语边界和排序？"
+    markdown, _ = write_report(Brief(question, ReportType.research_report, fuse(found)))
+    check_invariants(markdown)
+    themed = [h for h in headings(markdown) if h.startswith("关于“")]
+    assert themed, headings(markdown)  # not all "其他发现"
+    for heading in themed:
+        word = heading.removeprefix("关于“").removesuffix("”")
+        assert any(word in note for note in CHINESE_NOTES), heading  # a word of the evidence, whole
+        assert word not in ("检索", "中文", "研究", "方法")  # asked already, or said by any text
