@@ -56,8 +56,8 @@ PASSAGE_READ_CHARS = 2000  # a passage's characters read in English (more than t
 # Senses of each Chinese word whose English full text searches: on med-zh BM25 nDCG@10 was 0.509 with
 # the first, 0.481 with two, 0.505 with three (noise at 30 queries): the first, the fewest terms.
 FULL_TEXT_SENSES = 1
-# Senses of a Chinese word the library's own use may choose among (bench/quality.py on med-zh and
-# cacm-zh, leave one out: the first three, hybrid nDCG@10 0.731 -> 0.733 and 0.344 -> 0.391)
+# Senses of a Chinese word the library's own use may choose among for the encoder (bench/quality.py
+# on med-zh and cacm-zh, leave one out: the first three)
 SENSE_CHOICES = 3
 _PUNCTUATION = re.compile(r"[\u3000-\u303f\uff00-\uff0f\uff1a-\uff20\uff3b-\uff40\uff5b-\uff65]+")
 
@@ -286,9 +286,9 @@ def query_texts(query: str, senses: int = FULL_TEXT_SENSES, counts: Counts | Non
     only, as the Chinese words its English words are (Reverse: it finds Chinese notes; in an English
     library those words match nothing and change no score). A Chinese question's words' English
     glosses join it (`senses` per word for full text, the first for the encoder), and traditional
-    characters are also searched simplified. With `counts` (the library's), each Chinese word is read
-    in the sense the library's own text uses most: 算法 is "algorithm" in a computing library, though
-    CC-CEDICT lists "arithmetic" first."""
+    characters are also searched simplified. With `counts` (the library's), the encoder reads each
+    Chinese word in the sense the library's own text uses most: 算法 is "algorithm" in a computing
+    library, though CC-CEDICT lists "arithmetic" first."""
     if not has_cjk(query) or _CJK.search(query) is None:  # kana and hangul alone: not in CC-CEDICT
         backwards = reverse() if _ENGLISH_WORD.search(query.lower()) else None
         chinese = tuple(backwards.words_for(query[:TRANSLATED_CHARS])) if backwards is not None else ()
@@ -329,7 +329,10 @@ def passage_reading(text: str) -> str:
 
 def _read(words: Dictionary, text: str, senses: int, counts: Counts | None = None) -> tuple[list[str], str]:
     """`text`'s Chinese words' English words (`senses` each, for full text), and the text with each
-    Chinese word replaced by its first sense's English (for the encoder); `counts` chooses senses."""
+    Chinese word replaced by its first sense's English (for the encoder), where `counts` chooses the
+    sense. Full text keeps CC-CEDICT's order: the library's sense there matched English notes on a
+    common word of it ("word" of 分词 "word segmentation") above the Chinese note a Chinese question
+    names, and scored no better in hybrid (med-zh 0.729 against 0.731, cacm-zh 0.371 against 0.373)."""
     pieces: list[str | list[str]] = []  # text between Chinese runs, and each run's words
     at = 0
     for run in _CJK.finditer(text):
@@ -348,6 +351,6 @@ def _read(words: Dictionary, text: str, senses: int, counts: Counts | None = Non
             dense_parts.append(piece)
             continue
         for word in piece:
-            full.extend(words.english(word, senses, used))
+            full.extend(words.english(word, senses))
             dense_parts.append(" ".join(words.english(word, 1, used)))
     return full, " ".join(_PUNCTUATION.sub(" ", " ".join(dense_parts)).split())

@@ -94,6 +94,9 @@ class EmbeddedStore:
     def bm25(self, user_id: str, kind: str | None, query: str, filters: SearchFilters, limit: int) -> Ranking:
         return self.index.search(user_id, kind, query, filters, limit)
 
+    def document_passages(self, user_id: str, document_id: int) -> list[Row]:
+        return list(self.records.document_passages(user_id, document_id))
+
     def term_counts(self, user_id: str, words: Sequence[str]) -> dict[str, int]:
         return self.index.term_counts(words)  # the index's, over every user's passages, as BM25 counts them
 

@@ -178,6 +178,10 @@ class Library:
         vectors = self._embed([embedding_text(r["title"], r["heading"], r["text"]) for r in rows], on_progress)
         self.store.set_vectors(user_id, [(v, r["id"]) for v, r in zip(vectors, rows, strict=True)])
 
+    def document_passages(self, user_id: str, document_id: int) -> list[Row]:
+        """The user's document's passages in order (empty when it is not the user's)."""
+        return self.store.document_passages(user_id, document_id)
+
     def delete_document(self, user_id: str, document_id: int) -> bool:
         return self.store.delete(user_id, document_id)
 

@@ -686,6 +686,15 @@ class PostgresStore:
         ]
         return terms, average
 
+    def document_passages(self, user_id: str, document_id: int) -> list[Row]:
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT id, heading, page, position, text FROM library_passages"
+                " WHERE user_id = %s AND document_id = %s ORDER BY position, id",
+                (user_id, document_id),
+            ).fetchall()
+        return list(rows)
+
     def term_counts(self, user_id: str, words: Sequence[str]) -> dict[str, int]:
         """The user's passages holding each English word, from library_terms (its `english` lexeme)."""
         if not words:

@@ -224,6 +224,15 @@ class Records:
         )
         return {row["id"]: row for row in rows}
 
+    def document_passages(self, user_id: str, document_id: int) -> list[sqlite3.Row]:
+        return list(
+            self.db().execute(
+                "SELECT id, heading, page, position, text FROM chunks WHERE user_id = ? AND document_id = ?"
+                " ORDER BY position, id",
+                (user_id, document_id),
+            )
+        )
+
     def documents(self, user_id: str) -> list[DocumentInfo]:
         rows = self.db().execute(
             "SELECT d.id, d.kind, d.title, d.source, d.added_at, COUNT(c.id) AS chunks"

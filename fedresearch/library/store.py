@@ -56,6 +56,10 @@ class Store(Protocol):
     ) -> Ranking:
         """The user's passages nearest `query_vector` by cosine (scores are cosines)."""
 
+    def document_passages(self, user_id: str, document_id: int) -> list[Row]:
+        """The user's document's passages in order: id, heading, page, position, text (none when the
+        document is not the user's)."""
+
     def term_counts(self, user_id: str, words: Sequence[str]) -> dict[str, int]:
         """How many passages hold each English word (stemmed as full text stems it): BM25's
         document frequencies, which choose a Chinese word's sense (crosslingual.py)."""

@@ -28,12 +28,36 @@ from docx.shared import Mm
 from docx.text.paragraph import Paragraph
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
 from markdown_it.token import Token
 
 from fedresearch.core.text import has_cjk
 from fedresearch.report.fonts import cjk_font_installed
+from fedresearch.report.markup import LIBRARY_LINK
 
 _MARKDOWN = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
+
+
+def _unlink_library(state: StateCore) -> None:
+    """A reference's link to the page's view of a library passage (`#library/…`) opens nothing in a
+    file: its text stays, the link goes."""
+    for token in state.tokens:
+        if token.type != "inline" or not token.children:
+            continue
+        kept: list[Token] = []
+        closing = 0
+        for child in token.children:
+            if child.type == "link_open" and str(child.attrs.get("href") or "").startswith(LIBRARY_LINK):
+                closing += 1
+                continue
+            if child.type == "link_close" and closing:
+                closing -= 1
+                continue
+            kept.append(child)
+        token.children = kept
+
+
+_MARKDOWN.core.ruler.push("unlink_library", _unlink_library)
 _TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
     autoescape=select_autoescape(["html", "j2"]),

@@ -35,6 +35,9 @@ def read_text(markdown: str) -> str:
     return _ESCAPED.sub(r"\1", markdown)
 
 
+LIBRARY_LINK = "#library/"  # where the page opens a passage of the user's library (page.js)
+
+
 def link_target(url: str) -> str:
     """A URL as a Markdown link target: one token that no reader ends early. A DOI such as
     10.1016/0306-4573(88)90021-0 keeps its parentheses as %28 %29, a line break in an address becomes

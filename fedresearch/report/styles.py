@@ -21,7 +21,7 @@ from citeproc.source.json import CiteProcJSON
 
 from fedresearch.core.citation_styles import DEFAULT_STYLE, style_file
 from fedresearch.report.bibliography import Citation
-from fedresearch.report.markup import inline_text, link_target
+from fedresearch.report.markup import LIBRARY_LINK, inline_text, link_target
 
 log = logging.getLogger("fedresearch")
 
@@ -203,5 +203,22 @@ def _where(citation: Citation, language: str) -> str:
     if citation.document:
         parts.append(f"*{_escape(citation.document)}*")
     if citation.location and not citation.link:
-        parts.append(_escape(citation.location))
+        shown = _escape(citation.location)
+        target = library_target(citation)
+        parts.append(f"[{shown}]({target})" if target else shown)
     return " — " + ", ".join(parts)
+
+
+def library_target(citation: Citation) -> str | None:
+    """The page's address of a library passage: `#library/<document>/<passage>` for a highlight,
+    `#library/<document>?page=<n>` for a PDF page, else the document; None without a document id.
+    The exports other than Markdown print it as text (exports.py): outside the page it opens nothing."""
+    if not citation.document_id or not citation.document_id.isdigit():
+        return None
+    target = f"{LIBRARY_LINK}{citation.document_id}"
+    kind, _, passage = (citation.location or "").partition(":")
+    if kind == "highlight" and passage.isdigit():
+        return f"{target}/{passage}"
+    if citation.page is not None:
+        return f"{target}?page={citation.page}"
+    return target

@@ -221,6 +221,23 @@ async def get_document(request: web.Request) -> web.Response:
     raise json_error(web.HTTPNotFound, f"no document {document_id} for this user")
 
 
+async def document_passages(request: web.Request) -> web.Response:
+    """A document of the user's library as its passages, in order: what a report's reference to a
+    note or a PDF page opens on the page (`#library/<id>/<passage>`)."""
+    user = acting_user(request, principal_of(request))
+    document_id = _document_id(request)
+    library = library_of(request)
+    documents = await library.threads.run(library.list_documents, user)
+    info = next((d for d in documents if d.id == document_id), None)
+    if info is None:
+        raise json_error(web.HTTPNotFound, f"no document {document_id} for this user")
+    rows = await library.threads.run(library.document_passages, user, document_id)
+    passages = [
+        {"id": str(row["id"]), "heading": row["heading"], "page": row["page"], "text": row["text"]} for row in rows
+    ]
+    return web.json_response({"document": document_json(info), "passages": passages})
+
+
 async def delete_document(request: web.Request) -> web.Response:
     user = acting_user(request, principal_of(request))
     document_id = _document_id(request)
@@ -234,4 +251,5 @@ def register(app: web.Application) -> None:
     app.router.add_post("/api/documents", upload)
     app.router.add_get("/api/documents", list_documents)
     app.router.add_get("/api/documents/{id}", get_document)
+    app.router.add_get("/api/documents/{id}/passages", document_passages)
     app.router.add_delete("/api/documents/{id}", delete_document)

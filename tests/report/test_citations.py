@@ -110,10 +110,11 @@ def test_an_apa_entry_names_authors_year_title_venue_and_links_its_doi():
     assert "*SIGIR*" in paper and paper.endswith(
         "[https://doi.org/10.1145/1571941.1572114](https://doi.org/10.1145/1571941.1572114)"
     )
-    # a note of the user's library names its document, its section and where it is
+    # a note of the user's library names its document, its section and where it is, linked to the
+    # page's view of that passage
     assert note == (
         "*Notes on hybrid search*. (n.d.). — note in your library, file hybrid\\_search.md, "
-        "section “Fusing rankings”, highlight:8"
+        "section “Fusing rankings”, [highlight:8](#library/6/8)"
     )
     assert page.startswith("张三. (2023). *稠密检索综述*. — file in your library, file dense\\_survey.pdf, p. 3")
     assert web.startswith("weaviate.io. (n.d.). *Hybrid search explained*. Retrieved November 28, 2026, from [https")

@@ -65,6 +65,10 @@ async def test_upload_list_get_delete(api):
     assert isinstance(note["id"], str)
     status, one = await api("GET", f"/api/documents/{note['id']}")
     assert status == 200 and one == note
+    status, read = await api("GET", f"/api/documents/{note['id']}/passages")  # what a reference opens on the page
+    assert status == 200 and read["document"] == note
+    assert [p["heading"] for p in read["passages"]] == ["Rank fusion"]
+    assert "It needs no score calibration." in read["passages"][0]["text"]
     status, _ = await api("DELETE", f"/api/documents/{note['id']}")
     assert status == 200
     assert (await api("GET", f"/api/documents/{note['id']}"))[0] == 404
@@ -77,6 +81,9 @@ async def test_a_user_never_sees_another_users_documents(api):
     (bobs,) = (await api("GET", key="bob-key"))[1]["documents"]
     assert (await api("GET", key="alice-key"))[1]["total"] == 0
     assert (await api("GET", f"/api/documents/{bobs['id']}", key="alice-key"))[0] == 404
+    assert (await api("GET", f"/api/documents/{bobs['id']}/passages", key="alice-key"))[0] == 404
+    status, read = await api("GET", f"/api/documents/{bobs['id']}/passages", key="bob-key")
+    assert status == 200 and "unpublished trick" in read["passages"][0]["text"]
     assert (await api("DELETE", f"/api/documents/{bobs['id']}", key="alice-key"))[0] == 404
     status, answer = await api("GET", key="alice-key", params={"user_id": "bob"})
     assert status == 403 and "alice" in answer["error"]

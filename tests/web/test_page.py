@@ -199,6 +199,7 @@ async def test_a_question_runs_to_a_cited_report_with_exports_chat_history_and_u
     assert any("evil.test" in text and "127.0.0.1" in text for _, text in read)  # skipped, and why
 
     await _check_citations(page)
+    await _check_library_passage(page)
     await _check_exports(page)
     await _check_chat(page)
     await _check_upload(page, tmp_path)
@@ -227,6 +228,22 @@ async def _check_citations(page: Any) -> None:
     assert "noopener" in (await source.get_attribute("rel") or "")
 
 
+async def _check_library_passage(page: Any) -> None:
+    """A reference to one of the user's notes opens its passages here, the cited one marked."""
+    note = page.locator("#report ol.references a[href^='#library/']").first
+    label = await note.inner_text()
+    assert label.startswith("highlight:") and await note.get_attribute("target") is None
+    await note.click()
+    cited = page.locator("#passage-view[open] #passage-body section.cited")
+    await cited.wait_for(timeout=10_000)
+    title = await page.inner_text("#passage-title")
+    assert title and title != "In your library"  # the note's own title
+    assert len((await cited.inner_text()).strip()) > 20
+    assert await page.evaluate("location.hash") != (await note.get_attribute("href"))  # no navigation
+    await page.click("#passage-close")
+    assert await page.locator("#passage-view[open]").count() == 0
+
+
 async def _check_exports(page: Any) -> None:
     kinds = await page.eval_on_selector_all("#downloads button", "buttons => buttons.map(b => b.dataset.kind)")
     assert kinds == list(EXPORT_FORMATS) == ["md", "html", "pdf", "docx", "json", "bib", "ris"]  # the formats' registry
@@ -234,9 +251,11 @@ async def _check_exports(page: Any) -> None:
     assert pdf.startswith(b"%PDF-")
     text = " ".join(" ".join(p.extract_text() for p in pypdf.PdfReader(io.BytesIO(pdf)).pages).split())
     assert "References" in text and "Reciprocal Rank Fusion Outperforms" in text
+    assert "highlight:" in text and "#library/" not in text  # a note's id as text: its page link opens nothing here
     word = docx.Document(io.BytesIO(await _downloaded(page, "docx")))
     paragraphs = [paragraph.text for paragraph in word.paragraphs]
     assert "References" in paragraphs
+    assert not [rel for rel in word.part.rels.values() if "#library/" in str(rel._target)]
     assert any("Reciprocal Rank Fusion Outperforms" in text for text in paragraphs)
 
 

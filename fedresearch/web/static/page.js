@@ -547,6 +547,7 @@
       }
     }
     for (const link of article.querySelectorAll("a[href]")) {
+      if (link.getAttribute("href").startsWith(LIBRARY_LINK)) continue; // opened here (openPassage)
       link.target = "_blank";
       link.rel = "noopener noreferrer";
     }
@@ -1099,6 +1100,45 @@
     loadHistory();
   }
 
+  // ---- a library passage a reference names ---------------------------------------------------
+  // A reference to a note or a PDF page links to #library/<document>[/<passage>][?page=<n>]: its
+  // document's passages are shown here, the cited one marked (the exports print the link as text).
+  const LIBRARY_LINK = "#library/";
+
+  async function openPassage(href) {
+    const match = /^#library\/(\d+)(?:\/(\d+))?(?:\?page=(\d+))?$/.exec(href);
+    if (!match) return;
+    const [, documentId, passageId, page] = match;
+    const view = $("passage-view");
+    const body = $("passage-body");
+    $("passage-title").textContent = t("libraryPassage");
+    body.replaceChildren(element("p", { class: "status", text: t("loading") }));
+    if (!view.open) view.showModal();
+    let found;
+    try {
+      found = await (await api(withUser(`api/documents/${documentId}/passages`))).json();
+    } catch (error) {
+      body.replaceChildren(element("p", { class: "failure", text: error.status === 404 ? t("passageMissing") : error.message }));
+      return;
+    }
+    $("passage-title").textContent = found.document.title || found.document.source;
+    let cited = null;
+    const items = found.passages.map((passage) => {
+      const where = [passage.heading, passage.page !== null ? t("pageNumber", { page: passage.page }) : ""]
+        .filter(Boolean).join(" · ");
+      const item = element("section", { class: "passage" },
+        where ? element("h3", { text: where }) : null, element("p", { text: passage.text }));
+      const isCited = passageId ? passage.id === passageId : page && String(passage.page) === page;
+      if (isCited && !cited) {
+        item.classList.add("cited");
+        cited = item;
+      }
+      return item;
+    });
+    body.replaceChildren(...items);
+    if (cited) cited.scrollIntoView({ block: "center" });
+  }
+
   function resumeAfterReload() {
     let saved = null;
     try {
@@ -1129,6 +1169,13 @@
       if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("ask-form").requestSubmit();
     });
     $("chat-form").addEventListener("submit", askChat);
+    document.addEventListener("click", (event) => {
+      const link = event.target.closest && event.target.closest(`a[href^="${LIBRARY_LINK}"]`);
+      if (!link) return;
+      event.preventDefault();
+      openPassage(link.getAttribute("href"));
+    });
+    $("passage-close").addEventListener("click", () => $("passage-view").close());
     $("upload-form").addEventListener("submit", upload);
     window.addEventListener("online", () => {
       if (!socket && run.researchId && !run.finished) resume(run.researchId);
