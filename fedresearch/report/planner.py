@@ -20,6 +20,7 @@ from fedresearch.core.models import FusedResult
 from fedresearch.core.text import STOPWORDS, cjk_bigrams
 from fedresearch.library.crosslingual import chinese_words
 from fedresearch.report.evidence import Gate
+from fedresearch.report.language import is_chinese
 from fedresearch.report.llm import LlmConfig, ThinkFilter, WriterFailure, complete
 
 if TYPE_CHECKING:
@@ -119,21 +120,50 @@ def sub_questions(
     ]
 
 
-def planning_messages(question: str, sources: Sequence[FusedResult], count: int) -> list[ChatCompletionMessageParam]:
-    """The question and the titles of the first results, so sub-questions are about what can be found."""
+_LANGUAGE_NAMES = {"en": "English", "zh": "Chinese"}
+_TRANSLATED = re.compile(r"\s*\|\|\s*")  # "sub-question || the same in the sources' language"
+
+
+def source_languages(sources: Sequence[FusedResult]) -> list[str]:
+    """The languages the first results are written in ("en", "zh"), the user's library's first: what
+    a sub-question must also be written in to find them (an English paper for a Chinese question)."""
+    first = [s for s in sources[:20] if s.kind == "library"][:10] or list(sources[:10])
+    found = {"zh" if is_chinese(f"{s.title} {s.body[:300]}") else "en" for s in first}
+    return sorted(found)
+
+
+def planning_messages(
+    question: str, sources: Sequence[FusedResult], count: int, languages: Sequence[str] = ()
+) -> list[ChatCompletionMessageParam]:
+    """The question and the titles of the first results, so sub-questions are about what can be found;
+    when those are in a language the question is not (`languages`), each sub-question also in it."""
     titles = "\n".join(f"- {' '.join(s.title.split())[:160]}" for s in sources[:10] if s.title.strip())
+    other = _other_language(question, languages)
+    form = f"1. … to {count}. …, one per line"
+    if other:
+        form = (
+            f"1. … to {count}. …, one per line, each written as: the sub-question in the question's language, "
+            f"then ' || ', then the same search query in {other} (the sources are in {other})"
+        )
     system = (
         f"You plan research. Split the user's question into {count} distinct sub-questions that together "
         "cover it, each one a self-contained search query a researcher would type, in the question's "
-        f"language. Answer with a numbered list only: 1. … to {count}. …, one per line, nothing else."
+        f"language. Answer with a numbered list only: {form}, nothing else."
     )
     user = f"Question: {question}" + (f"\n\nFirst results found so far:\n{titles}" if titles else "")
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
+def _other_language(question: str, languages: Sequence[str]) -> str | None:
+    asked = "zh" if is_chinese(question) else "en"
+    others = [_LANGUAGE_NAMES[code] for code in languages if code != asked and code in _LANGUAGE_NAMES]
+    return " and ".join(others) or None
+
+
 def numbered_list(answer: str, question: str, count: int) -> list[str]:
     """The sub-questions of a model's answer: `<think>` removed, list markers, bold and quotes stripped,
-    repeats of each other or of the question dropped, at most `count`."""
+    repeats of each other or of the question dropped, at most `count`. A sub-question written in two
+    languages keeps both ("中文 || English")."""
     thinking = ThinkFilter()
     text = thinking.feed(answer) + thinking.close()
     found: list[str] = []
@@ -142,13 +172,23 @@ def numbered_list(answer: str, question: str, count: int) -> list[str]:
         match = _ITEM.match(line)
         if match is None:
             continue
-        item = " ".join(match.group(1).strip("*_`\"'“”‘’ ").split())
+        item = " || ".join(
+            " ".join(part.strip("*_`\"'“”‘’ ").split()) for part in _TRANSLATED.split(match.group(1)) if part.strip()
+        )
         key = _key(item)
         if (len(item.split()) < _MIN_WORDS and not cjk_bigrams(item)) or len(item) > _MAX_CHARS or key in seen:
             continue
         seen.add(key)
         found.append(item)
     return found[:count]
+
+
+def sub_question(item: str) -> SubQuestion:
+    """A planned sub-question: its heading in the question's language, its query in that and, where
+    the model wrote one, the sources' language too (the library reads each; a search engine both)."""
+    heading, _, translated = item.partition(" || ")
+    query = f"{heading} {translated}" if translated else heading
+    return SubQuestion(query, heading)
 
 
 def _key(text: str) -> str:
@@ -159,8 +199,8 @@ async def model_sub_questions(
     config: LlmConfig, question: str, sources: Sequence[FusedResult], count: int = 3
 ) -> list[SubQuestion]:
     """The model's sub-questions; WriterFailure (or the SDK's error) when it gives none."""
-    answer = await complete(config, planning_messages(question, sources, count))
+    answer = await complete(config, planning_messages(question, sources, count, source_languages(sources)))
     found = numbered_list(answer, question, count)
     if len(found) < 2:
         raise WriterFailure(f"the model's plan had {len(found)} usable sub-question(s), not a numbered list")
-    return [SubQuestion(item, item) for item in found]
+    return [sub_question(item) for item in found]

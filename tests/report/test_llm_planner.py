@@ -132,3 +132,50 @@ async def test_tasks_share_one_client_and_connection_to_the_model(tmp_path, fake
         await fake.stop()
     assert len(fake.requests) == 6  # each task: its plan, then its report (refused: the extractive writer)
     assert len(set(fake.peers)) == 1
+
+
+ZH_TASK = "混合检索系统如何合并关键词排序和向量排序？"
+ZH_PLAN = [
+    ("倒数排名融合如何合并多个排序？", "How does reciprocal rank fusion merge several rankings?"),
+    ("稠密检索器如何编码查询和段落？", "How do dense retrievers encode queries and passages?"),
+]
+
+
+async def test_a_chinese_question_over_english_sources_is_planned_in_both_languages(tmp_path, fakes, start_server):
+    def bilingual(body: dict[str, Any]) -> Answer:
+        if body.get("stream"):
+            return Answer(status=500)
+        return Answer(pieces=[f"{n}. {zh} || {en}\n" for n, (zh, en) in enumerate(ZH_PLAN, 1)])
+
+    fake = await FakeOpenAI().start()
+    fake.script = [bilingual]
+    settings = make_settings(tmp_path, fakes, llm_base_url=fake.url, llm_model="small", llm_max_retries=0)
+    server = await start_server(settings)
+    try:
+        async with websockets.connect(server.ws_url) as ws:
+            task = {"task": ZH_TASK, "report_type": "detailed_report", "headers": {"retrievers": "tavily"}}
+            frames = await run_task(ws, task)
+    finally:
+        await fake.stop()
+    system = fake.requests[0]["messages"][0]["content"]
+    assert "' || ', then the same search query in English" in system  # the fake Tavily's results are English
+    asked = {request["body"]["query"] for request in fakes["tavily"].requests}
+    for zh, en in ZH_PLAN:
+        assert f"{zh} {en}" in asked  # each sub-question searched in both languages
+    headings = [line for line in report_of(frames).splitlines() if line.startswith("## ")]
+    assert f"## {ZH_PLAN[0][0]}" in headings  # a section headed in the question's language only
+    assert not [h for h in headings for _, en in ZH_PLAN if en in h]
+
+
+def test_a_question_in_the_sources_language_is_planned_in_it_alone():
+    from fedresearch.report.planner import numbered_list, planning_messages, sub_question
+
+    english = planning_messages(TASK, [], 3, ["en"])[0]["content"]
+    assert "||" not in english
+    assert "same search query in Chinese" in planning_messages(TASK, [], 3, ["en", "zh"])[0]["content"]
+    assert numbered_list("1. 倒数排名融合 || reciprocal rank fusion basics\n2. x", ZH_TASK, 3) == [
+        "倒数排名融合 || reciprocal rank fusion basics"
+    ]
+    assert sub_question("倒数排名融合 || reciprocal rank fusion").query == "倒数排名融合 reciprocal rank fusion"
+    assert sub_question("倒数排名融合 || reciprocal rank fusion").heading == "倒数排名融合"
+    assert sub_question(PLAN[0]).query == PLAN[0] == sub_question(PLAN[0]).heading
