@@ -168,6 +168,12 @@ async def run_task(ws: Any, task: dict[str, Any], prefix: str = "start ") -> lis
                 return frames
 
 
+async def research_frames(server: RunningServer, task: dict[str, Any]) -> list[dict[str, Any]]:
+    """One task over a WebSocket of its own, to its `path` frame (run_task)."""
+    async with websockets.connect(server.ws_url) as ws:
+        return await run_task(ws, task)
+
+
 def error_of(frames: list[dict[str, Any]]) -> dict[str, Any]:
     """The first error frame of a task."""
     return next(frame for frame in frames if frame.get("type") == "error")

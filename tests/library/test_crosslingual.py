@@ -13,7 +13,7 @@ from fedresearch.library.crosslingual import ENGLISH_TERMS, query_texts
 from fedresearch.library.facade import Library, embedding_text
 from fedresearch.library.formats import Document, Section
 from fedresearch.library.ingest import ingest
-from tests.conftest import EXAMPLES, report_of, run_task, settings_at
+from tests.conftest import EXAMPLES, report_of, research_frames, run_task, settings_at
 
 PAPERS = [
     ("lens", "The crystalline lens in vertebrates", "Proteins of the crystalline lens of vertebrates."),
@@ -196,16 +196,9 @@ async def test_a_research_task_in_english_cites_the_chinese_note_that_answers_it
 ):
     settings = settings_at(tmp_path, library_location)
     ingest(Library(settings.library_location, encoder=encoder), "alice", [EXAMPLES])
-    server = await start_server(settings)
-    async with websockets.connect(server.ws_url) as ws:
-        frames = await run_task(
-            ws,
-            {
-                "task": "How do full-text search engines cope with Chinese text that has no spaces between words?",
-                "headers": {"retrievers": "internal_biblio,internal_highlight", "user_id": "alice"},
-            },
-        )
-    report = report_of(frames)
+    question = "How do full-text search engines cope with Chinese text that has no spaces between words?"
+    headers = {"retrievers": "internal_biblio,internal_highlight", "user_id": "alice"}
+    report = report_of(await research_frames(await start_server(settings), {"task": question, "headers": headers}))
     answer = report.split("## Answer", 1)[1].split("\n## ", 1)[0]
     assert "二元字符切分" in answer  # the note on segmentation, quoted as written (examples/library/notes)
     assert "中文检索笔记" in report.split("## References", 1)[1]

@@ -54,7 +54,7 @@ def planned(body: dict[str, Any]) -> Answer:
 
 
 async def research(
-    tmp_path: Any, fakes: Any, start_server: Any, fake: FakeOpenAI, llm_timeout_s: float = 10
+    tmp_path: Any, fakes: Any, start_server: Any, fake: FakeOpenAI, llm_timeout_s: float = 10, task: str = TASK
 ) -> list[dict[str, Any]]:
     """A detailed report planned by `fake`. The model's deadline is short only where a test waits it
     out: at 1 s a loaded CI machine once let it pass before the plan's request reached the fake."""
@@ -63,8 +63,7 @@ async def research(
     )
     server = await start_server(settings)
     async with websockets.connect(server.ws_url) as ws:
-        task = {"task": TASK, "report_type": "detailed_report", "headers": {"retrievers": "tavily"}}
-        return await run_task(ws, task)
+        return await run_task(ws, {"task": task, "report_type": "detailed_report", "headers": {"retrievers": "tavily"}})
 
 
 async def test_the_models_sub_questions_each_go_to_every_retriever(tmp_path, fakes, start_server):
@@ -149,12 +148,8 @@ async def test_a_chinese_question_over_english_sources_is_planned_in_both_langua
 
     fake = await FakeOpenAI().start()
     fake.script = [bilingual]
-    settings = make_settings(tmp_path, fakes, llm_base_url=fake.url, llm_model="small", llm_max_retries=0)
-    server = await start_server(settings)
     try:
-        async with websockets.connect(server.ws_url) as ws:
-            task = {"task": ZH_TASK, "report_type": "detailed_report", "headers": {"retrievers": "tavily"}}
-            frames = await run_task(ws, task)
+        frames = await research(tmp_path, fakes, start_server, fake, task=ZH_TASK)
     finally:
         await fake.stop()
     system = fake.requests[0]["messages"][0]["content"]
