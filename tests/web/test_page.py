@@ -240,6 +240,8 @@ async def _check_library_passage(page: Any) -> None:
     assert title and title != "In your library"  # the note's own title
     assert len((await cited.inner_text()).strip()) > 20
     assert await page.evaluate("location.hash") != (await note.get_attribute("href"))  # no navigation
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(SHOTS / "library-passage.png"))  # where a reviewer looks
     await page.click("#passage-close")
     assert await page.locator("#passage-view[open]").count() == 0
 
