@@ -105,6 +105,13 @@ def _surname(name: str) -> str:
     return name.split(" ")[-1]
 
 
+# a second verb of the same subject: "… as term vectors and ranks by similarity" (a noun after "and"
+# is followed by its own words, not by a preposition or an article: "documents and queries as …")
+_COORDINATED = re.compile(
+    r"(\band )([a-z]{3,}(?<!ss)(?<!us)(?<!is)s)( (?:by|with|to|from|into|on|the|a|an|its|their|them|it|each|every)\b)"
+)
+
+
 def _plural(verb: str) -> str:
     """ "builds" -> "build", "applies" -> "apply", "uses" -> "use" (after a plural subject)."""
     if verb.endswith("ies") and len(verb) > 4:
@@ -126,7 +133,10 @@ def attributed(sentence: str, source: FusedResult, note: str) -> str:
     verb = words[0].lower()
     if who is not None:
         several = " and " in who or "et al." in who
-        return " ".join([who, _plural(verb) if several else verb, *words[1:]])
+        if not several:
+            return " ".join([who, verb, *words[1:]])
+        rest = _COORDINATED.sub(lambda m: f"{m.group(1)}{_plural(m.group(2))}{m.group(3)}", " ".join(words[1:]))
+        return " ".join([who, _plural(verb), rest])
     if users_own(source):
         return note.format(text=sentence)
     title = " ".join(source.title.split())

@@ -280,3 +280,16 @@ def test_a_chinese_report_over_chinese_notes_takes_its_headings_from_their_words
         word = heading.removeprefix("关于“").removesuffix("”")
         assert any(word in note for note in CHINESE_NOTES), heading  # a word of the evidence, whole
         assert word not in ("检索", "中文", "研究", "方法")  # asked already, or said by any text
+
+
+def test_a_plural_subject_agrees_with_each_of_its_verbs():
+    from fedresearch.report.sentences import attributed
+
+    (salton,) = fuse(
+        [result(1, "x", "A Vector Space Model", authors=["G. Salton", "A. Wong", "C. S. Yang"], year=1975)]
+    )
+    said = attributed("Represents documents and queries as term vectors and ranks by similarity.", salton, "{text}")
+    assert said == "Salton et al. (1975) represent documents and queries as term vectors and rank by similarity."
+    (one,) = fuse([result(2, "x", "Alone", authors=["G. Salton"], year=1971)])
+    alone = attributed("Represents documents and ranks them by similarity.", one, "{text}")
+    assert alone == "Salton (1971) represents documents and ranks them by similarity."
