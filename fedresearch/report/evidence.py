@@ -19,7 +19,7 @@ from fedresearch.core.text import STOPWORDS, cjk_bigrams, has_cjk, split_sentenc
 from fedresearch.library.chunking import Chunk, chunk_sections
 from fedresearch.library.crosslingual import Counts, chinese_words, passage_reading, query_texts
 from fedresearch.library.formats import Section
-from fedresearch.report.sentences import is_cut, tidy
+from fedresearch.report.sentences import is_cut, note_fragment, tidy, users_own
 
 _WORD = re.compile(r"[a-z0-9]+")
 _CITATION_LIKE = re.compile(r"\[(\d+(?:\s*[,–-]\s*\d+)*)\]")
@@ -360,7 +360,11 @@ def select_claims(question: str, chosen: Sequence[Ranked], max_claims: int, per_
     wanted = question_terms(question)
     candidates: list[Claim] = []
     for rank_index, ranked in enumerate(chosen):
+        own = users_own(ranked.evidence.source)
         for position, sentence in enumerate(claim_sentences(ranked.evidence.text, ranked.evidence.source.title)):
+            if own and note_fragment(sentence):
+                continue  # "Worth measuring … first.": no finding; it goes with its note's question
+
             overlap = len(wanted.intersection(terms(sentence))) / (len(wanted) or 1)
             lead = 0.1 if position == 0 else 0.0  # a summary's first sentence usually states its point
             score = ranked.score * 100 + overlap + lead - 0.01 * rank_index

@@ -34,6 +34,7 @@ class Labels:
     conclusion_parts: str
     no_disagreement: str
     your_note: str  # a user's note, quoted: {text}
+    your_question: str  # a question the user's note asks, quoted: {text}
     foreign: str  # said once, atop a report that quotes evidence in another language as it is
     could_not_follow: str
     followed: str
@@ -80,6 +81,7 @@ ENGLISH = Labels(
     conclusion_parts="Taken together, the {parts} parts above rest on {count} sources that bear on the question.",
     no_disagreement="No source found here disputes another, and none names an open question.",
     your_note="Your note says: “{text}”",
+    your_question="Your note asks: “{text}”",
     foreign="Some sources are in another language: their sentences are quoted as they are, untranslated.",
     could_not_follow="The offline writer could not follow this part of the custom prompt: {items}.",
     followed="Written as the custom prompt asks: {items}.",
@@ -123,6 +125,7 @@ CHINESE = Labels(
     conclusion_parts="以上 {parts} 个部分共依据 {count} 个与这个问题相关的来源。",
     no_disagreement="这里找到的来源之间没有相互矛盾之处，也没有来源指出未决问题。",
     your_note="你的笔记写道：“{text}”",
+    your_question="你的笔记问道：“{text}”",
     foreign="部分来源为其他语言（如英文）：其句子按原文引用，未经翻译。",
     could_not_follow="离线写作器无法按照自定义要求的这一部分写作：{items}。",
     followed="按自定义要求写作：{items}。",

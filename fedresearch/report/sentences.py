@@ -61,6 +61,19 @@ def is_cut(sentence: str) -> bool:
     return bool(_CUT.search(sentence))
 
 
+# how a note's line that is no statement begins: "Worth measuring on MED first.", "Maybe not."
+_FRAGMENT_OPENERS = frozenset({
+    "worth", "probably", "maybe", "perhaps", "possibly", "todo", "check", "try",
+    "remember", "need", "needs", "should", "must", "could", "might",
+})  # fmt: skip
+
+
+def note_fragment(sentence: str) -> bool:
+    """A line of a note that says no finding by itself ("Worth measuring on MED and CISI first.")."""
+    first = sentence.split(maxsplit=1)[0].strip(",:;").lower() if sentence.split() else ""
+    return first in _FRAGMENT_OPENERS
+
+
 def first_person(sentence: str) -> bool:
     return bool(_FIRST_PERSON.search(sentence))
 
@@ -124,7 +137,7 @@ def _plural(verb: str) -> str:
 def attributed(sentence: str, source: FusedResult, note: str) -> str:
     """`sentence` said to be whose it is where it does not say so itself. `note` is the language's
     "Your note says: “{text}”"."""
-    if users_own(source) and first_person(sentence):
+    if users_own(source) and (first_person(sentence) or note_fragment(sentence)):
         return note.format(text=sentence)
     if not subjectless(sentence):
         return sentence

@@ -23,7 +23,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from fedresearch.core.identifiers import is_url
 from fedresearch.core.models import FusedResult, ReportType, RetrieverOutcome, RetrieverStatus
-from fedresearch.core.text import STOPWORDS, has_cjk
+from fedresearch.core.text import STOPWORDS, has_cjk, split_sentences
 from fedresearch.core.work import WorkPool
 from fedresearch.library.chunking import Chunk
 from fedresearch.library.crosslingual import Counts, dictionary
@@ -38,6 +38,7 @@ from fedresearch.report.evidence import (
     diversify,
     gather,
     jaccard,
+    question_terms,
     rank,
     select_claims,
     terms,
@@ -45,7 +46,7 @@ from fedresearch.report.evidence import (
 from fedresearch.report.language import ENGLISH, Labels, is_chinese, joined, labels_for
 from fedresearch.report.markup import inline_text, link_target
 from fedresearch.report.planner import asked_words, evidence_phrases
-from fedresearch.report.sentences import attributed, authors_year
+from fedresearch.report.sentences import attributed, authors_year, note_fragment, users_own
 from fedresearch.report.types import Layout, form_of
 
 TEMPLATES = Environment(
@@ -351,10 +352,35 @@ class Draft:
         return blocks
 
     def open_questions(self, question: str, pool: Pool) -> list[str]:
-        """Sentences of the evidence that dispute, limit or leave open, not stated yet."""
+        """Sentences of the evidence that dispute, limit or leave open, not stated yet; and the
+        questions the user's own notes ask about what the report asks (no finding, yet open)."""
         candidates = select_claims(question, diversify(pool.ranked, k=40, per_source=4), max_claims=80)
         found = [c for c in candidates if _OPEN.search(c.text) and _key(c.text) not in self.stated][:4]
-        return self.paragraphs(found)
+        return self.paragraphs(found) + self.notes_ask(question, pool)
+
+    def notes_ask(self, question: str, pool: Pool, most: int = 2) -> list[str]:
+        """The questions of the user's notes that share a term with `question`, quoted as theirs."""
+        wanted = question_terms(question)
+        asked: list[str] = []
+        for ranked in pool.ranked:
+            source = ranked.evidence.source
+            if not users_own(source):
+                continue
+            said = [" ".join(sentence.split()) for sentence in split_sentences(ranked.evidence.text)]
+            for at, sentence in enumerate(said):
+                if not sentence.endswith(("?", "？")) or _key(sentence) in self.stated:
+                    continue
+                if not wanted & set(terms(sentence)):
+                    continue
+                self.stated.add(_key(sentence))
+                marks = citation_marks([source], self.citations)[0]
+                line = f"{inline_text(self.labels.your_question.format(text=sentence))} {marks}"
+                if at + 1 < len(said) and note_fragment(said[at + 1]):  # "…? Worth measuring first."
+                    line += f" {inline_text(self.labels.your_note.format(text=said[at + 1]))} {marks}"
+                asked.append(line)
+                if len(asked) >= most:
+                    return asked
+        return asked
 
     def notice(self, pool: Pool) -> list[str]:
         """What the report says when little or nothing bears on its question."""

@@ -293,3 +293,27 @@ def test_a_plural_subject_agrees_with_each_of_its_verbs():
     (one,) = fuse([result(2, "x", "Alone", authors=["G. Salton"], year=1971)])
     alone = attributed("Represents documents and ranks them by similarity.", one, "{text}")
     assert alone == "Salton (1971) represents documents and ranks them by similarity."
+
+
+def test_a_notes_question_is_an_open_question_and_its_fragment_goes_with_it():
+    note = SearchResult(
+        href="highlight:9",
+        title="My notes",
+        body=(
+            "The proximity graph search is fast for nearest neighbour search in practice. "
+            "Should the proximity graph be rebuilt after many deletions? Worth measuring on our data first."
+        ),
+        retriever="internal_highlight",
+        rank=1,
+        kind="library",
+        metadata={"type": "highlight"},
+    )
+    found = fuse([*(result(i + 1, body, f"Graph indexing study {i + 1}") for i, body in enumerate(HNSW)), note])
+    markdown, _, verification = write_extractive(Brief(QUESTION, ReportType.research_report, found))
+    check_invariants(markdown)
+    open_part = markdown.split("## Disagreements and open questions", 1)[1].split("\n## ", 1)[0]
+    assert "Your note asks: “Should the proximity graph be rebuilt after many deletions?”" in open_part
+    assert "Your note says: “Worth measuring on our data first.”" in open_part
+    assert markdown.count("Worth measuring") == 1  # not a finding of its own elsewhere
+    asked = [s for s in verification.sentences if "rebuilt after many deletions" in s.text or "Worth" in s.text]
+    assert asked and all(s.verdict == "supported" for s in asked), [(s.text, s.verdict) for s in asked]
