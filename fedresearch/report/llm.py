@@ -16,12 +16,11 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fedresearch.core.settings import Settings, secret
-from fedresearch.report.evidence import Evidence
 from fedresearch.report.tokens import Budget, message_tokens
 
 if TYPE_CHECKING:  # the SDK is imported by the first client made: a server without a model never
@@ -30,7 +29,6 @@ if TYPE_CHECKING:  # the SDK is imported by the first client made: a server with
     from openai.types.chat import ChatCompletionMessageParam
 
 _OPEN, _CLOSE = "<think>", "</think>"
-_PASSAGE_CHARS = 900
 _ENDINGS = ("## references", "## sources", "references:", "sources:", "## 参考", "## bibliography")
 
 
@@ -173,36 +171,6 @@ def llm_config(
         settings.llm_context_tokens,
     )
     return config, note
-
-
-def seen_text(passage: Evidence) -> str:
-    """The passage as the model is shown it (and as its sentences are checked against)."""
-    return " ".join(passage.text.split())[:_PASSAGE_CHARS]
-
-
-def numbered_passages(passages: Sequence[Evidence]) -> str:
-    lines = []
-    for number, passage in enumerate(passages, start=1):
-        title = " ".join(passage.source.title.split())[:160]
-        text = seen_text(passage)
-        lines.append(f"[{number}] ({title}) {text}" if title else f"[{number}] {text}")
-    return "\n\n".join(lines)
-
-
-def messages_for(
-    question: str, passages: Sequence[Evidence], language: str, shape: str
-) -> list[ChatCompletionMessageParam]:
-    """The model's instructions and evidence; `shape` is what its report type asks for (types.py)."""
-    system = (
-        "You write research reports using only the numbered evidence passages you are given. "
-        "End every sentence that states a fact with the marker of each passage that states it, "
-        "exactly as numbered, e.g. [2] or [1][3]. Never cite a number that is not listed; never add "
-        "facts, figures or names the passages do not state; if the passages do not answer something, say so. "
-        f"Write {shape}. No title, no reference list, no URLs. Separate paragraphs with a blank line. "
-        f"Write in {language}."
-    )
-    user = f"Question: {question}\n\nEvidence passages:\n\n{numbered_passages(passages)}"
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 class ThinkFilter:
