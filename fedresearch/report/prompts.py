@@ -148,9 +148,10 @@ def section_messages(
 
 def summary_messages(
     question: str, section: PlannedSection, drafts: Sequence[Draft], language: str, asked: str, budget: Budget
-) -> list[ChatCompletionMessageParam]:
+) -> tuple[list[ChatCompletionMessageParam], int]:
     """The request for a section that sums up the others (`drafts`, in the report's order), each
-    draft cut to its share of `budget` at a sentence's end."""
+    draft cut to its share of `budget` at a sentence's end; and how many drafts it holds (none when
+    not even one sentence fits)."""
     system = " ".join(
         part
         for part in (
@@ -181,4 +182,4 @@ def summary_messages(
         if text_tokens(text) + 2 <= share and text.endswith(" "):
             texts.append(text.rstrip())
             left -= text_tokens(text) + 2
-    return messages(texts)
+    return messages(texts), len(texts)

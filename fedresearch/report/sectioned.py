@@ -179,6 +179,8 @@ class SectionedReport:
 
     async def write(self) -> Composed:
         plan = await run_on(self.writing.work, plan_report, self.brief)
+        if plan.sections and not plan.rewritten:  # a bibliography a custom prompt asks for: code's entries
+            return await self._all_extractive(None)
         if not [s for s in plan.rewritten if not plan.sums_up(s)]:
             return await self._all_extractive("no evidence passages to write from")
         self.quoted = {_passage_key(p) for s in plan.sections for p in s.quoted}
@@ -254,7 +256,10 @@ class SectionedReport:
         if not sources:
             return await self._fell_back(section, "no drafted sentence cites a source")
         code = self.labels.code
-        messages = summary_messages(self.brief.question, section, shown, code, self.asked, self.budget)
+        messages, summed = summary_messages(self.brief.question, section, shown, code, self.asked, self.budget)
+        if not summed:
+            reason = f"not one drafted sentence fits a request within {self.budget.context} tokens"
+            return await self._fell_back(section, reason)
         texts = await run_on(self.writing.work, self._source_texts, sources)
         verifier = await run_on(self.writing.work, Verifier, texts, self.writing.embed, self.thresholds)
         return await self._asked(section, messages, verifier, sources)
@@ -444,16 +449,18 @@ class SectionedReport:
             sentences=records(self.verification.sentences),
         )
 
-    async def _all_extractive(self, reason: str) -> Composed:
-        """Nothing for the model to write from: the extractive writer's report, whole."""
-        log.warning("LLM writer has nothing to write from, extractive writer writes the report: %s", reason)
-        await self.emit(
-            ProgressEvent(
-                ProgressStep.writer_fallback,
-                f"⚠️ The model could not write the report ({reason}); writing it extractively",
-                {"reason": reason, "model": self.config.model},
+    async def _all_extractive(self, reason: str | None) -> Composed:
+        """The extractive writer's report, whole: nothing for the model to write from (`reason`), or
+        nothing the model writes (None: a bibliography's entries)."""
+        if reason is not None:
+            log.warning("LLM writer has nothing to write from, extractive writer writes the report: %s", reason)
+            await self.emit(
+                ProgressEvent(
+                    ProgressStep.writer_fallback,
+                    f"⚠️ The model could not write the report ({reason}); writing it extractively",
+                    {"reason": reason, "model": self.config.model},
+                )
             )
-        )
         markdown, references, verification = await run_on(self.writing.work, write_extractive, self.brief)
         self.verification = verification
         await announce_verification(verification, self.emit)

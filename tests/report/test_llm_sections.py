@@ -18,7 +18,7 @@ from fedresearch.report.compose import Composed, compose
 from fedresearch.report.llm import LlmConfig
 from fedresearch.report.markup import inline_text
 from fedresearch.report.tokens import Budget
-from fedresearch.report.writer import Brief, Part
+from fedresearch.report.writer import Asked, Brief, Part
 from tests.fakes import long_sources
 from tests.fakes.openai_chat import (
     Answer,
@@ -274,3 +274,18 @@ async def test_parts_nothing_bears_on_get_no_section_and_no_request() -> None:
     written = await write(Brief(long_sources.QUESTION, ReportType.detailed_report, sources, parts=parts))
     assert "## How is sourdough bread leavened?" not in written.headings
     assert not any("sourdough" in r["messages"][-1]["content"] for r in written.fake.requests)
+
+
+async def test_a_custom_prompt_goes_to_every_section_and_a_bibliography_it_asks_for_stays_codes() -> None:
+    sources = long_sources.english_sources(24)
+    prompt = "Focus on what practitioners should configure, in plain words."
+    asked = Asked(custom_prompt=prompt)
+    written = await write(Brief(long_sources.QUESTION, ReportType.custom_report, sources, asked=asked))
+    assert written.composed.writer == "llm" and written.fake.requests
+    assert all(prompt in r["messages"][0]["content"] for r in written.fake.requests)
+    # an annotated bibliography: entries built by code from the sources, nothing for the model to write
+    listing = Asked(custom_prompt="An annotated bibliography of the sources.")
+    written = await write(Brief(long_sources.QUESTION, ReportType.custom_report, sources, asked=listing))
+    assert not written.fake.requests and written.composed.writer == "extractive"
+    assert not [e for e in written.events if e.step == "writer_fallback"]
+    assert any(h.startswith("### [") for h in written.headings)  # each source's entry, linked
