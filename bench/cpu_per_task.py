@@ -53,11 +53,13 @@ from redis import Redis
 
 from bench.load import ROOT, cpu_seconds, free_port, raise_fd_limit
 from bench.scaling import closed_loop, start_server_env, steady, upstreams
-from tests.fakes.openai_chat import Answer, FakeOpenAI, passages_of
+from tests.fakes.openai_chat import Answer, FakeOpenAI, faithful, is_summing, passages_of
 from tests.redis_server import start_redis
 
 
 def _cites_the_first_passage(body: dict[str, Any]) -> Answer:
+    if is_summing(body):  # a section summing up the others' drafts: their first sentences
+        return faithful(body)
     first = passages_of(body).get(1, "")
     sentence = first.split(". ")[0].rstrip(".")
     return Answer(pieces=[f"{sentence} [1].\n"]) if body.get("stream") else Answer(pieces=["1. a\n2. b\n"])

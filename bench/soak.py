@@ -388,7 +388,8 @@ async def main(args: argparse.Namespace) -> None:
     tavily, google = await FakeTavily().start(), await FakeGoogle().start()
     for fake in (tavily, google):
         fake.behaviour.delay_s = 0.05
-    trap, model = await Trap().start(), await FakeOpenAI().start()
+    # the model streams 4 MB past any max_tokens: the writer's own cap (LLM_MAX_ANSWER_CHARS) must stop it
+    trap, model = await Trap().start(), await FakeOpenAI(keeps_max_tokens=False).start()
     calls = [0]
     model.script = [lambda body: model_script(body, calls)]
     if args.hostile:

@@ -139,6 +139,9 @@ class Settings(BaseSettings):
     llm_max_retries: int = Field(2, ge=0, le=10, validation_alias="LLM_MAX_RETRIES")
     # a report's answer from the model, thinking included: past it the extractive writer finishes
     llm_max_answer_chars: int = Field(200_000, ge=1000, validation_alias="LLM_MAX_ANSWER_CHARS")
+    # what one request to the model may hold, prompt and answer together: its server's context (8k:
+    # small local models); a report is written section by section within it (report/tokens.py)
+    llm_context_tokens: int = Field(8192, ge=2048, validation_alias="LLM_CONTEXT_TOKENS")
     # the page of PDF and DOCX exports
     report_page_size: Literal["A4", "Letter"] = Field("A4", validation_alias="REPORT_PAGE_SIZE")
     # the CSL style of every report's References (a task's `citation_style` overrides it)

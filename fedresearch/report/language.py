@@ -41,6 +41,7 @@ class Labels:
     subtopic_of: str
     skipped_headers: str
     deep_levels: str
+    section_fallback: str  # atop a section the model could not write, which quotes its sources instead
     list_and: str  # how a list's last item is joined
     list_sep: str
     colon: str
@@ -88,6 +89,7 @@ ENGLISH = Labels(
     subtopic_of="A subtopic of “{parent}”.",
     skipped_headers="Left out, as sections already written cover it: {items}.",
     deep_levels="Deep research: {levels} levels, {queries} follow-up searches.",
+    section_fallback="The model could not write this section; it quotes the sources directly.",
     list_and=" and ",
     list_sep=", ",
     colon=": ",
@@ -132,6 +134,7 @@ CHINESE = Labels(
     subtopic_of="“{parent}”的一个子主题。",
     skipped_headers="已写章节涵盖的内容未重复：{items}。",
     deep_levels="深度研究：{levels} 层，{queries} 次后续检索。",
+    section_fallback="模型未能写出本节；本节直接引用来源原文。",
     list_and="和",
     list_sep="、",
     colon="：",

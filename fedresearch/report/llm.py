@@ -1,22 +1,27 @@
-"""The LLM writer's model side: numbered passages in, streamed paragraphs of cited prose out.
+"""The LLM writer's model side: a request in, streamed paragraphs of cited prose (or a whole short
+answer) out.
 
 Any OpenAI-compatible chat endpoint (OpenAI, vLLM, Ollama, llama.cpp) through the official `openai`
-SDK: plain chat completions, streamed; no tool calling, no JSON mode. `<think>` blocks are removed
-as the text streams (a tag may arrive split across chunks); a stream that sends nothing for
-`LLM_TIMEOUT_S` is a failure, as is an answer with no text.
+SDK: plain chat completions, streamed; no tool calling, no JSON mode. Every request fits its
+`Budget` (report/tokens.py: LLM_CONTEXT_TOKENS, prompt and `max_tokens` together) or is not sent; a
+server that answers that the context is exceeded raises `ContextExceeded`, saying its own context
+where it does. `<think>` blocks are removed as the text streams (a tag may arrive split across
+chunks); a stream that sends nothing for `LLM_TIMEOUT_S` is a failure, as is an answer with no text;
+an answer stopped at `max_tokens` loses its unfinished last sentence.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fedresearch.core.settings import Settings, secret
-from fedresearch.report.evidence import Evidence
+from fedresearch.report.tokens import Budget, message_tokens
 
 if TYPE_CHECKING:  # the SDK is imported by the first client made: a server without a model never
     # loads it (13 MB a worker)
@@ -24,12 +29,34 @@ if TYPE_CHECKING:  # the SDK is imported by the first client made: a server with
     from openai.types.chat import ChatCompletionMessageParam
 
 _OPEN, _CLOSE = "<think>", "</think>"
-_PASSAGE_CHARS = 900
 _ENDINGS = ("## references", "## sources", "references:", "sources:", "## 参考", "## bibliography")
 
 
 class WriterFailure(Exception):
     """The model gave no usable report; the message says why (it never carries a key)."""
+
+
+class ContextExceeded(WriterFailure):
+    """The server refused a request as longer than its context: `limit`, the context it said it has
+    (None where it did not say)."""
+
+    def __init__(self, reason: str, limit: int | None) -> None:
+        super().__init__(reason)
+        self.limit = limit
+
+
+# how servers refuse a request longer than their context (HTTP 400): OpenAI's and vLLM's "This model's
+# maximum context length is 8192 tokens. However, you requested 9000 tokens (…)", OpenAI's code
+# context_length_exceeded; llama.cpp's "request (9000 tokens) exceeds the available context size
+# (8192 tokens)", type exceed_context_size_error, with n_ctx
+_CONTEXT_SAID = ("context_length_exceeded", "maximum context length", "exceed_context_size", "context size")
+_CONTEXT_LIMIT = re.compile(
+    r"maximum context length is (\d+)|available context size \((\d+)|'n_ctx': (\d+)|\"n_ctx\": ?(\d+)"
+)
+# the end of a sentence, its citation markers included: where an answer cut at max_tokens is cut back to
+_SENTENCE_END = re.compile(r"[.!?。！？](?:\s*\[\d+(?:\s*[,;]\s*\d+)*\])*")
+# a line of a Markdown list: "- ", "* ", "+ ", "• ", "1. ", "2) "
+_LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d{1,2}[.)])\s+(?=\S)")
 
 
 @dataclass(frozen=True)
@@ -41,6 +68,11 @@ class LlmConfig:
     max_retries: int
     clients: LlmClients | None = field(default=None, compare=False, repr=False)  # None: a client per call
     max_answer_chars: int = 200_000  # LLM_MAX_ANSWER_CHARS: a report's answer, thinking included
+    context_tokens: int = 8192  # LLM_CONTEXT_TOKENS: what one request may hold, prompt and answer
+
+    @property
+    def budget(self) -> Budget:
+        return Budget.of(self.context_tokens)
 
 
 class LlmClients:
@@ -84,7 +116,22 @@ def _model_failures(config: LlmConfig) -> Iterator[None]:
     except (WriterFailure, StopAsyncIteration):  # the latter: a stream's end, not its failure
         raise
     except Exception as error:
+        said = str(error)
+        if getattr(error, "status_code", None) == 400 and any(words in said.lower() for words in _CONTEXT_SAID):
+            limit = next((int(n) for found in _CONTEXT_LIMIT.findall(said) for n in found if n), None)
+            raise ContextExceeded(failure_reason(error, config), limit) from error
         raise WriterFailure(failure_reason(error, config)) from error
+
+
+def _fitted(messages: list[ChatCompletionMessageParam], budget: Budget) -> None:
+    """A request that does not fit its budget is never sent: the callers fit what they send, and
+    this is where that is checked."""
+    tokens = message_tokens(messages)
+    if tokens > budget.prompt:
+        raise WriterFailure(
+            f"the request's prompt counts {tokens} tokens, over the {budget.prompt} that LLM_CONTEXT_TOKENS "
+            f"({budget.context}) leaves beside the answer's {budget.answer}"
+        )
 
 
 @contextlib.asynccontextmanager
@@ -121,38 +168,9 @@ def llm_config(
         settings.llm_max_retries,
         clients,
         settings.llm_max_answer_chars,
+        settings.llm_context_tokens,
     )
     return config, note
-
-
-def seen_text(passage: Evidence) -> str:
-    """The passage as the model is shown it (and as its sentences are checked against)."""
-    return " ".join(passage.text.split())[:_PASSAGE_CHARS]
-
-
-def numbered_passages(passages: Sequence[Evidence]) -> str:
-    lines = []
-    for number, passage in enumerate(passages, start=1):
-        title = " ".join(passage.source.title.split())[:160]
-        text = seen_text(passage)
-        lines.append(f"[{number}] ({title}) {text}" if title else f"[{number}] {text}")
-    return "\n\n".join(lines)
-
-
-def messages_for(
-    question: str, passages: Sequence[Evidence], language: str, shape: str
-) -> list[ChatCompletionMessageParam]:
-    """The model's instructions and evidence; `shape` is what its report type asks for (types.py)."""
-    system = (
-        "You write research reports using only the numbered evidence passages you are given. "
-        "End every sentence that states a fact with the marker of each passage that states it, "
-        "exactly as numbered, e.g. [2] or [1][3]. Never cite a number that is not listed; never add "
-        "facts, figures or names the passages do not state; if the passages do not answer something, say so. "
-        f"Write {shape}. No title, no reference list, no URLs. Separate paragraphs with a blank line. "
-        f"Write in {language}."
-    )
-    user = f"Question: {question}\n\nEvidence passages:\n\n{numbered_passages(passages)}"
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 class ThinkFilter:
@@ -194,7 +212,8 @@ def _partial_tag(text: str, tag: str) -> int:
 
 
 class Paragraphs:
-    """Streamed text cut at blank lines; a heading line is a paragraph of its own. Linear in the
+    """Streamed text cut at blank lines; a heading line is a paragraph of its own, and the lines of a
+    list stay lines (each item's own, its indent kept; a line that continues an item joins it). Linear in the
     text however it is cut: a piece is looked at once, and the pieces of a paragraph are joined once,
     when it ends (a buffer scanned again at every piece took 43 s for a 10 MB answer)."""
 
@@ -240,29 +259,56 @@ class Paragraphs:
 
 def _split_headings(block: str) -> list[str]:
     pieces: list[str] = []
-    prose: list[str] = []
-    for line in block.strip().splitlines():
+    lines: list[str] = []  # the paragraph's lines: one of prose, or a list's items
+    for line in block.strip("\n").splitlines():
         if line.lstrip().startswith("#"):
-            if prose:
-                pieces.append(" ".join(prose))
-                prose = []
+            if lines:
+                pieces.append("\n".join(lines))
+                lines = []
             pieces.append(line.strip())
+        elif _LIST_ITEM.match(line):
+            lines.append(line.rstrip())
         elif line.strip():
-            prose.append(line.strip())
-    if prose:
-        pieces.append(" ".join(prose))
+            if lines:
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line.strip())
+    if lines:
+        pieces.append("\n".join(lines))
     return pieces
 
 
-async def complete(config: LlmConfig, messages: list[ChatCompletionMessageParam]) -> str:
+def is_list(paragraph: str) -> bool:
+    """Whether a paragraph of `Paragraphs` is a list (each line an item)."""
+    return _LIST_ITEM.match(paragraph) is not None
+
+
+def item_text(line: str) -> str:
+    """A line of a list without its marker (the line itself when it has none)."""
+    return _LIST_ITEM.sub("", line, count=1).strip()
+
+
+def whole_sentences(paragraph: str) -> str:
+    """The paragraph up to the end of its last whole sentence (its markers kept): what stays of an
+    answer the server stopped at `max_tokens` mid-sentence."""
+    ends = list(_SENTENCE_END.finditer(paragraph))
+    if not ends:
+        return ""
+    return paragraph[: ends[-1].end()]
+
+
+async def complete(config: LlmConfig, messages: list[ChatCompletionMessageParam], budget: Budget | None = None) -> str:
     """The model's whole answer, not streamed (short answers: plans), within `LLM_TIMEOUT_S` in all,
-    retries included; WriterFailure when it is late or empty."""
+    retries included; WriterFailure when it is late or empty, or when the request does not fit
+    `budget` (the config's by default)."""
+    budget = budget or config.budget
+    _fitted(messages, budget)
     async with _client(config) as client:
         try:
             async with asyncio.timeout(config.timeout_s):
                 with _model_failures(config):
                     response = await client.chat.completions.create(
-                        model=config.model, messages=messages, temperature=0.2
+                        model=config.model, messages=messages, temperature=0.2, max_tokens=budget.answer
                     )
         except TimeoutError:
             raise WriterFailure(f"the model did not answer within {config.timeout_s:g} s") from None
@@ -284,12 +330,18 @@ def failure_reason(error: BaseException, config: LlmConfig) -> str:
 
 
 async def stream_paragraphs(
-    config: LlmConfig, messages: list[ChatCompletionMessageParam], deadline: float | None = None
+    config: LlmConfig,
+    messages: list[ChatCompletionMessageParam],
+    deadline: float | None = None,
+    budget: Budget | None = None,
 ) -> AsyncIterator[str]:
     """The model's answer, paragraph by paragraph, thinking removed; WriterFailure when it fails, and
     when it runs past `deadline` (time.monotonic(): when the report is due, so that the extractive
-    writer can still finish it) or past LLM_MAX_ANSWER_CHARS."""
-    thinking, paragraphs, produced, received = ThinkFilter(), Paragraphs(), False, 0
+    writer can still finish it) or past LLM_MAX_ANSWER_CHARS, or when the request does not fit
+    `budget` (the config's by default)."""
+    budget = budget or config.budget
+    _fitted(messages, budget)
+    thinking, paragraphs, produced, received, cut = ThinkFilter(), Paragraphs(), False, 0, False
     async with _client(config) as client:
         with _model_failures(config):
             stream = await client.chat.completions.create(
@@ -297,6 +349,7 @@ async def stream_paragraphs(
                 messages=messages,
                 stream=True,
                 temperature=0.2,
+                max_tokens=budget.answer,
             )
         async with stream:  # its connection goes back to the shared client however the stream ends
             chunks = aiter(stream)
@@ -313,6 +366,7 @@ async def stream_paragraphs(
                         raise WriterFailure("the model was still writing when the report was due") from None
                     raise WriterFailure(f"the model's stream stalled: nothing for {config.timeout_s:g} s") from None
                 content = chunk.choices[0].delta.content if chunk.choices else None
+                cut = cut or bool(chunk.choices and chunk.choices[0].finish_reason == "length")
                 if content is not None and not isinstance(content, str):
                     raise WriterFailure("the model sent a malformed chunk (content is not text)")
                 received += len(content or "")
@@ -321,7 +375,10 @@ async def stream_paragraphs(
                 for paragraph in paragraphs.feed(thinking.feed(content or "")):
                     produced = True
                     yield paragraph
-    for paragraph in paragraphs.feed(thinking.close()) + paragraphs.close():
+    last = paragraphs.feed(thinking.close()) + paragraphs.close()
+    if cut and last and not last[-1].startswith("#"):  # stopped at max_tokens: its last sentence unfinished
+        last[-1] = whole_sentences(last[-1])
+    for paragraph in filter(None, last):
         produced = True
         yield paragraph
     if not produced:

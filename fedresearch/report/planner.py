@@ -1,10 +1,14 @@
-"""Sub-questions for detailed reports: the model's, when one is configured, else the extractive planner's.
+"""Sub-questions for detailed reports, and deep research's follow-up questions: the model's, when one
+is configured, else the extractive planner's.
 
 Without a model, a question is decomposed along the themes its first results are about: the most
 frequent two-word phrases of the best sources that the question does not already say. With one, the
 model is asked (a plain chat completion: no tool calling, no JSON mode, which local servers often
 lack) for a numbered list, read leniently: `<think>` blocks, bullets, bold and quotes are tolerated;
 an answer with no usable list is a failure, and the caller falls back to the extractive planner.
+Deep research's follow-ups are asked of the model given what a question's own search found (its
+best sources' titles and openings) and every question asked before, as many of those as fit the
+request's budget (LLM_CONTEXT_TOKENS).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from fedresearch.library.crosslingual import chinese_words
 from fedresearch.report.evidence import Gate
 from fedresearch.report.language import is_chinese
 from fedresearch.report.llm import LlmConfig, ThinkFilter, WriterFailure, complete
+from fedresearch.report.tokens import Budget, text_tokens
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
@@ -132,25 +137,79 @@ def source_languages(sources: Sequence[FusedResult]) -> list[str]:
     return sorted(found)
 
 
-def planning_messages(
-    question: str, sources: Sequence[FusedResult], count: int, languages: Sequence[str] = ()
-) -> list[ChatCompletionMessageParam]:
-    """The question and the titles of the first results, so sub-questions are about what can be found;
-    when those are in a language the question is not (`languages`), each sub-question also in it."""
-    titles = "\n".join(f"- {' '.join(s.title.split())[:160]}" for s in sources[:10] if s.title.strip())
+def _list_form(question: str, count: int, languages: Sequence[str]) -> str:
     other = _other_language(question, languages)
-    form = f"1. … to {count}. …, one per line"
     if other:
-        form = (
-            f"1. … to {count}. …, one per line, each written as: the sub-question in the question's language, "
+        return (
+            f"1. … to {count}. …, one per line, each written as: the question in the user's question's language, "
             f"then ' || ', then the same search query in {other} (the sources are in {other})"
         )
+    return f"1. … to {count}. …, one per line"
+
+
+def _fitting(head: str, lines: Sequence[str], system: str, budget: Budget | None) -> str:
+    """`head` and as many of `lines` as the request's budget holds beside `system`."""
+    if budget is None:
+        return "\n".join([head, *lines])
+    left = budget.prompt - text_tokens(system) - text_tokens(head) - 100  # the templates' own and the labels
+    kept = []
+    for line in lines:
+        left -= text_tokens(line) + 1
+        if left < 0:
+            break
+        kept.append(line)
+    return "\n".join([head, *kept])
+
+
+def planning_messages(
+    question: str,
+    sources: Sequence[FusedResult],
+    count: int,
+    languages: Sequence[str] = (),
+    budget: Budget | None = None,
+) -> list[ChatCompletionMessageParam]:
+    """The question and the titles of the first results (as many as fit `budget`), so sub-questions
+    are about what can be found; when those are in a language the question is not (`languages`),
+    each sub-question also in it."""
+    titles = [f"- {' '.join(s.title.split())[:160]}" for s in sources[:10] if s.title.strip()]
     system = (
         f"You plan research. Split the user's question into {count} distinct sub-questions that together "
         "cover it, each one a self-contained search query a researcher would type, in the question's "
-        f"language. Answer with a numbered list only: {form}, nothing else."
+        f"language. Answer with a numbered list only: {_list_form(question, count, languages)}, nothing else."
     )
-    user = f"Question: {question}" + (f"\n\nFirst results found so far:\n{titles}" if titles else "")
+    user = f"Question: {question}"
+    if titles:
+        user = _fitting(f"{user}\n\nFirst results found so far:", titles, system, budget)
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def follow_up_messages(
+    question: str,
+    asking: str,
+    found: Sequence[FusedResult],
+    asked: Sequence[str],
+    count: int,
+    languages: Sequence[str] = (),
+    budget: Budget | None = None,
+) -> list[ChatCompletionMessageParam]:
+    """Deep research's next level for one question (`asking`, under the user's `question`): what its
+    search found (each of its best sources' title and opening) and the questions asked before, so
+    that the follow-ups dig into what was found and ask nothing twice; as much as fits `budget`."""
+    system = (
+        f"You plan deep research. Given a research question, one of its sub-questions and what a search for "
+        f"that sub-question found, write {count} follow-up questions that dig deeper into what the findings "
+        "leave open or only touch on, each a self-contained search query a researcher would type, in the "
+        "research question's language, none repeating a question asked before. Answer with a numbered list "
+        f"only: {_list_form(question, count, languages)}, nothing else."
+    )
+    learned = [
+        f"- {' '.join(s.title.split())[:160]}: {' '.join(s.body.split())[:300]}" for s in found[:8] if s.body.strip()
+    ]
+    before = [f"- {' '.join(q.split())[:200]}" for q in asked[:30]]
+    head = f"Research question: {question}\n\nSub-question: {asking}"
+    if before:
+        head = _fitting(f"{head}\n\nAsked before:", before, system, budget)
+    user = _fitting(f"{head}\n\nWhat its search found:", learned, system, budget)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -199,8 +258,32 @@ async def model_sub_questions(
     config: LlmConfig, question: str, sources: Sequence[FusedResult], count: int = 3
 ) -> list[SubQuestion]:
     """The model's sub-questions; WriterFailure (or the SDK's error) when it gives none."""
-    answer = await complete(config, planning_messages(question, sources, count, source_languages(sources)))
+    languages = source_languages(sources)
+    answer = await complete(config, planning_messages(question, sources, count, languages, config.budget))
     found = numbered_list(answer, question, count)
     if len(found) < 2:
         raise WriterFailure(f"the model's plan had {len(found)} usable sub-question(s), not a numbered list")
     return [sub_question(item) for item in found]
+
+
+async def model_follow_ups(
+    config: LlmConfig,
+    question: str,
+    asking: str,
+    found: Sequence[FusedResult],
+    asked: Sequence[str],
+    count: int,
+) -> list[SubQuestion]:
+    """The model's follow-up questions to `asking` given what its search `found`, none of them one
+    `asked` before; WriterFailure when it gives none."""
+    messages = follow_up_messages(question, asking, found, asked, count, source_languages(found), config.budget)
+    answer = await complete(config, messages)
+    before = {_key(q) for q in asked}
+    items = [
+        item
+        for item in numbered_list(answer, asking, count + len(asked))
+        if _key(sub_question(item).heading) not in before
+    ]
+    if not items:
+        raise WriterFailure("the model's follow-ups were no numbered list of new questions")
+    return [sub_question(item) for item in items[:count]]

@@ -26,7 +26,7 @@ from fedresearch.report.evidence import RememberedEmbed
 from fedresearch.report.language import Labels, labels_for
 from fedresearch.report.llm import LlmClients, LlmConfig, WriterFailure, failure_reason, llm_config
 from fedresearch.report.pages import PageReader
-from fedresearch.report.planner import SubQuestion, model_sub_questions, sub_questions
+from fedresearch.report.planner import SubQuestion, model_follow_ups, model_sub_questions, sub_questions
 from fedresearch.report.reading import read_pages, url_sources
 from fedresearch.report.store import record_bytes, report_files
 from fedresearch.report.types import form_of
@@ -156,32 +156,89 @@ async def _parts(
         for q, (part_sources, _) in zip(questions, found, strict=True)
     ]
     if deep:
-        await _deeper(parts, task, tools, emit, labels, breadth, settings.deep_research_depth)
+        deeper = Deeper(task, tools, emit, labels, config, [part.title for part in parts])
+        await deeper.levels(parts, breadth, settings.deep_research_depth)
     return parts
 
 
-async def _deeper(
-    parts: list[Part], task: ResearchTask, tools: ResearchTools, emit: Emit, labels: Labels, breadth: int, depth: int
-) -> None:
+# follow-up planning the model failed on this many times is not asked of it again in that task
+_PLANNER_FAILURES = 2
+
+
+class Deeper:
     """Deep research's levels below the first, as GPT-Researcher's `deep_research` goes: each question
     of a level gets max(2, breadth // 2) follow-up questions about what its own search found and no
     question before it asked (the learnings carried forward), all searched at once; each level's
-    progress is a `planning` frame."""
-    level, completed = parts, len(parts)
-    asked = {part.phrase for part in parts if part.phrase}
-    for current in range(2, depth + 1):
-        breadth = max(2, breadth // 2)
-        follow_ups: list[tuple[Part, SubQuestion]] = []
-        for parent in level:
-            form = labels.follow_up.replace("{parent}", parent.phrase or parent.title)
-            found = await asyncio.to_thread(
-                sub_questions, parent.focus or parent.title, parent.sources, breadth, (form,), tuple(asked)
+    progress is a `planning` frame. The follow-ups are the model's, given what the question's search
+    found, where one is configured and answers usably; else the extractive planner's."""
+
+    def __init__(
+        self,
+        task: ResearchTask,
+        tools: ResearchTools,
+        emit: Emit,
+        labels: Labels,
+        config: LlmConfig | None,
+        asked: list[str],
+    ) -> None:
+        self.task, self.tools, self.emit, self.labels, self.config = task, tools, emit, labels, config
+        self.asked = asked  # every question asked so far, as headed
+        self.phrases: set[str] = set()  # the phrases the extractive planner asked about
+        self.failures = 0
+
+    async def levels(self, parts: list[Part], breadth: int, depth: int) -> None:
+        level, completed = parts, len(parts)
+        self.phrases = {part.phrase for part in parts if part.phrase}
+        for current in range(2, depth + 1):
+            breadth = max(2, breadth // 2)
+            follow_ups: list[tuple[Part, SubQuestion]] = []
+            planners = set()
+            for parent in level:
+                found, planner = await self._follow_ups(parent, breadth)
+                planners.add(planner)
+                for question in found:
+                    self.phrases.add(question.phrase)
+                    self.asked.append(question.heading)
+                    follow_ups.append((parent, question))
+            if not follow_ups:
+                break
+            level = await self._searched(
+                follow_ups, current, depth, breadth, completed, "+".join(sorted(planners, reverse=True))
             )
-            for question in found:
-                asked.add(question.phrase)
-                follow_ups.append((parent, question))
-        if not follow_ups:
-            break
+            completed += len(follow_ups)
+
+    async def _follow_ups(self, parent: Part, count: int) -> tuple[list[SubQuestion], str]:
+        config = self.config
+        if config is not None and self.failures < _PLANNER_FAILURES:
+            question = self.task.request.task
+            try:
+                return await model_follow_ups(config, question, parent.title, parent.sources, self.asked, count), "llm"
+            except WriterFailure as error:  # the model's; an error of our own code is no model failure
+                self.failures += 1
+                reason = failure_reason(error, config)
+                log.warning("LLM planner failed on follow-ups, extractive planner takes over: %s", reason)
+                message = (
+                    f"⚠️ The model could not plan follow-up questions to “{parent.title}” ({reason}); "
+                    "planning them from its sources"
+                )
+                about = {"reason": reason, "model": config.model, "parent": parent.title}
+                await self.emit(ProgressEvent(ProgressStep.planner_fallback, message, about))
+        form = self.labels.follow_up.replace("{parent}", parent.phrase or parent.title)
+        found = await asyncio.to_thread(
+            sub_questions, parent.focus or parent.title, parent.sources, count, (form,), tuple(self.phrases)
+        )
+        return found, "extractive"
+
+    async def _searched(
+        self,
+        follow_ups: list[tuple[Part, SubQuestion]],
+        current: int,
+        depth: int,
+        breadth: int,
+        completed: int,
+        planner: str,
+    ) -> list[Part]:
+        """A level's follow-ups, announced, searched at once, and each made its parent's subsection."""
         about = {
             "depth": current,
             "total_depth": depth,
@@ -189,19 +246,19 @@ async def _deeper(
             "completed_queries": completed,
             "total_queries": completed + len(follow_ups),
             "sub_questions": [q.query for _, q in follow_ups],
-            "planner": "extractive",
+            "planner": planner,
         }
         listed = "; ".join(q.heading for _, q in follow_ups)
-        await emit(ProgressEvent(ProgressStep.planning, f"🔭 Level {current} of {depth}: {listed}", about))
+        await self.emit(ProgressEvent(ProgressStep.planning, f"🔭 Level {current} of {depth}: {listed}", about))
         found_sources = await asyncio.gather(
-            *(gather_sources(q.query, task.plan, tools, _quiet) for _, q in follow_ups)
+            *(gather_sources(q.query, self.task.plan, self.tools, _quiet) for _, q in follow_ups)
         )
         level = []
         for (parent, question), (sources, _) in zip(follow_ups, found_sources, strict=True):
             child = Part(question.heading, sources, focus=question.query, phrase=question.phrase)
             parent.children.append(child)
             level.append(child)
-        completed += len(follow_ups)
+        return level
 
 
 async def _plan(

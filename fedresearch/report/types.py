@@ -16,35 +16,22 @@ from fedresearch.core.models import ReportType
 # how the extractive writer lays a type out (report/writer.py LAYOUTS)
 Layout = Literal["research", "detailed", "deep", "outline", "resources", "custom", "subtopic"]
 
-_SECTIONS = (
-    "a direct answer to the question in a short first paragraph, then sections by theme under `## ` headings, "
-    "each of a few paragraphs, then a `## ` section on disagreements and open questions, then a short `## ` "
-    "conclusion"
-)
-_DETAILED = (
-    "a longer report: a `## ` introduction, then one `## ` section for each sub-question the evidence answers, "
-    "its heading written as that question, then a `## ` conclusion"
-)
-_OUTLINE = (
-    "a hierarchical outline: numbered `## ` section headings, each followed by `- ` points and indented `  - ` "
-    "sub-points, each point ending with the markers of the passages it rests on"
-)
-
 
 @dataclass(frozen=True)
 class ReportForm:
     """One report type: how menus name it and what it gives, whether its question is split into
     sub-questions (each searched and written up on its own), how the extractive writer lays it out
-    (`layout`, report/writer.py LAYOUTS), what shape the model is asked to write (None: the
-    extractive writer always writes it), and the request fields it needs besides the question
-    (a type that needs some is not offered where only a question is asked)."""
+    (`layout`, report/writer.py LAYOUTS; the model writes the same layout section by section,
+    report/sections.py), whether the model writes it (an annotated bibliography's entries are
+    code's), and the request fields it needs besides the question (a type that needs some is not
+    offered where only a question is asked)."""
 
     type: ReportType
     label: str
     description: str
     layout: Layout = "research"
     decomposes: bool = False
-    model_shape: str | None = _SECTIONS
+    written_by_model: bool = True
     needs: tuple[str, ...] = ()
 
     @property
@@ -72,7 +59,6 @@ REPORT_FORMS: dict[ReportType, ReportForm] = {
             "section, a conclusion",
             layout="detailed",
             decomposes=True,
-            model_shape=_DETAILED,
         ),
         ReportForm(
             ReportType.deep,
@@ -81,21 +67,19 @@ REPORT_FORMS: dict[ReportType, ReportForm] = {
             "x DEEP_RESEARCH_DEPTH), each given its section; longer than the detailed report",
             layout="deep",
             decomposes=True,
-            model_shape=_DETAILED,
         ),
         ReportForm(
             ReportType.resource_report,
             "Resources",
             "an annotated bibliography of the sources that bear on the question, grouped by theme",
             layout="resources",
-            model_shape=None,
+            written_by_model=False,
         ),
         ReportForm(
             ReportType.outline_report,
             "Outline",
             "section headings, each with the points it would make, cited",
             layout="outline",
-            model_shape=_OUTLINE,
         ),
         ReportForm(
             ReportType.custom_report,

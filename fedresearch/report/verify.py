@@ -29,6 +29,9 @@ UNCITED = "⚠ uncited"
 # them: [[3]](https://...)
 MARKERS = re.compile(r"\[\[(\d+)\]\]\([^)\s]*\)|\[(\d+(?:\s*[,;]\s*\d+)*)\]")
 _LEADING_MARKERS = re.compile(r"^(?:\s*(?:\[\[\d+\]\]\([^)\s]*\)|\[\d+(?:\s*[,;]\s*\d+)*\]))+")
+_MARKERS_BEFORE_STOP = re.compile(
+    rf"\s*(?:{MARKERS.pattern})(?:\s*(?:{MARKERS.pattern}))*(?=\s*[.,;:!?。，；：！？、])"  # "ranks [2]." "排序[2]。"
+)
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
 _FACT_TERMS = 5  # an uncited sentence with fewer content terms is connective prose, not a finding
 
@@ -61,6 +64,8 @@ def markers_of(text: str) -> list[int]:
 
 
 def strip_markers(text: str) -> str:
+    # markers before a stop go with the space before them: "ranks [2]." is "ranks.", "排序[2]。" is "排序。"
+    text = _MARKERS_BEFORE_STOP.sub("", text)
     return " ".join(MARKERS.sub(" ", text).split()).replace(" .", ".").replace(" ,", ",")
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -33,6 +33,7 @@ from fedresearch.report.custom import read_custom_prompt
 from fedresearch.report.evidence import (
     Claim,
     Embed,
+    Evidence,
     Ranked,
     bearing,
     diversify,
@@ -61,6 +62,7 @@ TEMPLATES = Environment(
 TEMPLATES.filters["text"] = inline_text
 TEMPLATES.globals["reference_entries"] = reference_entries
 REPORT_TEMPLATE = "report.md.j2"
+BLOCKS_TEMPLATE = "_blocks.md.j2"  # sections alone: the report's body, or one section of it
 _MAX_THEMES = 5
 # words that make no heading: modals, quantities and other words any sentence may pair with a term
 _WEAK = {
@@ -116,15 +118,34 @@ class Item:
     subs: list[str] = field(default_factory=list)
 
 
+# what a section is in its report's form, for a writer that writes it anew (the model's, report/sections.py):
+# the answer, introduction and conclusion sum up the others; findings and open questions are written from
+# passages, points as a list; entries (an annotated bibliography's) are the extractive writer's only
+Role = Literal["answer", "introduction", "findings", "open_questions", "points", "conclusion", "entries"]
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a section was written from: its role, what its evidence was ranked against (`focus`), the
+    sources it was drawn from, and the passages its sentences quote (the most relevant first)."""
+
+    role: Role
+    focus: str
+    sources: Sequence[FusedResult] = ()
+    quoted: Sequence[Evidence] = ()
+
+
 @dataclass
 class Block:
-    """A section: its heading (Markdown already, outside text escaped), paragraphs, points, subsections."""
+    """A section: its heading (Markdown already, outside text escaped), paragraphs, points, subsections,
+    and what it was written from (None: an entry of a bibliography, nothing another writer rewrites)."""
 
     heading: str
     level: int = 2
     paragraphs: list[str] = field(default_factory=list)
     items: list[Item] = field(default_factory=list)
     children: list[Block] = field(default_factory=list)
+    basis: Basis | None = None
 
 
 # words after a noun phrase that show it is no subject followed by its verb
@@ -333,9 +354,15 @@ class Draft:
         return inline_text(self.labels.more_findings)
 
     def themes(
-        self, question: str, claims: Sequence[Claim], level: int = 2, skip: Callable[[str], bool] | None = None
+        self,
+        question: str,
+        claims: Sequence[Claim],
+        sources: Sequence[FusedResult],
+        level: int = 2,
+        skip: Callable[[str], bool] | None = None,
     ) -> list[Block]:
-        """Sections by theme; `skip` leaves out a theme by its heading (before any of it is cited)."""
+        """Sections by theme, of evidence drawn from `sources`; `skip` leaves out a theme by its
+        heading (before any of it is cited)."""
         blocks: list[Block] = []
         further = inline_text(self.labels.more_findings)
         unnamed: list[Claim] = []  # themes no term names: one section after the others, not several
@@ -346,22 +373,29 @@ class Draft:
             if heading == further:
                 unnamed.extend(group)
             else:
-                blocks.append(Block(heading, level, self.paragraphs(group)))
+                basis = Basis("findings", f"{self.phrases[-1]} {question}", sources, _quoted(group))
+                blocks.append(Block(heading, level, self.paragraphs(group), basis=basis))
         if unnamed:
-            blocks.append(Block(further, level, self.paragraphs(unnamed)))
+            basis = Basis("findings", question, sources, _quoted(unnamed))
+            blocks.append(Block(further, level, self.paragraphs(unnamed), basis=basis))
         return blocks
 
-    def open_questions(self, question: str, pool: Pool) -> list[str]:
-        """Sentences of the evidence that dispute, limit or leave open, not stated yet; and the
-        questions the user's own notes ask about what the report asks (no finding, yet open)."""
+    def open_questions(self, question: str, pool: Pool) -> tuple[list[str], list[Evidence]]:
+        """Sentences of the evidence that dispute, limit or leave open, not stated yet, and the
+        questions the user's own notes ask about what the report asks (no finding, yet open); and
+        the passages that hold such sentences, stated or not."""
         candidates = select_claims(question, diversify(pool.ranked, k=40, per_source=4), max_claims=80)
-        found = [c for c in candidates if _OPEN.search(c.text) and _key(c.text) not in self.stated][:4]
-        return self.paragraphs(found) + self.notes_ask(question, pool)
+        disputing = [c for c in candidates if _OPEN.search(c.text)]
+        found = [c for c in disputing if _key(c.text) not in self.stated][:4]
+        asked, notes = self.notes_ask(question, pool)
+        return self.paragraphs(found) + asked, [*_quoted(disputing)[:8], *notes]
 
-    def notes_ask(self, question: str, pool: Pool, most: int = 2) -> list[str]:
-        """The questions of the user's notes that share a term with `question`, quoted as theirs."""
+    def notes_ask(self, question: str, pool: Pool, most: int = 2) -> tuple[list[str], list[Evidence]]:
+        """The questions of the user's notes that share a term with `question`, quoted as theirs,
+        and the passages they are in."""
         wanted = question_terms(question)
         asked: list[str] = []
+        passages: list[Evidence] = []
         for ranked in pool.ranked:
             source = ranked.evidence.source
             if not users_own(source):
@@ -378,9 +412,11 @@ class Draft:
                 if at + 1 < len(said) and note_fragment(said[at + 1]):  # "…? Worth measuring first."
                     line += f" {inline_text(self.labels.your_note.format(text=said[at + 1]))} {marks}"
                 asked.append(line)
+                if ranked.evidence not in passages:
+                    passages.append(ranked.evidence)
                 if len(asked) >= most:
-                    return asked
-        return asked
+                    return asked, passages
+        return asked, passages
 
     def notice(self, pool: Pool) -> list[str]:
         """What the report says when little or nothing bears on its question."""
@@ -389,6 +425,11 @@ class Draft:
         if pool.bearing < 3:
             return [self.labels.only_some.format(count=pool.bearing, searched=pool.searched)]
         return []
+
+
+def _quoted(claims: Sequence[Claim]) -> list[Evidence]:
+    """The passages the claims are sentences of, each once, in the claims' order."""
+    return list({id(c.evidence): c.evidence for c in claims}.values())
 
 
 def _budget(pool: Pool, rich: int, thin: int) -> int:
@@ -403,18 +444,25 @@ def _research(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
     if not pool.bearing:
         return
     claims = draft.claims(question, pool, _budget(pool, 40, 24))
+    first = claims[:_ANSWER_CLAIMS]
     answer = Block(
-        inline_text(labels.answer), paragraphs=[" ".join(draft.sentence(c) for c in claims[:_ANSWER_CLAIMS])]
+        inline_text(labels.answer),
+        paragraphs=[" ".join(draft.sentence(c) for c in first)],
+        basis=Basis("answer", question, brief.sources, _quoted(first)),
     )
-    blocks = [answer, *draft.themes(question, claims[_ANSWER_CLAIMS:])]
+    blocks = [answer, *draft.themes(question, claims[_ANSWER_CLAIMS:], brief.sources)]
     if pool.bearing >= 3:
-        disputed = draft.open_questions(question, pool) or [labels.no_disagreement]
-        blocks.append(Block(inline_text(labels.open_questions), paragraphs=disputed))
+        disputed, disputing = draft.open_questions(question, pool)
+        basis = Basis("open_questions", question, brief.sources, disputing)
+        blocks.append(
+            Block(inline_text(labels.open_questions), paragraphs=disputed or [labels.no_disagreement], basis=basis)
+        )
     closing = [labels.intro_research.format(count=pool.bearing, searched=pool.searched)]
     if draft.phrases:
         themes = [f"“{p}”" if labels.code == "zh" else p for p in draft.phrases]  # evidence's words, quoted in Chinese
         closing.append(labels.conclusion_text.format(themes=joined(themes, labels)))
-    blocks.append(Block(inline_text(labels.conclusion), paragraphs=[inline_text(" ".join(closing))]))
+    basis = Basis("conclusion", question, brief.sources)
+    blocks.append(Block(inline_text(labels.conclusion), paragraphs=[inline_text(" ".join(closing))], basis=basis))
     context["blocks"] = blocks
 
 
@@ -428,10 +476,12 @@ def _parts(draft: Draft, parts: Sequence[Part], level: int, budget: int, child_b
     for part in parts:
         focus = part.focus or part.title
         pool = draft.pool(focus, part.sources)
-        paragraphs = draft.paragraphs(draft.claims(focus, pool, budget, per_source=2))  # cited in reading order
+        claims = draft.claims(focus, pool, budget, per_source=2)
+        paragraphs = draft.paragraphs(claims)  # cited in reading order
         children = _parts(draft, part.children, level + 1, child_budget, max(2, child_budget // 2))
         if paragraphs or children:  # a sub-question nothing bears on gets no section to pad
-            blocks.append(Block(inline_text(part.title), level, paragraphs, children=children))
+            basis = Basis("findings", focus, part.sources, _quoted(claims))
+            blocks.append(Block(inline_text(part.title), level, paragraphs, children=children, basis=basis))
     return blocks
 
 
@@ -446,14 +496,19 @@ def _split(draft: Draft, brief: Brief, context: dict[str, Any], deep: bool) -> N
     if not brief.parts:  # no sub-questions could be planned: themes stand in for them
         _research(draft, brief, context)
         return
-    lead = " ".join(draft.sentence(c) for c in draft.claims(question, pool, 3))  # cited before the sections
+    leading = draft.claims(question, pool, 3)
+    lead = " ".join(draft.sentence(c) for c in leading)  # cited before the sections
     sections = _parts(draft, brief.parts, 2, 12 if deep else 8, 6)
     questions = [_plain(block.heading) for block in sections]
     cited = len(draft.citations.references)
     intro = labels.intro_parts.format(parts=len(sections), count=cited, questions=" ".join(questions))
     if not sections:
         intro = labels.intro_research.format(count=pool.bearing, searched=pool.searched)
-    introduction = Block(inline_text(labels.introduction), paragraphs=[inline_text(intro)] + ([lead] if lead else []))
+    introduction = Block(
+        inline_text(labels.introduction),
+        paragraphs=[inline_text(intro)] + ([lead] if lead else []),
+        basis=Basis("introduction", question, brief.sources, _quoted(leading)),
+    )
     if deep:
         follow_ups = _count(brief.parts) - len(brief.parts)
         levels = 1 + _depth(brief.parts)
@@ -463,9 +518,12 @@ def _split(draft: Draft, brief: Brief, context: dict[str, Any], deep: bool) -> N
     last = draft.claims(question, pool, 2)
     if last:
         closing.append(" ".join(draft.sentence(c) for c in last))
-    context["blocks"] = [introduction, *sections] + (
-        [Block(inline_text(labels.conclusion), paragraphs=closing)] if closing else []
+    conclusion = Block(
+        inline_text(labels.conclusion),
+        paragraphs=closing,
+        basis=Basis("conclusion", question, brief.sources, _quoted(last)),
     )
+    context["blocks"] = [introduction, *sections] + ([conclusion] if closing else [])
 
 
 def _count(parts: Sequence[Part]) -> int:
@@ -493,7 +551,7 @@ def _outline(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
     context["lead"] = draft.notice(pool)
     claims = draft.claims(question, pool, 18)
     blocks = []
-    for number, (named, group) in enumerate(_named(draft, themes_of(claims), question), start=1):
+    for number, (named, group, focus) in enumerate(_named(draft, themes_of(claims), question), start=1):
         heading = f"{number}. {named}"
         by_source: dict[str, list[Claim]] = {}
         for claim in group:
@@ -502,7 +560,7 @@ def _outline(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
         for point, found in enumerate(by_source.values(), start=1):
             first, *rest = sorted(found, key=lambda c: (c.evidence.position, c.position))
             items.append(Item(f"{number}.{point} {draft.sentence(first)}", [draft.sentence(c) for c in rest]))
-        blocks.append(Block(heading, items=items))
+        blocks.append(Block(heading, items=items, basis=Basis("points", focus, brief.sources, _quoted(group))))
     context["blocks"] = blocks
 
 
@@ -511,18 +569,19 @@ def _named(
     groups: Sequence[list[Claim]],
     question: str,
     claims_of: Callable[[list[Claim]], list[Claim]] = lambda group: group,
-) -> list[tuple[str, list[Claim]]]:
-    """Each theme with its heading; the themes no term names together, last, as one section."""
+) -> list[tuple[str, list[Claim], str]]:
+    """Each theme with its heading and what it is about (its phrase and the question); the themes no
+    term names together, last, as one section."""
     further = inline_text(draft.labels.more_findings)
-    named: list[tuple[str, list[Claim]]] = []
+    named: list[tuple[str, list[Claim], str]] = []
     unnamed: list[Claim] = []
     for group in groups:
         heading = draft.heading(claims_of(group), question)
         if heading == further:
             unnamed.extend(group)
         else:
-            named.append((heading, group))
-    return named + ([(further, unnamed)] if unnamed else [])
+            named.append((heading, group, f"{draft.phrases[-1]} {question}"))
+    return named + ([(further, unnamed, question)] if unnamed else [])
 
 
 def _resources(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
@@ -548,7 +607,7 @@ def _resources(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
     def expanded(group: list[Claim]) -> list[Claim]:  # a theme's sources' sentences, not only their first
         return [c for first in group for c in of_claim[id(first)][1]]
 
-    for heading, group in _named(draft, groups, question, expanded):
+    for heading, group, _ in _named(draft, groups, question, expanded):
         entries = []
         for first in group:
             source, claims = of_claim[id(first)]
@@ -588,6 +647,7 @@ def _custom(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
         notes.append(labels.followed.format(items="; ".join(ask.followed)))
     if ask.unmet:
         notes.append(labels.could_not_follow.format(items="; ".join(ask.unmet)))
+    context["writer_notes"] = [inline_text(note) for note in notes]  # the offline writer's, not the report's
     if ask.layout == "outline":
         _outline(draft, brief, context)
     elif ask.layout == "resources":
@@ -599,10 +659,11 @@ def _custom(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
         budget = max(2, round(ask.words / _WORDS_A_CLAIM)) if ask.words else _budget(pool, 30, 20)
         claims = draft.claims(question, pool, budget)
         if ask.layout == "bullets":
-            context["blocks"] = [Block(inline_text(labels.answer), items=[Item(draft.sentence(c)) for c in claims])]
+            basis = Basis("points", question, brief.sources, _quoted(claims))
+            items = [Item(draft.sentence(c)) for c in claims]
+            context["blocks"] = [Block(inline_text(labels.answer), items=items, basis=basis)]
         else:
-            context["blocks"] = draft.themes(question, claims) if claims else []
-    context["lead"] = [inline_text(note) for note in notes] + list(context.get("lead", []))
+            context["blocks"] = draft.themes(question, claims, brief.sources) if claims else []
 
 
 def _subtopic(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
@@ -626,7 +687,7 @@ def _subtopic(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
             return True
         return False
 
-    blocks = draft.themes(question, claims, skip=covered)
+    blocks = draft.themes(question, claims, brief.sources, skip=covered)
     if skipped:
         context["lead"] = [*context["lead"], inline_text(labels.skipped_headers.format(items=joined(skipped, labels)))]
     context["blocks"] = blocks
@@ -643,19 +704,38 @@ LAYOUTS: dict[Layout, Callable[[Draft, Brief, dict[str, Any]], None]] = {
 }
 
 
-def write_report(brief: Brief) -> tuple[str, list[Reference]]:
-    """The report's markdown and the references it cites, in citation order."""
+def draft_report(brief: Brief) -> tuple[Draft, dict[str, Any]]:
+    """The report laid out in its type's form, not yet rendered: the draft (its citations) and the
+    template's context (`title`, `lead`, `blocks`, and `writer_notes`: what the extractive writer
+    says of its own writing, such as the parts of a custom prompt it could not follow)."""
     draft = Draft(brief)
-    labels: Labels = draft.labels
     context: dict[str, Any] = {
         "title": brief.question,
         "lead": [],
         "blocks": [],
+        "writer_notes": [],
         "coverage": coverage_lines(brief.outcomes, draft.labels),
-        "labels": labels,
+        "labels": draft.labels,
         "citation_style": brief.writing.citation_style,
     }
     LAYOUTS[form_of(brief.report_type).layout](draft, brief, context)
+    return draft, context
+
+
+def render_blocks(blocks: Sequence[Block]) -> str:
+    """Sections as the report renders them, subsections included."""
+    return TEMPLATES.get_template(BLOCKS_TEMPLATE).render(blocks=blocks)
+
+
+def without_children(block: Block) -> Block:
+    return replace(block, children=[])
+
+
+def write_report(brief: Brief) -> tuple[str, list[Reference]]:
+    """The report's markdown and the references it cites, in citation order."""
+    draft, context = draft_report(brief)
+    labels: Labels = draft.labels
+    context["lead"] = [*context["writer_notes"], *context["lead"]]
     if draft.foreign:
         context["lead"] = [*context["lead"], labels.foreign]
     if not context["blocks"] and not context["lead"]:
@@ -665,4 +745,18 @@ def write_report(brief: Brief) -> tuple[str, list[Reference]]:
     return markdown, draft.citations.references
 
 
-__all__ = ["TEMPLATES", "Asked", "Brief", "Labels", "Part", "Writing", "citation_marks", "write_report"]
+__all__ = [
+    "TEMPLATES",
+    "Asked",
+    "Basis",
+    "Block",
+    "Brief",
+    "Labels",
+    "Part",
+    "Role",
+    "Writing",
+    "citation_marks",
+    "draft_report",
+    "render_blocks",
+    "write_report",
+]

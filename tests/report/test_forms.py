@@ -251,14 +251,14 @@ def test_an_unknown_report_type_is_refused_listing_the_known_ones():
 
 
 def test_the_model_is_asked_for_the_form_the_request_asks():
-    from fedresearch.report.compose import model_shape
+    from fedresearch.report.prompts import asked_of_model
 
-    custom = Brief(QUESTION, ReportType.custom_report, [], asked=Asked(custom_prompt="Three bullet points."))
-    assert model_shape(custom).endswith("as the user asks within those rules: Three bullet points.")
+    custom = asked_of_model(ReportType.custom_report, Asked(custom_prompt="Three bullet points."))
+    assert custom.endswith("The user asks, within those rules: Three bullet points.")
     asked = Asked(parent_query="Vector search", existing_headers=("Memory use",))
-    shape = model_shape(Brief(QUESTION, ReportType.subtopic_report, [], asked=asked))
-    assert "one subtopic of: Vector search" in shape and "already written cover: Memory use" in shape
-    assert "disagreements and open questions" in model_shape(Brief(QUESTION, ReportType.research_report, []))
+    said = asked_of_model(ReportType.subtopic_report, asked)
+    assert "one subtopic of: Vector search" in said and "written already, cover: Memory use" in said
+    assert asked_of_model(ReportType.research_report, asked) == ""  # its form is its sections'
 
 
 CHINESE_NOTES = [

@@ -140,11 +140,16 @@ async def test_a_models_images_links_and_html_are_shown_not_obeyed() -> None:
             return None
 
         composed = await compose(
-            Brief(f"rank fusion ![q]({TRAP})", ReportType.research_report, fuse(results)), config, quiet, None
+            Brief(
+                f"rank fusion of lexical and dense retrieval ![q]({TRAP})", ReportType.research_report, fuse(results)
+            ),
+            config,
+            quiet,
+            None,
         )
     finally:
         await fake.stop()
     assert composed.writer == "llm", composed.markdown
     assert_inert(composed.markdown, ["https://rrf.example"])
-    assert "## Findings !\\[h\\]" in composed.markdown
+    assert "### Findings !\\[h\\]" in composed.markdown  # a heading the model wrote inside its section
     assert "<img" not in to_html(composed.markdown, "t")

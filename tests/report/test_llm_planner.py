@@ -4,6 +4,7 @@ taking over whenever the model gives no usable plan. No network."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -129,7 +130,8 @@ async def test_tasks_share_one_client_and_connection_to_the_model(tmp_path, fake
                 assert not logs(frames, "planner_fallback")
     finally:
         await fake.stop()
-    assert len(fake.requests) == 6  # each task: its plan, then its report (refused: the extractive writer)
+    # each task: its plan, then its sections (refused: the extractive writer)
+    assert [bool(r.get("stream")) for r in fake.requests].count(False) == 3 and len(fake.requests) > 3
     assert len(set(fake.peers)) == 1
 
 
@@ -174,3 +176,71 @@ def test_a_question_in_the_sources_language_is_planned_in_it_alone():
     assert sub_question("倒数排名融合 || reciprocal rank fusion").query == "倒数排名融合 reciprocal rank fusion"
     assert sub_question("倒数排名融合 || reciprocal rank fusion").heading == "倒数排名融合"
     assert sub_question(PLAN[0]).query == PLAN[0] == sub_question(PLAN[0]).heading
+
+
+def deep_planner(follow_ups: Answer | None = None) -> Any:
+    """Plans and, asked for a sub-question's follow-ups (None), two of them about it; the report itself
+    is refused so that the extractive writer writes it."""
+
+    def answer(body: dict[str, Any]) -> Answer:
+        if body.get("stream"):
+            return Answer(status=500)
+        system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
+        if "follow-up questions" not in system:
+            return planned(body)
+        if follow_ups is not None:
+            return follow_ups
+        asking = re.search(r"^Sub-question: (.+)$", user, re.MULTILINE).group(1)  # type: ignore[union-attr]
+        return Answer(pieces=[f"1. Which benchmarks measure this: {asking}\n2. What limits this: {asking}\n"])
+
+    return answer
+
+
+async def deep_research(tmp_path: Any, fakes: Any, start_server: Any, fake: FakeOpenAI) -> list[dict[str, Any]]:
+    settings = make_settings(tmp_path, fakes, llm_base_url=fake.url, llm_model="small", llm_max_retries=0)
+    server = await start_server(settings)
+    async with websockets.connect(server.ws_url) as ws:
+        return await run_task(ws, {"task": TASK, "report_type": "deep", "headers": {"retrievers": "tavily"}})
+
+
+async def test_deep_researchs_follow_ups_are_the_models_given_what_each_search_found(tmp_path, fakes, start_server):
+    fake = await FakeOpenAI().start()
+    fake.script = [deep_planner()]
+    try:
+        frames = await deep_research(tmp_path, fakes, start_server, fake)
+    finally:
+        await fake.stop()
+    asked_for = [r for r in fake.requests if "follow-up questions" in r["messages"][0]["content"]]
+    assert len(asked_for) == len(PLAN)  # one request per question of the first level
+    for request, question in zip(asked_for, PLAN, strict=True):
+        user = request["messages"][-1]["content"]
+        assert f"Sub-question: {question}" in user and f"Research question: {TASK}" in user
+        assert f"Tavily result 1 on {question}" in user  # what that question's own search found
+        assert all(f"- {q}" in user for q in PLAN)  # the questions asked before, not to be asked again
+    (level,) = [f for f in logs(frames, "planning") if (f["metadata"] or {}).get("depth") == 2]
+    follow_ups = [f"{kind}: {q}" for q in PLAN for kind in ("Which benchmarks measure this", "What limits this")]
+    assert level["metadata"]["planner"] == "llm" and level["metadata"]["sub_questions"] == follow_ups
+    asked = {request["body"]["query"] for request in fakes["tavily"].requests}
+    assert set(follow_ups) <= asked  # each follow-up searched
+    assert not logs(frames, "planner_fallback")
+    report = report_of(frames)
+    check_invariants(report)
+    assert "Deep research: 2 levels, 6 follow-up searches." in report
+
+
+async def test_follow_ups_the_model_cannot_plan_are_the_extractive_planners(tmp_path, fakes, start_server):
+    fake = await FakeOpenAI().start()
+    fake.script = [deep_planner(Answer(pieces=["Happy to help with hybrid retrieval!"]))]
+    try:
+        frames = await deep_research(tmp_path, fakes, start_server, fake)
+    finally:
+        await fake.stop()
+    fallbacks = logs(frames, "planner_fallback")
+    assert len(fallbacks) == 2  # after two failures the model is not asked for the third question's
+    assert all("follow-up" in f["output"] and "numbered list" in f["metadata"]["reason"] for f in fallbacks)
+    assert [f["metadata"]["parent"] for f in fallbacks] == PLAN[:2]
+    asked_for = [r for r in fake.requests if "follow-up questions" in r["messages"][0]["content"]]
+    assert len(asked_for) == 2
+    levels = [f for f in logs(frames, "planning") if (f["metadata"] or {}).get("depth") == 2]
+    assert all(level["metadata"]["planner"] == "extractive" for level in levels)
+    check_invariants(report_of(frames))

@@ -1,5 +1,7 @@
 """The LLM writer against a fake OpenAI-compatible server: what it writes, what the verifier does with
-it, and the extractive writer taking over on every kind of failure. No network."""
+it, and the extractive writer taking over on every kind of failure. Each test scripts the first
+section the model is asked for; the other requests get a faithful model (tests/fakes/openai_chat.py
+`faithful`). No network."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from fedresearch.report.compose import Composed, compose
 from fedresearch.report.llm import LlmConfig, Paragraphs, ThinkFilter
 from fedresearch.report.verify import UNCITED, UNSUPPORTED, Verifier
 from fedresearch.report.writer import Brief, Writing
-from tests.fakes.openai_chat import Answer, FakeOpenAI, number_of
+from tests.fakes.openai_chat import Answer, FakeOpenAI, Script, faithful, is_summing, number_of
 from tests.report.test_report import check_invariants
 
 QUESTION = "How do hybrid retrieval systems combine lexical and dense rankings?"
@@ -27,9 +29,9 @@ BODIES = {
     "https://dense.example": "Dense retrieval encodes queries and passages as vectors and finds passages that "
     "share meaning but not words.",
     "https://bm25.example": "BM25 scores documents by term frequency and inverse document frequency with length "
-    "normalisation.",
+    "normalisation. It is the lexical ranking most hybrid retrieval systems combine with a dense one.",
     "https://cross.example": "Cross-encoders rerank candidate passages by reading the query and the passage "
-    "together, at a higher cost.",
+    "together, at a higher cost. Hybrid retrieval systems rerank the rankings they combine this way.",
     "https://hybrid.example": "Hybrid search systems run lexical and dense retrieval in parallel and merge their "
     "results.",
 }
@@ -79,8 +81,28 @@ async def write(
     return composed, frames, events
 
 
-def said(*sentences: str) -> Any:
-    return lambda body: Answer(pieces=[s.format(**numbers(body)) for s in sentences])
+def first_section(script: Script) -> Script:
+    """`script` for the first section the model is asked to write from passages; a faithful model
+    for every other request."""
+    asked: list[int] = []
+
+    def answer(body: dict[str, Any]) -> Answer:
+        if is_summing(body) or asked:
+            return faithful(body)
+        asked.append(1)
+        return script(body)
+
+    return answer
+
+
+def said(*sentences: str) -> Script:
+    return first_section(lambda body: Answer(pieces=[s.format(**numbers(body)) for s in sentences]))
+
+
+def cited_after(markdown: str, sentence: str) -> list[str]:
+    """The links of the citations right after `sentence` in the report."""
+    found = re.search(re.escape(sentence) + r"((?: ?\[\[\d+\]\]\([^)]+\))+)", markdown)
+    return re.findall(r"\]\(([^)]+)\)", found.group(1)) if found else []
 
 
 def numbers(body: dict[str, Any]) -> dict[str, int]:
@@ -93,22 +115,24 @@ def numbers(body: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def verdicts(composed: Composed) -> dict[str, str]:
-    return {s["text"]: s["verdict"] for s in composed.sentences}
+def verdicts(composed: Composed) -> dict[str, set[str]]:
+    """Each sentence's verdicts (a sentence the answer repeats from a section is checked twice)."""
+    found: dict[str, set[str]] = {}
+    for sentence in composed.sentences:
+        found.setdefault(sentence["text"], set()).add(sentence["verdict"])
+    return found
 
 
 async def test_supported_sentences_are_kept_cited_and_streamed(llm: FakeOpenAI) -> None:
     llm.script = [said(f"{RRF} [{{rrf}}]. {HYBRID} [{{hybrid}}].\n\n", "## Scoring\n\n", f"{BM25} [{{bm25}}].")]
     composed, frames, _ = await write(llm)
     assert composed.writer == "llm" and composed.fallback is None
-    assert set(verdicts(composed).values()) == {"supported"}
-    assert "## Scoring" in composed.markdown and len(frames) >= 4  # title, paragraphs, heading, tail
-    assert [r.link for r in composed.references] == [
-        "https://rrf.example",
-        "https://hybrid.example",
-        "https://bm25.example",
-    ]
-    assert llm.authorization == ["Bearer sk-test-secret"]
+    assert set().union(*verdicts(composed).values()) == {"supported"}
+    assert "### Scoring" in composed.markdown and len(frames) >= 4  # title, sections, tail
+    assert cited_after(composed.markdown, RRF + ".") == ["https://rrf.example"]
+    assert cited_after(composed.markdown, HYBRID + ".") == ["https://hybrid.example"]
+    assert cited_after(composed.markdown, BM25 + ".") == ["https://bm25.example"]
+    assert set(llm.authorization) == {"Bearer sk-test-secret"}
     passages = llm.requests[0]["messages"][1]["content"]
     assert "[1] " in passages and "[5] " in passages and "http" not in passages  # only numbered passages
 
@@ -117,14 +141,15 @@ async def test_a_sentence_citing_the_wrong_passage_is_recited_or_marked(llm: Fak
     invented = "Cross-encoders were first built in 1887 by a lighthouse keeper in Norway"
     llm.script = [said(f"{BM25} [{{rrf}}]. {invented} [{{cross}}].")]
     composed, _, events = await write(llm)
-    assert verdicts(composed)[BM25 + "."] == "recited"
-    bm25_line = next(p for p in composed.markdown.split("\n\n") if BM25 in p)
-    assert "(https://bm25.example)" in bm25_line.split(BM25)[1].split(". ")[0] + bm25_line.split(BM25)[1]
-    assert "https://rrf.example" not in composed.markdown
-    verdict = verdicts(composed)[invented + "."]
+    assert "recited" in verdicts(composed)[BM25 + "."]
+    assert cited_after(composed.markdown, BM25 + ".") == ["https://bm25.example"]  # not the passage it named
+    (verdict,) = verdicts(composed)[invented + "."]
     assert verdict in ("unsupported", "dropped")
     if verdict == "unsupported":
-        assert f"{invented}. [[2]](https://cross.example) {UNSUPPORTED}" in composed.markdown
+        assert cited_after(composed.markdown, invented + ".") == ["https://cross.example"]
+        assert re.search(
+            re.escape(invented) + r"\. \[\[\d\]\]\(https://cross\.example\) " + UNSUPPORTED, composed.markdown
+        )
     else:
         assert invented not in composed.markdown
     counts = next(e for e in events if e.step == "verification").metadata or {}
@@ -137,7 +162,7 @@ async def test_a_citation_naming_no_passage_never_survives(llm: FakeOpenAI) -> N
     body = composed.markdown.partition("## References")[0]
     assert "[9]" not in body and "[[9]]" not in body and len(composed.references) <= 5
     assert "green cheese" not in composed.markdown  # only a fabricated citation stood behind it
-    assert verdicts(composed)[DENSE + "."] == "cited"  # re-cited to the passage that states it
+    assert "cited" in verdicts(composed)[DENSE + "."]  # re-cited to the passage that states it
     assert "https://dense.example" in composed.markdown
     counts = next(e for e in events if e.step == "verification").metadata or {}
     assert counts["invalid_citations"] == 3 and counts["dropped"] == 1
@@ -147,7 +172,7 @@ async def test_uncited_sentences_are_cited_when_supported_else_flagged(llm: Fake
     opinion = "Most engineers consider quantum annealing the future of enterprise spreadsheet software"
     llm.script = [said(f"{HYBRID}. {opinion}. In short, it depends.")]
     composed, _, _ = await write(llm)
-    assert verdicts(composed)[HYBRID + "."] == "cited"
+    assert "cited" in verdicts(composed)[HYBRID + "."]
     assert f"{opinion}. {UNCITED}" in composed.markdown
     assert "In short, it depends." in composed.markdown  # connective prose is not a finding
 
@@ -167,19 +192,26 @@ def test_think_filter_handles_tags_split_anywhere() -> None:
         assert out == "abc"
 
 
-async def test_a_stalled_stream_falls_back_keeping_what_was_written(llm: FakeOpenAI) -> None:
-    llm.script = [lambda body: Answer(pieces=[f"{RRF} [{number_of(body, 'Reciprocal')}].\n\n", "More"], stall_after=1)]
+async def test_a_stalled_stream_leaves_its_section_to_the_extractive_writer(llm: FakeOpenAI) -> None:
+    stalled = [f"{RRF} [{{rrf}}].\n\n", "More"]
+    llm.script = [
+        first_section(lambda body: Answer(pieces=[p.format(**numbers(body)) for p in stalled], stall_after=1))
+    ]
     composed, _, events = await write(llm)
     assert composed.writer == "llm+extractive" and "stalled" in (composed.fallback or "")
     assert composed.markdown.count(RRF) >= 1 and composed.references
-    fallback = next(e for e in events if e.step == "writer_fallback")
+    (fallback,) = [e for e in events if e.step == "writer_fallback"]
     assert "stalled" in fallback.output and "sk-test" not in fallback.output
+    section = (fallback.metadata or {})["section"]
+    below = composed.markdown.split(f"## {section}\n\n", 1)[1]
+    assert below.startswith("*The model could not write this section; it quotes the sources directly.*\n\n")
+    assert "More" not in composed.markdown  # what the stalled stream had sent of the section went with it
 
 
 async def test_429_then_success_writes_with_the_model(llm: FakeOpenAI) -> None:
     llm.script = [lambda body: Answer(status=429, retry_after="0.1"), said(f"{RRF} [{{rrf}}].")]
     composed, _, events = await write(llm)
-    assert len(llm.requests) == 2 and composed.writer == "llm"
+    assert llm.requests[0] == llm.requests[1] and composed.writer == "llm"  # the SDK asked again
     assert not any(e.step == "writer_fallback" for e in events)
 
 
@@ -199,11 +231,16 @@ async def test_429_then_success_writes_with_the_model(llm: FakeOpenAI) -> None:
     ],
 )
 async def test_every_failure_falls_back_to_the_extractive_writer(llm: FakeOpenAI, answer: Any, reason: str) -> None:
-    llm.script = [answer]
+    llm.script = [answer]  # every request
     composed, _, events = await write(llm)
-    assert composed.writer.endswith("extractive") and reason in (composed.fallback or "")
+    assert composed.writer == "extractive" and reason in (composed.fallback or "")
     assert composed.references and "## References" in composed.markdown
-    assert any(e.step == "writer_fallback" and reason in e.output for e in events)
+    fallbacks = [e for e in events if e.step == "writer_fallback"]
+    assert [reason in e.output for e in fallbacks[:2]] == [True, True]
+    # after two sections in a row, the model is not asked again: a dead endpoint costs two timeouts, not one a section
+    assert fallbacks[2:] and all("not asked" in e.output for e in fallbacks[2:])
+    notice = "*The model could not write this section; it quotes the sources directly.*"
+    assert composed.markdown.count(notice) == len(fallbacks)
 
 
 async def test_extractive_reports_are_verified_too() -> None:
@@ -235,7 +272,13 @@ async def test_over_the_websocket_the_report_streams_and_its_json_keeps_every_se
 
     fake = await FakeOpenAI().start()
     try:
-        fake.script = [lambda body: Answer(pieces=[f"{passage_line(body)}\n\n", "Nothing else is known here."])]
+        fake.script = [
+            lambda body: (
+                faithful(body)
+                if is_summing(body)
+                else Answer(pieces=[f"{passage_line(body)}\n\n", "Nothing else is known here."])
+            )
+        ]
         settings = make_settings(
             tmp_path, fakes, llm_base_url=fake.url, llm_model="small", llm_allowed_models=["big"], llm_timeout_s=5
         )
@@ -243,10 +286,13 @@ async def test_over_the_websocket_the_report_streams_and_its_json_keeps_every_se
         task = {"task": "How does rank fusion combine lexical and dense retrieval?", "report_type": "research_report"}
         async with websockets.connect(server.ws_url) as ws:
             frames = await run_task(ws, {**task, "headers": {"retrievers": "tavily", "llm_model": "big"}})
+            first = len(fake.requests)
             refused = await run_task(ws, {**task, "headers": {"retrievers": "tavily", "llm_model": "other"}})
     finally:
         await fake.stop()
-    assert fake.requests[0]["model"] == "big" and fake.requests[1]["model"] == "small"
+    assert {r["model"] for r in fake.requests[:first]} == {"big"} and {r["model"] for r in fake.requests[first:]} == {
+        "small"
+    }
     assert fake.requests[0]["stream"] is True and "tools" not in fake.requests[0]
     assert any("not allowed" in f["output"] for f in logs(refused, "warning"))
     report = report_of(frames)
@@ -290,7 +336,11 @@ async def _compose_with(fake: FakeOpenAI, writing: Writing, **config: Any) -> tu
 async def test_an_answer_past_its_size_is_cut_and_the_extractive_writer_finishes(llm: FakeOpenAI) -> None:
     endless = [f"{RRF} [{{rrf}}]. " * 20] * 500  # a model that does not stop
     llm.script = [
-        lambda body: Answer(pieces=[piece.replace("{rrf}", str(number_of(body, "Reciprocal"))) for piece in endless])
+        lambda body: (
+            Answer(pieces=[piece.replace("{rrf}", str(number_of(body, "Reciprocal"))) for piece in endless])
+            if not is_summing(body)
+            else faithful(body)
+        )
     ]
     composed, events = await _compose_with(llm, Writing(), max_answer_chars=5_000)
     assert composed.writer.endswith("extractive") and "ran past 5,000 characters" in (composed.fallback or "")

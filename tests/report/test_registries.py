@@ -20,7 +20,7 @@ def test_every_report_type_has_its_form_and_those_needing_more_than_a_question_a
     assert offered == ["research_report", "detailed_report", "deep", "resource_report", "outline_report"]
     assert form_of(ReportType.custom_report).needs == ("custom_prompt",)
     assert [form.name for form in REPORT_FORMS.values() if form.decomposes] == ["detailed_report", "deep"]
-    assert form_of(ReportType.resource_report).model_shape is None  # a listing: never the model's
+    assert not form_of(ReportType.resource_report).written_by_model  # a listing: never the model's
 
 
 def test_the_cli_offers_the_registry_s_report_types():
