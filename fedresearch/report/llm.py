@@ -326,7 +326,15 @@ def failure_reason(error: BaseException, config: LlmConfig) -> str:
         reason = f"HTTP {status} from the model endpoint: {text}"
     else:
         reason = text if isinstance(error, WriterFailure) else f"{type(error).__name__}: {text or 'no detail'}"
-    return reason.replace(config.api_key, "[LLM_API_KEY]")
+    return _masked(reason, config.api_key)
+
+
+def _masked(text: str, key: str) -> str:
+    """`text` with `key` masked where it stands as a token of its own: a short key ("k") is not
+    masked inside words ("tokens"), and an empty one masks nothing."""
+    if not key:
+        return text
+    return re.sub(rf"(?<![A-Za-z0-9_\-]){re.escape(key)}(?![A-Za-z0-9_\-])", "[LLM_API_KEY]", text)
 
 
 async def stream_paragraphs(

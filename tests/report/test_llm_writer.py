@@ -368,3 +368,11 @@ def test_paragraphs_are_cut_in_linear_time_however_the_answer_arrives() -> None:
     assert paragraphs.feed("end.\n") == []  # a blank line may come in two pieces
     assert paragraphs.feed("\nNext") == ["sixteen letters " * 100_000 + "end."]
     assert paragraphs.close() == ["Next"]
+
+
+def test_the_key_is_masked_in_a_failure_reason_where_it_stands_alone():
+    from fedresearch.report.llm import _masked
+
+    assert _masked("401 for key sk-live-123: invalid", "sk-live-123") == "401 for key [LLM_API_KEY]: invalid"
+    assert _masked("the prompt has 9000 tokens", "k") == "the prompt has 9000 tokens"  # not inside a word
+    assert _masked("no key at all", "") == "no key at all"
