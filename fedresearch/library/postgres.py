@@ -2,9 +2,8 @@
 
 Every table is keyed by (user_id, id) and every foreign key carries user_id, so the tables shard by
 user on Citus unchanged (docs/operations.md, "Citus"), and every statement names the user.
-Full text: an 'english' tsvector (stemmed, stopwords out) and a 'simple' tsvector of the CJK bigrams
-the embedded index uses too, each in a GIN index led by user_id (btree_gin), so matching starts
-inside one user's slice. Vectors: an exact scan of the user's rows, or, for users with more than
+Full text: a postings table of the terms the embedded index makes (postgres_bm25.py), ranked by
+BM25 as tantivy ranks them. Vectors: an exact scan of the user's rows, or, for users with more than
 `hnsw_from` passages, pgvector's HNSW index (cosine) with iterative scans so filters keep recall.
 """
 
@@ -12,10 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,18 +24,20 @@ import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from fedresearch.core.text import cjk_bigrams, tokens
+from fedresearch.library import postgres_bm25
 from fedresearch.library.records import DocumentInfo, Prepared
-from fedresearch.library.search import Row, SearchFilters, indexed_texts
+from fedresearch.library.search import Row, SearchFilters
 from fedresearch.library.store import LibraryDatabaseError, LibraryUnavailable, Ranking
 
 log = logging.getLogger("fedresearch")
 
 DIMS = 384  # the vector column's width: the library's encoder (all-MiniLM-L6-v2)
-SCHEMA_VERSION = 2  # 2: library_terms (document frequencies kept at ingest)
+# 2: library_terms (document frequencies kept at ingest); 3: BM25 from library_postings and
+# library_tokens (the tsvectors, their GIN indexes and library_terms gone)
+SCHEMA_VERSION = 3
 # Users with more passages than this search the HNSW index; below it an exact scan of their rows
 # is as fast and exact (bench/library_pg.py measures both; docs/benchmarks.md).
 HNSW_FROM = 20_000
@@ -45,7 +46,6 @@ HNSW_FROM = 20_000
 # of them (0.88 / 0.957 / 0.988 at 87%) for 10 / 15 / 30 ms, and at 1.1M 0.673 / 0.797 / 0.887
 # (91%); a hybrid search runs it beside BM25, which takes longer (docs/benchmarks.md)
 HNSW_EF_SEARCH = EF_SEARCH_MAX = 1000
-CANDIDATES = 3_000  # BM25 scores the passages of the query's rarest terms, about this many
 POOL_SIZE = 8
 # Every call holds one of the library's threads while it waits for a connection: a wait is
 # bounded, and while the server is unreachable a call fails at once (Reachability).
@@ -102,46 +102,51 @@ CREATE TABLE IF NOT EXISTS library_passages (
     position integer NOT NULL,
     text text NOT NULL,
     embedding vector(384),
-    english tsvector NOT NULL,
-    cjk tsvector NOT NULL,
+    terms integer NOT NULL DEFAULT 0,  -- its rows in library_postings
     PRIMARY KEY (user_id, id),
     FOREIGN KEY (user_id, document_id) REFERENCES library_documents (user_id, id) ON DELETE CASCADE
 );
 -- vectors inline (the toaster moves text out instead): an exact scan read 3-5x faster (README)
 ALTER TABLE library_passages ALTER COLUMN embedding SET STORAGE PLAIN;
 CREATE INDEX IF NOT EXISTS library_passages_by_document ON library_passages (user_id, document_id);
-CREATE INDEX IF NOT EXISTS library_passages_english ON library_passages USING gin (user_id, english);
-CREATE INDEX IF NOT EXISTS library_passages_cjk ON library_passages USING gin (user_id, cjk);
 CREATE INDEX IF NOT EXISTS library_passages_hnsw ON library_passages USING hnsw (embedding vector_cosine_ops);
 CREATE TABLE IF NOT EXISTS library_users (
     user_id text PRIMARY KEY,
     passages bigint NOT NULL DEFAULT 0,
-    english_lexemes bigint NOT NULL DEFAULT 0,
-    cjk_lexemes bigint NOT NULL DEFAULT 0
+    body_tokens bigint NOT NULL DEFAULT 0,
+    cjk_tokens bigint NOT NULL DEFAULT 0
 );
--- how many of the user's passages hold each lexeme: BM25's document frequencies, kept by every write
-CREATE TABLE IF NOT EXISTS library_terms (
+-- BM25 (postgres_bm25.py): each term of each passage (field 0 the English body, 1 CJK bigrams),
+-- with its frequency and the passage's length as tantivy scores it, read by index-only scans
+CREATE TABLE IF NOT EXISTS library_postings (
     user_id text NOT NULL,
-    field text NOT NULL,
-    lexeme text NOT NULL,
+    field smallint NOT NULL,
+    term text NOT NULL,
+    passage bigint NOT NULL,
+    tf integer NOT NULL,
+    norm integer NOT NULL,
+    PRIMARY KEY (user_id, field, term, passage) INCLUDE (tf, norm)
+);
+-- how many of the user's passages hold each term: BM25's document frequencies, kept by every write
+CREATE TABLE IF NOT EXISTS library_tokens (
+    user_id text NOT NULL,
+    field smallint NOT NULL,
+    term text NOT NULL,
     passages bigint NOT NULL,
-    PRIMARY KEY (user_id, field, lexeme)
+    PRIMARY KEY (user_id, field, term)
 );
 """
 
-# each passage p's lexemes, one row (field, lexeme) per lexeme of either tsvector
-_LEXEMES = (
-    " CROSS JOIN LATERAL (SELECT 'english' AS field, unnest(tsvector_to_array(p.english)) AS lexeme"
-    " UNION ALL SELECT 'cjk', unnest(tsvector_to_array(p.cjk))) f"
-)
-# Version 1 had no library_terms: its counts are made once, from the passages, when it is upgraded.
-_UPGRADE_FROM_1 = (
-    "INSERT INTO library_terms (user_id, field, lexeme, passages)"
-    f" SELECT p.user_id, f.field, f.lexeme, count(*) FROM library_passages p{_LEXEMES}"
-    " GROUP BY p.user_id, f.field, f.lexeme"
-)
-
-_TEXT_COLUMNS = {"english": "english", "cjk": "simple"}  # tsvector column: its text search configuration
+# Versions 1 and 2 searched tsvectors: they go, and the postings are made once from the passages.
+_UPGRADE_TO_3 = """
+DROP TABLE IF EXISTS library_terms;
+ALTER TABLE library_passages DROP COLUMN IF EXISTS english, DROP COLUMN IF EXISTS cjk;
+ALTER TABLE library_users DROP COLUMN IF EXISTS english_lexemes, DROP COLUMN IF EXISTS cjk_lexemes;
+ALTER TABLE library_users ADD COLUMN IF NOT EXISTS body_tokens bigint NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS cjk_tokens bigint NOT NULL DEFAULT 0;
+ALTER TABLE library_passages ADD COLUMN IF NOT EXISTS terms integer NOT NULL DEFAULT 0;
+UPDATE library_users SET passages = 0;
+"""
 
 PASSAGE_COLUMNS = (
     "p.id, p.heading, p.page, p.position, p.text, p.kind, p.embedding AS vector, d.id AS document_id,"
@@ -211,9 +216,11 @@ def create_schema(url: str) -> None:
                 f"the library's tables are at version {version}, newer than this fedresearch ({SCHEMA_VERSION})"
             )
         if version != SCHEMA_VERSION:
+            if version is not None:
+                db.execute(_UPGRADE_TO_3)
             db.execute(DDL)
-            if version == 1:
-                db.execute(_UPGRADE_FROM_1)
+            if version is not None:
+                _index_all(db)
             db.execute("DELETE FROM library_schema")
             db.execute("INSERT INTO library_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
 
@@ -420,13 +427,14 @@ class PostgresStore:
         return self.reachability.away
 
     @contextmanager
-    def _db(self, bounded: bool = True) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    def _db(self, bounded: bool = True, snapshot: bool = False) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """One transaction: committed when the block ends, rolled back when it raises; `bounded`:
         its statements are cancelled after `read_timeout_s` (reads), or keep the operator's own
         `statement_timeout` (writes: none unless the server, role or database sets one).
 
         Raises LibraryUnavailable when the server cannot be reached, its connection was lost, or it
-        cancelled a read that ran too long."""
+        cancelled a read that ran too long. `snapshot`: a read-only transaction whose statements
+        all see the database as its first did (repeatable read)."""
         self.reachability.check()
         try:
             db = self._working_connection()
@@ -438,6 +446,8 @@ class PostgresStore:
             ) from None
         try:
             with db:
+                if snapshot:  # before any other statement of the transaction
+                    db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 if self._read_timeout is not None and self.transaction_pooling and bounded:
                     # one round trip more a read: there is no session of ours to set it on once
                     db.execute("SELECT set_config('statement_timeout', %s, true)", (self._read_timeout,))
@@ -541,9 +551,10 @@ class PostgresStore:
                 ).fetchall()
             ]
             if earlier:
-                _count(db, user_id, earlier, -1)
+                _forget(db, user_id, earlier)
                 db.execute("DELETE FROM library_documents WHERE user_id = %s AND id = ANY(%s)", (user_id, earlier))
-            _count(db, user_id, [_insert(db, user_id, document) for document in latest.values()], 1)
+            for document in latest.values():
+                _insert(db, user_id, document)
         return len(latest) - len(earlier), len(earlier) + len(documents) - len(latest)
 
     def set_vectors(self, user_id: str, vectors: Sequence[tuple[bytes | None, int]]) -> None:
@@ -556,7 +567,7 @@ class PostgresStore:
     def delete(self, user_id: str, document_id: int) -> bool:
         with self._db(bounded=False) as db:
             _lock_user(db, user_id)
-            _count(db, user_id, [document_id], -1)
+            _forget(db, user_id, [document_id])
             deleted = db.execute(
                 "DELETE FROM library_documents WHERE user_id = %s AND id = %s", (user_id, document_id)
             ).rowcount
@@ -611,80 +622,13 @@ class PostgresStore:
         return {row["id"]: row for row in rows}
 
     def bm25(self, user_id: str, kind: str | None, query: str, filters: SearchFilters, limit: int) -> Ranking:
-        """Okapi BM25 (k1 1.2, b 0.75) of the user's passages matching any English stem or CJK bigram.
-
-        PostgreSQL's ts_rank has no inverse document frequency and barely counts repeats, so it
-        ranks a passage with "rank" over one with "reciprocal rank"; BM25 is computed here: a
-        lexeme's frequency in a passage is ts_rank_cd of that lexeme alone / 0.1 (one cover per
-        occurrence), the length is the tsvector's lexeme count, and document frequencies among
-        the user's passages are read from library_terms, which every write keeps exact (counting
-        them per query cost most of a search). Only passages holding one of the query's
-        rarer terms are scored (the rarest terms whose passages add up to at most CANDIDATES, and
-        at least the rarest one): scoring every passage that shares one common word with a long
-        question cost seconds at 100k passages (docs/library.md).
-        """
-        # (over 40 lines with its docstring, which says why BM25 is assembled here rather than ts_rank)
-        # \w+ words only (no tsquery operators in them); CJK runs are matched by their bigrams
-        texts = {
-            "english": " | ".join(w for w in dict.fromkeys(tokens(query)) if not cjk_bigrams(w)),
-            "cjk": " | ".join(dict.fromkeys(cjk_bigrams(query))),
-        }
-        if not any(texts.values()):
-            return []
-        with self._db() as db:
-            terms, average = self._term_weights(db, user_id, texts)
-            if not terms:
-                return []  # stopwords only
-            arguments: dict[str, Any] = {"user": user_id, "kind": kind, "limit": limit}
-            frequencies, score = [], []
-            for number, (column, literal, idf, _) in enumerate(terms):
-                arguments[f"q{number}"], arguments[f"w{number}"] = literal, idf
-                frequencies.append(f"10 * ts_rank_cd(v.{column}, %(q{number})s::tsquery, 0) AS tf{number}")
-                score.append(f"%(w{number})s * t.tf{number} * 2.2 / (t.tf{number} + t.k_{column})")
-            lengths = [f"1.2 * (0.25 + 0.75 * length(v.{c}) / {average[c]!r}) AS k_{c}" for c in _TEXT_COLUMNS]
-            matches = []
-            for column, literals in _rarest(terms).items():
-                arguments[f"match_{column}"] = " | ".join(literals)
-                matches.append(f"p.{column} @@ %(match_{column})s::tsquery")
-            if not matches:
-                return []  # no term of the query occurs in the user's passages
-            scope, values = _scope(filters)
-            sql = (
-                f"SELECT p.id, {' + '.join(score)} AS score FROM library_passages p{_join(filters)}"
-                # each tsvector decompressed once per row, not once per term (OFFSET 0 keeps it so)
-                " CROSS JOIN LATERAL (SELECT p.english || ''::tsvector AS english, p.cjk || ''::tsvector AS cjk"
-                " OFFSET 0) v"
-                f" CROSS JOIN LATERAL (SELECT {', '.join(frequencies + lengths)} OFFSET 0) t"
-                f" WHERE p.user_id = %(user)s AND ({' OR '.join(matches)}){_kind(kind)}{scope}"
-                " ORDER BY score DESC, p.id LIMIT %(limit)s"
-            )
-            return [(row["id"], float(row["score"])) for row in db.execute(sql, {**arguments, **values}).fetchall()]
-
-    def _term_weights(
-        self, db: psycopg.Connection[dict[str, Any]], user_id: str, texts: dict[str, str]
-    ) -> tuple[list[tuple[str, str, float, int]], dict[str, float]]:
-        """(column, lexeme as a tsquery literal, idf, df) of each query lexeme, idf = ln(1 + (N - df + 0.5) /
-        (df + 0.5)) among the user's passages; and each column's average passage length in lexemes."""
-        found = db.execute(
-            "SELECT passages, english_lexemes, cjk_lexemes FROM library_users WHERE user_id = %s", (user_id,)
-        ).fetchone()
-        if found is None or not found["passages"]:
-            return [], {}
-        total = found["passages"]
-        average = {column: max(found[f"{column}_lexemes"] / total, 1.0) for column in _TEXT_COLUMNS}
-        asked = [
-            f"SELECT '{column}' AS field, quote_literal(q.lexeme) AS literal, COALESCE(t.passages, 0) AS df"
-            f" FROM unnest(tsvector_to_array(to_tsvector('{config}', replace(%s, ' | ', ' ')))) AS q(lexeme)"
-            f" LEFT JOIN library_terms t ON t.user_id = %s AND t.field = '{column}' AND t.lexeme = q.lexeme"
-            for column, config in _TEXT_COLUMNS.items()
-            if texts[column]
-        ]
-        values = [value for column in _TEXT_COLUMNS if texts[column] for value in (texts[column], user_id)]
-        rows = db.execute(" UNION ALL ".join(asked), values).fetchall()
-        terms = [
-            (r["field"], r["literal"], math.log(1 + (total - r["df"] + 0.5) / (r["df"] + 0.5)), r["df"]) for r in rows
-        ]
-        return terms, average
+        """Okapi BM25 as the embedded store's tantivy index ranks (postgres_bm25.py): the same
+        terms, lengths and formula, the user's passages as the collection."""
+        narrow = None if kind is None and not _filtered(filters) else _narrow(user_id, kind, filters)
+        # one snapshot for its several statements: read committed gave each its own, and a document
+        # replaced between them was found by one and gone for the next
+        with self._db(snapshot=True) as db:
+            return postgres_bm25.search(db, user_id, query, narrow, limit)
 
     def dense(
         self, user_id: str, query_vector: np.ndarray, kind: str | None, filters: SearchFilters, limit: int
@@ -734,36 +678,43 @@ def _lock_user(db: psycopg.Connection[Any], user_id: str) -> None:
     db.execute("SELECT 1 FROM library_users WHERE user_id = %s FOR UPDATE", (user_id,))
 
 
-def _count(db: psycopg.Connection[dict[str, Any]], user_id: str, document_ids: list[int], sign: int) -> None:
-    """Add (sign 1) or take away (-1) these documents' passages in the user's counts: passages and
-    lexemes (vector search's switch, BM25's lengths) and each lexeme's document frequency; called
-    after they are written and before they are deleted, so no write ever rescans the user's rows."""
+def _forget(db: psycopg.Connection[dict[str, Any]], user_id: str, document_ids: list[int]) -> None:
+    """Take these documents' passages out of BM25 (their postings and the user's counts), before
+    they are deleted. Their terms are made again from their text; should that find fewer rows
+    than were written (another analyzer since), the user's postings of these passages are found
+    by a scan instead, so none is left behind."""
     if not document_ids:
         return
-    of_them = "FROM library_passages p WHERE p.user_id = %(user)s AND p.document_id = ANY(%(ids)s)"
-    arguments = {"user": user_id, "ids": document_ids, "sign": sign}
-    db.execute(
-        "UPDATE library_users u SET passages = u.passages + %(sign)s * c.passages,"
-        " english_lexemes = u.english_lexemes + %(sign)s * c.english, cjk_lexemes = u.cjk_lexemes + %(sign)s * c.cjk"
-        " FROM (SELECT count(*) AS passages, COALESCE(sum(length(p.english)), 0) AS english,"
-        f" COALESCE(sum(length(p.cjk)), 0) AS cjk {of_them}) c WHERE u.user_id = %(user)s",
-        arguments,
-    )
-    gone = db.execute(
-        "WITH changed AS (INSERT INTO library_terms AS t (user_id, field, lexeme, passages)"
-        # p.user_id rather than the parameter: Citus then runs the statement inside the user's shard
-        f" SELECT p.user_id, f.field, f.lexeme, %(sign)s * count(*) FROM library_passages p{_LEXEMES}"
-        " WHERE p.user_id = %(user)s AND p.document_id = ANY(%(ids)s) GROUP BY p.user_id, f.field, f.lexeme"
-        " ON CONFLICT (user_id, field, lexeme) DO UPDATE SET passages = t.passages + excluded.passages"
-        " RETURNING t.field, t.lexeme, t.passages) SELECT field, lexeme FROM changed WHERE passages <= 0",
-        arguments,
+    rows = db.execute(
+        "SELECT p.id, p.heading, p.text, p.terms, d.title FROM library_passages p JOIN library_documents d"
+        " ON d.user_id = p.user_id AND d.id = p.document_id WHERE p.user_id = %s AND p.document_id = ANY(%s)",
+        (user_id, document_ids),
     ).fetchall()
-    if gone:
-        db.execute(
-            "DELETE FROM library_terms WHERE user_id = %s AND (field, lexeme) IN"
-            " (SELECT * FROM unnest(%s::text[], %s::text[]))",
-            (user_id, [row["field"] for row in gone], [row["lexeme"] for row in gone]),
-        )
+    if not rows:
+        return
+    terms = [postgres_bm25.PassageTerms.of(r["title"], r["heading"], r["text"]) for r in rows]
+    postings = [posting for r, t in zip(rows, terms, strict=True) for posting in t.rows(user_id, r["id"])]
+    deleted = db.execute(
+        "DELETE FROM library_postings WHERE user_id = %s AND (field, term, passage) IN"
+        " (SELECT * FROM unnest(%s::int2[], %s::text[], %s::int8[])) RETURNING field, term",
+        (user_id, [p[1] for p in postings], [p[2] for p in postings], [p[3] for p in postings]),
+    ).fetchall()
+    if len(deleted) == sum(r["terms"] for r in rows):
+        postgres_bm25.add_counts(db, user_id, terms, -1)
+        return
+    log.warning("the library's postings of %d passages were made by another analyzer: removed by a scan", len(rows))
+    ids = [r["id"] for r in rows]
+    left = db.execute(
+        "DELETE FROM library_postings WHERE user_id = %s AND passage = ANY(%s) RETURNING field, term", (user_id, ids)
+    ).fetchall()
+    frequencies = Counter((r["field"], r["term"]) for r in deleted)
+    frequencies.update((r["field"], r["term"]) for r in left)
+    db.execute(
+        "UPDATE library_users SET passages = passages - %s, body_tokens = body_tokens - %s,"
+        " cjk_tokens = cjk_tokens - %s WHERE user_id = %s",
+        (len(rows), sum(t.body_length for t in terms), sum(t.cjk_length for t in terms), user_id),
+    )
+    postgres_bm25.add_frequencies(db, user_id, frequencies, -1)
 
 
 def _insert(db: psycopg.Connection[Any], user_id: str, document: StoredDocument) -> int:
@@ -794,14 +745,31 @@ def _insert(db: psycopg.Connection[Any], user_id: str, document: StoredDocument)
 
 
 def _insert_passages(db: psycopg.Connection[Any], user_id: str, document_id: int, document: StoredDocument) -> None:
-    with db.cursor() as cursor:
-        cursor.executemany(
-            "INSERT INTO library_passages (user_id, document_id, kind, heading, page, position, text, embedding,"
-            " english, cjk) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
-            " to_tsvector('english', %s), to_tsvector('simple', %s))",
-            [
+    """The passages and their postings through COPY (binary), and the user's counts."""
+    if not document.passages:
+        return
+    terms = [postgres_bm25.PassageTerms.of(document.title, p.heading, p.text) for p in document.passages]
+    with db.cursor(row_factory=tuple_row) as cursor:
+        ids = [
+            row[0]
+            for row in cursor.execute(
+                "SELECT nextval(pg_get_serial_sequence('library_passages', 'id')) FROM generate_series(1, %s)",
+                (len(terms),),
+            ).fetchall()
+        ]
+    with (
+        db.cursor() as cursor,
+        cursor.copy(
+            "COPY library_passages (user_id, id, document_id, kind, heading, page, position, text, embedding, terms)"
+            " FROM STDIN (FORMAT BINARY)"
+        ) as copy,
+    ):
+        copy.set_types(["text", "int8", "int8", "text", "text", "int4", "int4", "text", "vector", "int4"])
+        for passage_id, p, t in zip(ids, document.passages, terms, strict=True):
+            copy.write_row(
                 (
                     user_id,
+                    passage_id,
                     document_id,
                     document.kind,
                     p.heading,
@@ -809,28 +777,65 @@ def _insert_passages(db: psycopg.Connection[Any], user_id: str, document_id: int
                     p.position,
                     p.text,
                     _vector(p.vector),
-                    *indexed_texts(document.title, p.heading, p.text),
+                    t.count,
                 )
-                for p in document.passages
-            ],
+            )
+    postgres_bm25.copy_postings(db, [row for i, t in zip(ids, terms, strict=True) for row in t.rows(user_id, i)])
+    postgres_bm25.add_counts(db, user_id, terms, 1)
+
+
+def _index_all(db: psycopg.Connection[Any]) -> None:
+    """Postings and counts of every stored passage, made once when an older schema is upgraded."""
+    log.warning("making the library's BM25 postings from its passages (schema %d)", SCHEMA_VERSION)
+    with db.cursor(name="library_upgrade", row_factory=tuple_row) as passages:
+        passages.execute(
+            "SELECT p.user_id, p.id, p.heading, p.text, d.title FROM library_passages p JOIN library_documents d"
+            " ON d.user_id = p.user_id AND d.id = p.document_id ORDER BY p.user_id, p.id"
         )
+        while batch := passages.fetchmany(2000):
+            by_user: dict[str, list[tuple[int, postgres_bm25.PassageTerms]]] = {}
+            for user_id, passage_id, heading, text, title in batch:
+                by_user.setdefault(user_id, []).append(
+                    (passage_id, postgres_bm25.PassageTerms.of(title, heading, text))
+                )
+            for user_id, made in by_user.items():
+                postgres_bm25.copy_postings(db, [row for i, t in made for row in t.rows(user_id, i)])
+                postgres_bm25.add_counts(db, user_id, [t for _, t in made], 1)
+                db.execute(
+                    "UPDATE library_passages SET terms = c.n FROM unnest(%s::int8[], %s::int4[]) AS c(id, n)"
+                    " WHERE user_id = %s AND library_passages.id = c.id",
+                    ([i for i, _ in made], [t.count for _, t in made], user_id),
+                )
 
 
 def _vector(blob: bytes | None) -> np.ndarray | None:
     return None if blob is None else np.frombuffer(blob, dtype=np.float32)
 
 
-def _rarest(terms: list[tuple[str, str, float, int]]) -> dict[str, list[str]]:
-    """The tsquery literals, per column, of the rarest terms whose passages add up to at most
-    CANDIDATES (at least the rarest term): the passages worth scoring."""
-    chosen: dict[str, list[str]] = {}
-    covered = 0
-    for column, literal, _, df in sorted((t for t in terms if t[3] > 0), key=lambda t: t[3]):
-        if chosen and covered + df > CANDIDATES:
-            break
-        chosen.setdefault(column, []).append(literal)
-        covered += df
-    return chosen
+def _filtered(filters: SearchFilters) -> bool:
+    return bool(
+        filters.year_min is not None
+        or filters.year_max is not None
+        or filters.authors
+        or filters.tags
+        or filters.document_ids
+    )
+
+
+def _narrow(user_id: str, kind: str | None, filters: SearchFilters) -> postgres_bm25.Narrow:
+    """Which of a set of passages the search's kind and filters allow."""
+    scope, values = _scope(filters)
+    sql = (
+        f"SELECT p.id FROM library_passages p{_join(filters)} WHERE p.user_id = %(user)s AND p.id = ANY(%(ids)s)"
+        f"{_kind(kind)}{scope}"
+    )
+
+    def allowed(db: psycopg.Connection[Any], ids: np.ndarray) -> np.ndarray:
+        with db.cursor(row_factory=tuple_row) as cursor:
+            rows = cursor.execute(sql, {"user": user_id, "kind": kind, "ids": ids.tolist(), **values}).fetchall()
+        return np.array(sorted(r[0] for r in rows), dtype=np.int64)
+
+    return allowed
 
 
 def _kind(kind: str | None) -> str:

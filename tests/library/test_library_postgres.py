@@ -79,26 +79,23 @@ def test_bad_settings_stop_the_cli_with_their_names_and_never_their_values(monke
     assert "hunter2" not in said and "Traceback" not in said
 
 
-_RECOUNTED_TERMS = (
-    "SELECT f.field, f.lexeme, count(*) AS passages FROM library_passages p CROSS JOIN LATERAL"
-    " (SELECT 'english' AS field, unnest(tsvector_to_array(p.english)) AS lexeme"
-    " UNION ALL SELECT 'cjk', unnest(tsvector_to_array(p.cjk))) f WHERE p.user_id = %s GROUP BY 1, 2"
-)
+_RECOUNTED_TERMS = "SELECT field, term, count(*) FROM library_postings WHERE user_id = %s GROUP BY 1, 2"
 _RECOUNTED_USER = (
-    "SELECT count(*), COALESCE(sum(length(english)), 0), COALESCE(sum(length(cjk)), 0)"
-    " FROM library_passages WHERE user_id = %s"
+    "SELECT (SELECT count(*) FROM library_passages WHERE user_id = %(user)s),"
+    " (SELECT COALESCE(sum(tf), 0) FROM library_postings WHERE user_id = %(user)s AND field = 0),"
+    " (SELECT COALESCE(sum(tf), 0) FROM library_postings WHERE user_id = %(user)s AND field = 1)"
 )
 
 
-def _counts(url: str, user: str) -> tuple[set[tuple[str, str, int]], set[tuple[str, str, int]], tuple, tuple]:
+def _counts(url: str, user: str) -> tuple[set[tuple[int, str, int]], set[tuple[int, str, int]], tuple, tuple]:
     """(kept term counts, recounted term counts, kept user totals, recounted user totals)."""
     with psycopg.connect(url) as db:
-        kept = set(db.execute("SELECT field, lexeme, passages FROM library_terms WHERE user_id = %s", (user,)))
+        kept = set(db.execute("SELECT field, term, passages FROM library_tokens WHERE user_id = %s", (user,)))
         recounted = set(db.execute(_RECOUNTED_TERMS, (user,)))
         totals = db.execute(
-            "SELECT passages, english_lexemes, cjk_lexemes FROM library_users WHERE user_id = %s", (user,)
+            "SELECT passages, body_tokens, cjk_tokens FROM library_users WHERE user_id = %s", (user,)
         ).fetchone()
-        return kept, recounted, totals, db.execute(_RECOUNTED_USER, (user,)).fetchone()
+        return kept, recounted, totals, db.execute(_RECOUNTED_USER, {"user": user}).fetchone()
 
 
 def _document(source: str, text: str) -> StoredDocument:
@@ -115,13 +112,13 @@ def test_document_frequencies_stay_exact_through_ingest_replace_and_delete(postg
     ingest(library, "bob", [EXAMPLES])
     kept, recounted, totals, recounted_totals = _counts(postgres_url, "alice")
     assert kept == recounted and totals == recounted_totals and totals[0] > 0
-    assert any(field == "cjk" for field, _, _ in kept)  # the example library holds Chinese notes
+    assert any(field == 1 for field, _, _ in kept)  # the example library holds Chinese notes
     # replaced (a new text), a source twice in one call (the last one stays), then deleted
     assert store.write("alice", [_document("x.md", "fusion of rankings"), _document("y.md", "rankings")]) == (2, 0)
     assert store.write("alice", [_document("x.md", "rankings merged"), _document("x.md", "fused lists 融合")]) == (0, 2)
     kept, recounted, totals, recounted_totals = _counts(postgres_url, "alice")
     assert kept == recounted and totals == recounted_totals
-    assert ("english", "fusion", 1) not in kept  # "fusion of rankings" was replaced
+    assert (0, "fusion", 1) not in kept  # "fusion of rankings" was replaced
     for document in library.list_documents("alice"):
         assert store.delete("alice", document.id)
     kept, _, totals, _ = _counts(postgres_url, "alice")
@@ -130,19 +127,23 @@ def test_document_frequencies_stay_exact_through_ingest_replace_and_delete(postg
     library.close()
 
 
-def test_a_version_1_library_gets_its_document_frequencies_when_upgraded(postgres_url):
+def test_a_version_2_library_gets_its_postings_when_upgraded(postgres_url):
     library = Library(postgres_url)
     ingest(library, "alice", [EXAMPLES])
     before = library.search("alice", "reciprocal rank fusion", None, 5, mode="bm25")
     library.close()
-    with psycopg.connect(postgres_url, autocommit=True) as db:
-        db.execute("DROP TABLE library_terms")
-        db.execute("UPDATE library_schema SET version = 1")
+    with psycopg.connect(postgres_url, autocommit=True) as db:  # the tables as version 2 left them
+        db.execute("DROP TABLE library_postings, library_tokens")
+        db.execute("ALTER TABLE library_users DROP COLUMN body_tokens, DROP COLUMN cjk_tokens")
+        db.execute("ALTER TABLE library_users ADD COLUMN english_lexemes bigint, ADD COLUMN cjk_lexemes bigint")
+        db.execute("ALTER TABLE library_passages DROP COLUMN terms, ADD COLUMN english tsvector")
+        db.execute("CREATE TABLE library_terms (user_id text)")
+        db.execute("UPDATE library_schema SET version = 2")
     library = Library(postgres_url)
-    kept, recounted, _, _ = _counts(postgres_url, "alice")
-    assert kept == recounted and kept
+    kept, recounted, totals, recounted_totals = _counts(postgres_url, "alice")
+    assert kept == recounted and kept and totals == recounted_totals and totals[0] > 0
     after = library.search("alice", "reciprocal rank fusion", None, 5, mode="bm25")
-    assert [(p.chunk_id, p.score) for p in after] == [(p.chunk_id, p.score) for p in before]
+    assert [(p.chunk_id, p.score) for p in after] == [(p.chunk_id, p.score) for p in before] and after
     library.close()
 
 
