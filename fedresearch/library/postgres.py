@@ -226,7 +226,7 @@ def create_schema(url: str) -> None:
 
 
 def _require_extensions(db: psycopg.Connection[Any]) -> None:
-    for name in ("vector", "btree_gin"):
+    for name in ("vector",):
         try:
             db.execute(f"CREATE EXTENSION IF NOT EXISTS {name}")
         except psycopg.Error as error:
@@ -553,8 +553,7 @@ class PostgresStore:
             if earlier:
                 _forget(db, user_id, earlier)
                 db.execute("DELETE FROM library_documents WHERE user_id = %s AND id = ANY(%s)", (user_id, earlier))
-            for document in latest.values():
-                _insert(db, user_id, document)
+            _insert(db, user_id, list(latest.values()))
         return len(latest) - len(earlier), len(earlier) + len(documents) - len(latest)
 
     def set_vectors(self, user_id: str, vectors: Sequence[tuple[bytes | None, int]]) -> None:
@@ -717,69 +716,73 @@ def _forget(db: psycopg.Connection[dict[str, Any]], user_id: str, document_ids: 
     postgres_bm25.add_frequencies(db, user_id, frequencies, -1)
 
 
-def _insert(db: psycopg.Connection[Any], user_id: str, document: StoredDocument) -> int:
-    row = db.execute(
-        "INSERT INTO library_documents (user_id, kind, source, content_hash, title, authors, author_keys, year,"
-        " doi, url, tags, tag_keys, extra, added_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-        " COALESCE(%s::timestamptz, now())) RETURNING id",
-        (
-            user_id,
-            document.kind,
-            document.source,
-            document.content_hash,
-            document.title,
-            json.dumps(document.authors, ensure_ascii=False),
-            [author.lower() for author in document.authors],
-            document.year,
-            document.doi,
-            document.url,
-            json.dumps(document.tags, ensure_ascii=False),
-            [tag.lower() for tag in document.tags],
-            json.dumps(document.extra, ensure_ascii=False),
-            document.added_at,
-        ),
-    ).fetchone()
-    assert row is not None
-    _insert_passages(db, user_id, row["id"], document)
-    return int(row["id"])
-
-
-def _insert_passages(db: psycopg.Connection[Any], user_id: str, document_id: int, document: StoredDocument) -> None:
-    """The passages and their postings through COPY (binary), and the user's counts."""
-    if not document.passages:
-        return
-    terms = [postgres_bm25.PassageTerms.of(document.title, p.heading, p.text) for p in document.passages]
+def _insert(db: psycopg.Connection[Any], user_id: str, documents: Sequence[StoredDocument]) -> None:
+    """The documents (in one pipeline), then all their passages and postings through COPY (binary),
+    and the user's counts once."""
     with db.cursor(row_factory=tuple_row) as cursor:
+        cursor.executemany(
+            "INSERT INTO library_documents (user_id, kind, source, content_hash, title, authors, author_keys, year,"
+            " doi, url, tags, tag_keys, extra, added_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+            " COALESCE(%s::timestamptz, now())) RETURNING id",
+            [
+                (
+                    user_id,
+                    document.kind,
+                    document.source,
+                    document.content_hash,
+                    document.title,
+                    json.dumps(document.authors, ensure_ascii=False),
+                    [author.lower() for author in document.authors],
+                    document.year,
+                    document.doi,
+                    document.url,
+                    json.dumps(document.tags, ensure_ascii=False),
+                    [tag.lower() for tag in document.tags],
+                    json.dumps(document.extra, ensure_ascii=False),
+                    document.added_at,
+                )
+                for document in documents
+            ],
+            returning=True,
+        )
+        document_ids = []
+        while True:
+            row = cursor.fetchone()
+            assert row is not None
+            document_ids.append(int(row[0]))
+            if not cursor.nextset():
+                break
+        passages = [(d_id, d, p) for d_id, d in zip(document_ids, documents, strict=True) for p in d.passages]
+        if not passages:
+            return
+        terms = [postgres_bm25.PassageTerms.of(d.title, p.heading, p.text) for _, d, p in passages]
         ids = [
             row[0]
             for row in cursor.execute(
                 "SELECT nextval(pg_get_serial_sequence('library_passages', 'id')) FROM generate_series(1, %s)",
-                (len(terms),),
+                (len(passages),),
             ).fetchall()
         ]
-    with (
-        db.cursor() as cursor,
-        cursor.copy(
+        with cursor.copy(
             "COPY library_passages (user_id, id, document_id, kind, heading, page, position, text, embedding, terms)"
             " FROM STDIN (FORMAT BINARY)"
-        ) as copy,
-    ):
-        copy.set_types(["text", "int8", "int8", "text", "text", "int4", "int4", "text", "vector", "int4"])
-        for passage_id, p, t in zip(ids, document.passages, terms, strict=True):
-            copy.write_row(
-                (
-                    user_id,
-                    passage_id,
-                    document_id,
-                    document.kind,
-                    p.heading,
-                    p.page,
-                    p.position,
-                    p.text,
-                    _vector(p.vector),
-                    t.count,
+        ) as copy:
+            copy.set_types(["text", "int8", "int8", "text", "text", "int4", "int4", "text", "vector", "int4"])
+            for passage_id, (document_id, d, p), t in zip(ids, passages, terms, strict=True):
+                copy.write_row(
+                    (
+                        user_id,
+                        passage_id,
+                        document_id,
+                        d.kind,
+                        p.heading,
+                        p.page,
+                        p.position,
+                        p.text,
+                        _vector(p.vector),
+                        t.count,
+                    )
                 )
-            )
     postgres_bm25.copy_postings(db, [row for i, t in zip(ids, terms, strict=True) for row in t.rows(user_id, i)])
     postgres_bm25.add_counts(db, user_id, terms, 1)
 
