@@ -9,15 +9,14 @@ BM25 as tantivy ranks them. Vectors: an exact scan of the user's rows, or, for u
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Self
 
 import numpy as np
@@ -35,8 +34,8 @@ from fedresearch.library.store import LibraryDatabaseError, LibraryUnavailable, 
 log = logging.getLogger("fedresearch")
 
 DIMS = 384  # the vector column's width: the library's encoder (all-MiniLM-L6-v2)
-# 2: library_terms (document frequencies kept at ingest); 3: BM25 from library_postings and
-# library_tokens (the tsvectors, their GIN indexes and library_terms gone)
+# 2: library_terms (document frequencies kept at ingest); 3: BM25 from posting blocks
+# (library_postings; the tsvectors, their GIN indexes and library_terms gone)
 SCHEMA_VERSION = 3
 # Users with more passages than this search the HNSW index; below it an exact scan of their rows
 # is as fast and exact (bench/library_pg.py measures both; docs/benchmarks.md).
@@ -72,7 +71,18 @@ TCP_DEFAULTS = {
 }
 _SCHEMA_LOCK = 7_215_420_091  # pg_advisory_lock key: one process creates or upgrades the schema
 
-DDL = """
+HNSW_INDEX = (
+    "CREATE INDEX IF NOT EXISTS library_passages_hnsw ON library_passages USING hnsw (embedding vector_cosine_ops)"
+)
+# A bulk load builds it once at its end with at most this much maintenance_work_mem (the server's
+# own setting when larger): 1M rows need about 2.5 GB to build in memory, several times faster.
+HNSW_BUILD_MEMORY_MB = 4096
+# A bulk load gathers a user's postings over this many passages before writing them as blocks (a
+# write rewrites the last block of every term it holds: 2,000 passages rewrote 18,000 blocks)
+BULK_POSTINGS = 20_000
+
+DDL = (
+    """
 CREATE TABLE IF NOT EXISTS library_documents (
     user_id text NOT NULL,
     id bigserial,
@@ -102,40 +112,38 @@ CREATE TABLE IF NOT EXISTS library_passages (
     position integer NOT NULL,
     text text NOT NULL,
     embedding vector(384),
-    terms integer NOT NULL DEFAULT 0,  -- its rows in library_postings
+    terms integer NOT NULL DEFAULT 0,  -- its postings in library_postings
     PRIMARY KEY (user_id, id),
     FOREIGN KEY (user_id, document_id) REFERENCES library_documents (user_id, id) ON DELETE CASCADE
 );
 -- vectors inline (the toaster moves text out instead): an exact scan read 3-5x faster (README)
 ALTER TABLE library_passages ALTER COLUMN embedding SET STORAGE PLAIN;
 CREATE INDEX IF NOT EXISTS library_passages_by_document ON library_passages (user_id, document_id);
-CREATE INDEX IF NOT EXISTS library_passages_hnsw ON library_passages USING hnsw (embedding vector_cosine_ops);
+"""
+    + HNSW_INDEX
+    + """;
 CREATE TABLE IF NOT EXISTS library_users (
     user_id text PRIMARY KEY,
     passages bigint NOT NULL DEFAULT 0,
     body_tokens bigint NOT NULL DEFAULT 0,
     cjk_tokens bigint NOT NULL DEFAULT 0
 );
--- BM25 (postgres_bm25.py): each term of each passage (field 0 the English body, 1 CJK bigrams),
--- with its frequency and the passage's length as tantivy scores it, read by index-only scans
+-- BM25 (postgres_bm25.py): each term's postings (field 0 the English body, 1 CJK bigrams) in blocks
+-- of at most postgres_bm25.BLOCK, from passage id `low` to `high`: the ids, frequencies and lengths
+-- packed in `data`, stored out of line uncompressed (read whole at every search of the term)
 CREATE TABLE IF NOT EXISTS library_postings (
     user_id text NOT NULL,
     field smallint NOT NULL,
     term text NOT NULL,
-    passage bigint NOT NULL,
-    tf integer NOT NULL,
-    norm integer NOT NULL,
-    PRIMARY KEY (user_id, field, term, passage) INCLUDE (tf, norm)
+    low bigint NOT NULL,
+    high bigint NOT NULL,
+    postings integer NOT NULL,
+    data bytea NOT NULL,
+    PRIMARY KEY (user_id, field, term, low)
 );
--- how many of the user's passages hold each term: BM25's document frequencies, kept by every write
-CREATE TABLE IF NOT EXISTS library_tokens (
-    user_id text NOT NULL,
-    field smallint NOT NULL,
-    term text NOT NULL,
-    passages bigint NOT NULL,
-    PRIMARY KEY (user_id, field, term)
-);
+ALTER TABLE library_postings ALTER COLUMN data SET STORAGE EXTERNAL;
 """
+)
 
 # Versions 1 and 2 searched tsvectors: they go, and the postings are made once from the passages.
 _UPGRADE_TO_3 = """
@@ -540,21 +548,29 @@ class PostgresStore:
         replaced, as if it had been written by a call of its own)."""
         if not documents:
             return 0, 0
-        latest = {document.source: document for document in documents}
         with self._db(bounded=False) as db:
-            _lock_user(db, user_id)
-            earlier = [
-                row["id"]
-                for row in db.execute(
-                    "SELECT id FROM library_documents WHERE user_id = %s AND source = ANY(%s)",
-                    (user_id, list(latest)),
-                ).fetchall()
-            ]
-            if earlier:
-                _forget(db, user_id, earlier)
-                db.execute("DELETE FROM library_documents WHERE user_id = %s AND id = ANY(%s)", (user_id, earlier))
-            _insert(db, user_id, list(latest.values()))
-        return len(latest) - len(earlier), len(earlier) + len(documents) - len(latest)
+            load = BulkLoad(db)
+            counts = load.write(user_id, documents)
+            load.finish()
+        return counts
+
+    @contextmanager
+    def bulk(self) -> Iterator[BulkLoad]:
+        """One transaction for many writes (`library migrate`; bench/library_pg.py): BulkLoad.write
+        as `write`, each user's postings gathered over BULK_POSTINGS passages. Into a library that
+        holds no passage yet, the HNSW index is dropped first and built once at the end, in the
+        same transaction (at 100k rows it takes 527 vectors/s added, 2,900/s built). Killed or
+        failed, nothing of it stays; the commit makes all of it visible at once."""
+        with self._db(bounded=False) as db:
+            empty = db.execute("SELECT NOT EXISTS (SELECT 1 FROM library_passages) AS empty").fetchone()
+            load = BulkLoad(db, gather=BULK_POSTINGS)
+            load.rebuild = bool(empty and empty["empty"])
+            if load.rebuild:
+                db.execute("DROP INDEX IF EXISTS library_passages_hnsw")
+            yield load
+            load.finish()
+            if load.rebuild:
+                _build_hnsw(db)
 
     def set_vectors(self, user_id: str, vectors: Sequence[tuple[bytes | None, int]]) -> None:
         with self._db(bounded=False) as db, db.cursor() as cursor:
@@ -623,7 +639,7 @@ class PostgresStore:
     def bm25(self, user_id: str, kind: str | None, query: str, filters: SearchFilters, limit: int) -> Ranking:
         """Okapi BM25 as the embedded store's tantivy index ranks (postgres_bm25.py): the same
         terms, lengths and formula, the user's passages as the collection."""
-        narrow = None if kind is None and not _filtered(filters) else _narrow(user_id, kind, filters)
+        narrow = None if kind is None and not _filtered(filters) else _Narrow(user_id, kind, filters)
         # one snapshot for its several statements: read committed gave each its own, and a document
         # replaced between them was found by one and gone for the next
         with self._db(snapshot=True) as db:
@@ -671,103 +687,158 @@ class PostgresStore:
         )
 
 
-def _lock_user(db: psycopg.Connection[Any], user_id: str) -> None:
-    """Writers of one user take turns (as SQLite's one writer does); other users' writers never wait."""
+class BulkLoad:
+    """Writes in one transaction (`PostgresStore.write`, `PostgresStore.bulk`): documents and
+    passages go in through COPY as they come; each user's postings are gathered and written as
+    blocks once `gather` passages are held, before a replace, and at `finish`."""
+
+    def __init__(self, db: psycopg.Connection[Any], gather: int = 0) -> None:
+        self._db = db
+        self._gather = gather
+        self._postings: dict[str, postgres_bm25.Postings] = {}
+        self.passages = 0  # written so far
+        self.rebuild = False  # the HNSW index is built at the end
+
+    def write(self, user_id: str, documents: Sequence[StoredDocument]) -> tuple[int, int]:
+        """As PostgresStore.write: (added, replaced)."""
+        if not documents:
+            return 0, 0
+        db = self._db
+        latest = {document.source: document for document in documents}
+        if user_id not in self._postings:
+            _lock_user(db, user_id)
+            self._postings[user_id] = postgres_bm25.Postings()
+        with db.cursor(row_factory=tuple_row) as cursor:
+            earlier = [
+                int(row[0])
+                for row in cursor.execute(
+                    "SELECT id FROM library_documents WHERE user_id = %s AND source = ANY(%s)",
+                    (user_id, list(latest)),
+                ).fetchall()
+            ]
+        if earlier:
+            self._flush(user_id)  # what was gathered goes into the blocks that _forget cuts from
+            _forget(db, user_id, earlier)
+            db.execute("DELETE FROM library_documents WHERE user_id = %s AND id = ANY(%s)", (user_id, earlier))
+        postings = self._postings[user_id]
+        self.passages += _insert(db, user_id, list(latest.values()), postings)
+        if postings.passages >= self._gather:
+            self._flush(user_id)
+        return len(latest) - len(earlier), len(earlier) + len(documents) - len(latest)
+
+    def finish(self) -> None:
+        for user_id in self._postings:
+            self._flush(user_id)
+
+    def _flush(self, user_id: str) -> None:
+        postings = self._postings[user_id]
+        if postings.passages:
+            with self._db.cursor(row_factory=tuple_row) as cursor:
+                row = cursor.execute("SELECT passages FROM library_users WHERE user_id = %s", (user_id,)).fetchone()
+            postings.write(self._db, user_id, first_write=row is None or row[0] == 0)  # no passage: no block
+
+
+def _build_hnsw(db: psycopg.Connection[Any]) -> None:
+    """The HNSW index, built over every row: in memory when maintenance_work_mem holds the graph
+    (about 2.5 KB a row), sized here up to HNSW_BUILD_MEMORY_MB unless the server allows more."""
+    with db.cursor(row_factory=tuple_row) as cursor:
+        row = cursor.execute(
+            "SELECT count(*), current_setting('maintenance_work_mem') FROM library_passages WHERE embedding IS NOT NULL"
+        ).fetchone()
+        assert row is not None
+        wanted = min(HNSW_BUILD_MEMORY_MB, 64 + int(row[0]) * 2_500 // 2**20)
+        cursor.execute(
+            "SELECT set_config('maintenance_work_mem', %s, true) WHERE pg_size_bytes(%s) < pg_size_bytes(%s)",
+            (f"{wanted}MB", row[1], f"{wanted}MB"),
+        )
+        cursor.execute(HNSW_INDEX)
+
+
+def _lock_user(db: psycopg.Connection[Any], user_id: str) -> int:
+    """Writers of one user take turns (as SQLite's one writer does); other users' writers never wait.
+    The user's passages."""
     db.execute("INSERT INTO library_users (user_id) VALUES (%s) ON CONFLICT (user_id) DO NOTHING", (user_id,))
-    db.execute("SELECT 1 FROM library_users WHERE user_id = %s FOR UPDATE", (user_id,))
+    with db.cursor(row_factory=tuple_row) as cursor:
+        row = cursor.execute("SELECT passages FROM library_users WHERE user_id = %s FOR UPDATE", (user_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
-def _forget(db: psycopg.Connection[dict[str, Any]], user_id: str, document_ids: list[int]) -> None:
+def _forget(db: psycopg.Connection[Any], user_id: str, document_ids: list[int]) -> None:
     """Take these documents' passages out of BM25 (their postings and the user's counts), before
-    they are deleted. Their terms are made again from their text; should that find fewer rows
-    than were written (another analyzer since), the user's postings of these passages are found
-    by a scan instead, so none is left behind."""
+    they are deleted. Their terms are made again from their text; should fewer postings be found
+    than were written (another analyzer since), the user's blocks in their id range are scanned
+    instead, so none is left behind."""
     if not document_ids:
         return
-    rows = db.execute(
-        "SELECT p.id, p.heading, p.text, p.terms, d.title FROM library_passages p JOIN library_documents d"
-        " ON d.user_id = p.user_id AND d.id = p.document_id WHERE p.user_id = %s AND p.document_id = ANY(%s)",
-        (user_id, document_ids),
-    ).fetchall()
+    with db.cursor(row_factory=tuple_row) as cursor:
+        rows = cursor.execute(
+            "SELECT p.id, p.heading, p.text, p.terms, d.title FROM library_passages p JOIN library_documents d"
+            " ON d.user_id = p.user_id AND d.id = p.document_id WHERE p.user_id = %s AND p.document_id = ANY(%s)",
+            (user_id, document_ids),
+        ).fetchall()
     if not rows:
         return
-    terms = [postgres_bm25.PassageTerms.of(r["title"], r["heading"], r["text"]) for r in rows]
-    postings = [posting for r, t in zip(rows, terms, strict=True) for posting in t.rows(user_id, r["id"])]
-    deleted = db.execute(
-        "DELETE FROM library_postings WHERE user_id = %s AND (field, term, passage) IN"
-        " (SELECT * FROM unnest(%s::int2[], %s::text[], %s::int8[])) RETURNING field, term",
-        (user_id, [p[1] for p in postings], [p[2] for p in postings], [p[3] for p in postings]),
-    ).fetchall()
-    if len(deleted) == sum(r["terms"] for r in rows):
-        postgres_bm25.add_counts(db, user_id, terms, -1)
-        return
-    log.warning("the library's postings of %d passages were made by another analyzer: removed by a scan", len(rows))
-    ids = [r["id"] for r in rows]
-    left = db.execute(
-        "DELETE FROM library_postings WHERE user_id = %s AND passage = ANY(%s) RETURNING field, term", (user_id, ids)
-    ).fetchall()
-    frequencies = Counter((r["field"], r["term"]) for r in deleted)
-    frequencies.update((r["field"], r["term"]) for r in left)
-    db.execute(
-        "UPDATE library_users SET passages = passages - %s, body_tokens = body_tokens - %s,"
-        " cjk_tokens = cjk_tokens - %s WHERE user_id = %s",
-        (len(rows), sum(t.body_length for t in terms), sum(t.cjk_length for t in terms), user_id),
-    )
-    postgres_bm25.add_frequencies(db, user_id, frequencies, -1)
+    gone = [(passage, postgres_bm25.PassageTerms.of(title, heading, text)) for passage, heading, text, _, title in rows]
+    if postgres_bm25.remove(db, user_id, gone) != sum(row[3] for row in rows):
+        log.warning("the library's postings of %d passages were made by another analyzer: removed by a scan", len(rows))
+        postgres_bm25.remove_by_scan(db, user_id, [row[0] for row in rows])
 
 
-def _insert(db: psycopg.Connection[Any], user_id: str, documents: Sequence[StoredDocument]) -> None:
-    """The documents (in one pipeline), then all their passages and postings through COPY (binary),
-    and the user's counts once."""
+_DOCUMENT_COPY = (
+    "COPY library_documents (user_id, id, kind, source, content_hash, title, authors, author_keys, year, doi, url,"
+    " tags, tag_keys, extra, added_at) FROM STDIN (FORMAT BINARY)"
+)
+_DOCUMENT_TYPES = [
+    "text", "int8", "text", "text", "text", "text", "jsonb", "text[]", "int4", "text", "text", "jsonb", "text[]",
+    "jsonb", "timestamptz",
+]  # fmt: skip
+_PASSAGE_COPY = (
+    "COPY library_passages (user_id, id, document_id, kind, heading, page, position, text, embedding, terms)"
+    " FROM STDIN (FORMAT BINARY)"
+)
+_PASSAGE_TYPES = ["text", "int8", "int8", "text", "text", "int4", "int4", "text", "vector", "int4"]
+
+
+def _insert(
+    db: psycopg.Connection[Any], user_id: str, documents: Sequence[StoredDocument], postings: postgres_bm25.Postings
+) -> int:
+    """The documents and their passages (with their vectors), each through one COPY (binary); their
+    postings gathered into `postings`. How many passages."""
     with db.cursor(row_factory=tuple_row) as cursor:
-        cursor.executemany(
-            "INSERT INTO library_documents (user_id, kind, source, content_hash, title, authors, author_keys, year,"
-            " doi, url, tags, tag_keys, extra, added_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-            " COALESCE(%s::timestamptz, now())) RETURNING id",
-            [
-                (
-                    user_id,
-                    document.kind,
-                    document.source,
-                    document.content_hash,
-                    document.title,
-                    json.dumps(document.authors, ensure_ascii=False),
-                    [author.lower() for author in document.authors],
-                    document.year,
-                    document.doi,
-                    document.url,
-                    json.dumps(document.tags, ensure_ascii=False),
-                    [tag.lower() for tag in document.tags],
-                    json.dumps(document.extra, ensure_ascii=False),
-                    document.added_at,
+        row = cursor.execute("SELECT now()").fetchone()
+        assert row is not None
+        now: datetime = row[0]
+        document_ids = _next_ids(cursor, "library_documents", len(documents))
+        with cursor.copy(_DOCUMENT_COPY) as copy:
+            copy.set_types(_DOCUMENT_TYPES)
+            for document_id, d in zip(document_ids, documents, strict=True):
+                copy.write_row(
+                    (
+                        user_id,
+                        document_id,
+                        d.kind,
+                        d.source,
+                        d.content_hash,
+                        d.title,
+                        d.authors,
+                        [author.lower() for author in d.authors],
+                        d.year,
+                        d.doi,
+                        d.url,
+                        d.tags,
+                        [tag.lower() for tag in d.tags],
+                        d.extra,
+                        now if d.added_at is None else _moment(d.added_at),
+                    )
                 )
-                for document in documents
-            ],
-            returning=True,
-        )
-        document_ids = []
-        while True:
-            row = cursor.fetchone()
-            assert row is not None
-            document_ids.append(int(row[0]))
-            if not cursor.nextset():
-                break
         passages = [(d_id, d, p) for d_id, d in zip(document_ids, documents, strict=True) for p in d.passages]
         if not passages:
-            return
+            return 0
         terms = [postgres_bm25.PassageTerms.of(d.title, p.heading, p.text) for _, d, p in passages]
-        ids = [
-            row[0]
-            for row in cursor.execute(
-                "SELECT nextval(pg_get_serial_sequence('library_passages', 'id')) FROM generate_series(1, %s)",
-                (len(passages),),
-            ).fetchall()
-        ]
-        with cursor.copy(
-            "COPY library_passages (user_id, id, document_id, kind, heading, page, position, text, embedding, terms)"
-            " FROM STDIN (FORMAT BINARY)"
-        ) as copy:
-            copy.set_types(["text", "int8", "int8", "text", "text", "int4", "int4", "text", "vector", "int4"])
+        ids = _next_ids(cursor, "library_passages", len(passages))
+        with cursor.copy(_PASSAGE_COPY) as copy:
+            copy.set_types(_PASSAGE_TYPES)
             for passage_id, (document_id, d, p), t in zip(ids, passages, terms, strict=True):
                 copy.write_row(
                     (
@@ -783,32 +854,56 @@ def _insert(db: psycopg.Connection[Any], user_id: str, documents: Sequence[Store
                         t.count,
                     )
                 )
-    postgres_bm25.copy_postings(db, [row for i, t in zip(ids, terms, strict=True) for row in t.rows(user_id, i)])
-    postgres_bm25.add_counts(db, user_id, terms, 1)
+    for passage_id, t in zip(ids, terms, strict=True):
+        postings.add(passage_id, t)
+    return len(passages)
+
+
+def _next_ids(cursor: psycopg.Cursor[Any], table: str, count: int) -> list[int]:
+    """`count` ids from the table's sequence, in order, for rows written through COPY."""
+    rows = cursor.execute(
+        "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", (table, count)
+    ).fetchall()
+    return [int(row[0]) for row in rows]
+
+
+def _moment(iso: str) -> datetime:
+    """An ISO 8601 time (a naive one taken as UTC)."""
+    moment = datetime.fromisoformat(iso)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _index_all(db: psycopg.Connection[Any]) -> None:
     """Postings and counts of every stored passage, made once when an older schema is upgraded."""
     log.warning("making the library's BM25 postings from its passages (schema %d)", SCHEMA_VERSION)
+    gathered: dict[str, postgres_bm25.Postings] = {}
+    written: set[str] = set()
+
+    def write(user_id: str) -> None:
+        gathered.pop(user_id).write(db, user_id, first_write=user_id not in written)
+        written.add(user_id)
+
     with db.cursor(name="library_upgrade", row_factory=tuple_row) as passages:
         passages.execute(
             "SELECT p.user_id, p.id, p.heading, p.text, d.title FROM library_passages p JOIN library_documents d"
             " ON d.user_id = p.user_id AND d.id = p.document_id ORDER BY p.user_id, p.id"
         )
         while batch := passages.fetchmany(2000):
-            by_user: dict[str, list[tuple[int, postgres_bm25.PassageTerms]]] = {}
+            counted: dict[str, list[tuple[int, int]]] = {}
             for user_id, passage_id, heading, text, title in batch:
-                by_user.setdefault(user_id, []).append(
-                    (passage_id, postgres_bm25.PassageTerms.of(title, heading, text))
-                )
-            for user_id, made in by_user.items():
-                postgres_bm25.copy_postings(db, [row for i, t in made for row in t.rows(user_id, i)])
-                postgres_bm25.add_counts(db, user_id, [t for _, t in made], 1)
+                terms = postgres_bm25.PassageTerms.of(title, heading, text)
+                gathered.setdefault(user_id, postgres_bm25.Postings()).add(passage_id, terms)
+                counted.setdefault(user_id, []).append((passage_id, terms.count))
+            for user_id, counts in counted.items():
                 db.execute(
                     "UPDATE library_passages SET terms = c.n FROM unnest(%s::int8[], %s::int4[]) AS c(id, n)"
                     " WHERE user_id = %s AND library_passages.id = c.id",
-                    ([i for i, _ in made], [t.count for _, t in made], user_id),
+                    ([i for i, _ in counts], [n for _, n in counts], user_id),
                 )
+            for user_id in [u for u, postings in gathered.items() if postings.passages >= BULK_POSTINGS]:
+                write(user_id)
+    for user_id in list(gathered):
+        write(user_id)
 
 
 def _vector(blob: bytes | None) -> np.ndarray | None:
@@ -825,20 +920,25 @@ def _filtered(filters: SearchFilters) -> bool:
     )
 
 
-def _narrow(user_id: str, kind: str | None, filters: SearchFilters) -> postgres_bm25.Narrow:
-    """Which of a set of passages the search's kind and filters allow."""
-    scope, values = _scope(filters)
-    sql = (
-        f"SELECT p.id FROM library_passages p{_join(filters)} WHERE p.user_id = %(user)s AND p.id = ANY(%(ids)s)"
-        f"{_kind(kind)}{scope}"
-    )
+class _Narrow:
+    """Which passages the search's kind and filters allow (postgres_bm25.Narrow)."""
 
-    def allowed(db: psycopg.Connection[Any], ids: np.ndarray) -> np.ndarray:
+    def __init__(self, user_id: str, kind: str | None, filters: SearchFilters) -> None:
+        scope, values = _scope(filters)
+        self._values = {"user": user_id, "kind": kind, **values}
+        self._where = f"FROM library_passages p{_join(filters)} WHERE p.user_id = %(user)s{_kind(kind)}{scope}"
+
+    def among(self, db: psycopg.Connection[Any], ids: np.ndarray) -> np.ndarray:
+        return self._ids(db, f"SELECT p.id {self._where} AND p.id = ANY(%(ids)s)", ids=ids.tolist())
+
+    def every(self, db: psycopg.Connection[Any], at_most: int) -> np.ndarray | None:
+        found = self._ids(db, f"SELECT p.id {self._where} LIMIT %(limit)s", limit=at_most + 1)
+        return found if len(found) <= at_most else None
+
+    def _ids(self, db: psycopg.Connection[Any], sql: str, **values: Any) -> np.ndarray:
         with db.cursor(row_factory=tuple_row) as cursor:
-            rows = cursor.execute(sql, {"user": user_id, "kind": kind, "ids": ids.tolist(), **values}).fetchall()
-        return np.array(sorted(r[0] for r in rows), dtype=np.int64)
-
-    return allowed
+            rows = cursor.execute(sql, {**self._values, **values}).fetchall()
+        return np.array([r[0] for r in rows], dtype=np.int64)
 
 
 def _kind(kind: str | None) -> str:

@@ -1,29 +1,38 @@
-"""BM25 on PostgreSQL from a postings table, ranked as the embedded store's tantivy index ranks.
+"""BM25 on PostgreSQL from posting blocks, ranked as the embedded store's tantivy index ranks.
 
 A passage's terms are made in Python by the very analyzers the embedded index uses (fulltext.py:
 tantivy's simple tokenizer, long words out, lowercase, the project's stopwords, the English
-stemmer; CJK bigrams as words), so both stores see the same terms. Each (user, field, term,
-passage) is one row of library_postings holding the term's frequency and the passage's length
-as tantivy keeps it (its one-byte "fieldnorm": exact to 40, then in buckets), in a btree read by
-index-only scans. library_tokens holds each term's document frequency among the user's passages
-and library_users the user's passage and token counts, kept exact in the writing transaction.
+stemmer; CJK bigrams as words), so both stores see the same terms.
 
-A search is tantivy's Okapi BM25 (k1 1.2, b 0.75, idf ln(1 + (N - df + 0.5) / (df + 0.5)), the
-average length the user's tokens over passages) with MaxScore pruning: the passages holding the
-query's rarest terms are scored in full, and the commoner terms are read only for those
-passages as long as their largest possible sum cannot lift any other passage into the top k;
-otherwise the next rarest term joins and the round repeats, up to READ_AT_MOST postings read in
-full: the top k is exact when proven so within it (most questions; bench/library_pg.py counts).
+library_postings holds each (user, field, term)'s postings in blocks of at most BLOCK, one row
+each: the passages' ids (int64), the term's frequency in each (uint16) and each passage's length as
+tantivy keeps it (its one-byte fieldnorm id), packed little-endian in one bytea. A term's document
+frequency is the sum of its blocks' counts; library_users holds the user's passage and token counts.
+
+A search reads every block of the question's terms in one statement and scores every posting in
+numpy: tantivy's Okapi BM25 (k1 1.2, b 0.75, idf ln(1 + (N - df + 0.5) / (df + 0.5)), the average
+length the user's tokens over passages), exact, over all the user's passages. Reading the postings
+row by row and pruning (MaxScore) cost a long question 30 ms p50 and 0.6 s p99 at 100k passages, a
+cap on the postings read per term (the best first) lost 4 of the top 10 there; the blocks are read
+in 2-4 ms (docs/benchmarks.md).
+
+A write appends its postings to each term's last block while it has room (read, extended, written
+back in the writing transaction), then in new blocks; a removed passage's postings are cut out of
+the blocks that hold them. Passage ids grow with every write of a user (its writers take turns), so
+a term's blocks hold its postings in id order; nothing depends on it but where new ones go.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
-from collections import Counter
-from collections.abc import Callable, Sequence
+import struct
+from array import array
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import psycopg
@@ -36,12 +45,18 @@ from fedresearch.library.search import indexed_texts
 
 BODY, CJK = 0, 1  # library_postings.field: the English body, the CJK bigrams
 K1, B = 1.2, 0.75  # tantivy's
-CANDIDATES = 3_000  # the first round scores the passages of the rarest terms, about this many
-# Rounds stop once the terms read in full would hold more postings than this, and the top k found
-# is returned: reading on until it is proven exact cost a long question 86 ms p50 and 0.8 s p99 at
-# 100k passages (docs/benchmarks.md); a passage holding only the question's commonest words can then
-# be missed, as before version 3. A search that has not yet found k passages always reads on.
-READ_AT_MOST = 12_000
+# Postings a block holds at most: a block of a common term is 11 KB (TOASTed); a write appends to
+# the last block while it has room, so a small write rewrites at most this many postings per term.
+BLOCK = 1024
+TF_MAX = 65_535  # a term frequency's width (uint16); a passage is at most 2,640 characters
+# A filtered search checks its best passages against the filters in rounds: the first 4 x limit;
+# when fewer than `limit` pass, every passage the filters allow is read if there are at most this
+# many (then the ranking is masked at once), else rounds 8 times larger.
+ALLOWED_AT_MOST = 50_000
+
+_ID, _TF, _NORM = np.dtype("<i8"), np.dtype("<u2"), np.dtype("u1")
+POSTING_BYTES = _ID.itemsize + _TF.itemsize + _NORM.itemsize
+Key = tuple[int, str]  # (field, term)
 
 
 @functools.cache
@@ -50,11 +65,7 @@ def english_analyzer() -> tantivy.TextAnalyzer:
     return _analyzers()["en_stem"]
 
 
-# passages of `ids` (an int64 array) that the search's kind and filters allow
-Narrow = Callable[[psycopg.Connection[Any], np.ndarray], np.ndarray]
-
-
-def _fieldnorms() -> np.ndarray:
+def _fieldnorms() -> list[int]:
     """tantivy's fieldnorm buckets (as Lucene's): lengths 0-40 exact, then eight steps per
     doubling of the step (42, 44 ... 56, 60 ... 88, 96 ...); 256 of them."""
     table = list(range(41))
@@ -64,15 +75,21 @@ def _fieldnorms() -> np.ndarray:
             if len(table) < 256:
                 table.append(table[-1] + step)
         step *= 2
-    return np.array(table, dtype=np.int64)
+    return table
 
 
-FIELDNORMS = _fieldnorms()
+_FIELDNORM_LIST = _fieldnorms()
+FIELDNORMS = np.array(_FIELDNORM_LIST, dtype=np.int64)
+
+
+def fieldnorm_id(length: int) -> int:
+    """tantivy's one-byte id of a length of `length` tokens: its bucket."""
+    return bisect.bisect_right(_FIELDNORM_LIST, length) - 1
 
 
 def fieldnorm(length: int) -> int:
     """The length tantivy scores a passage of `length` tokens by: its bucket's lower bound."""
-    return int(FIELDNORMS[np.searchsorted(FIELDNORMS, length, side="right") - 1])
+    return _FIELDNORM_LIST[fieldnorm_id(length)]
 
 
 @dataclass(frozen=True)
@@ -93,96 +110,247 @@ class PassageTerms:
 
     @property
     def count(self) -> int:
-        """Its rows in library_postings."""
+        """Its postings."""
         return len(self.body) + len(self.cjk)
 
-    def rows(self, user_id: str, passage: int) -> list[tuple[str, int, str, int, int, int]]:
-        """(user_id, field, term, passage, tf, norm) for COPY into library_postings."""
-        body_norm, cjk_norm = fieldnorm(self.body_length), fieldnorm(self.cjk_length)
-        return [(user_id, BODY, t, passage, tf, body_norm) for t, tf in self.body.items()] + [
-            (user_id, CJK, t, passage, tf, cjk_norm) for t, tf in self.cjk.items()
-        ]
+    def terms(self) -> list[Key]:
+        """(field, term) of each of its postings."""
+        return [(BODY, t) for t in self.body] + [(CJK, t) for t in self.cjk]
 
 
-POSTING_COLUMNS = "user_id, field, term, passage, tf, norm"
-POSTING_TYPES = ["text", "int2", "text", "int8", "int4", "int4"]
+def encode(passages: np.ndarray, tf: np.ndarray, norm: np.ndarray) -> bytes:
+    """A block's bytes: the passage ids, then the frequencies, then the fieldnorm ids."""
+    return (
+        passages.astype(_ID, copy=False).tobytes()
+        + tf.astype(_TF, copy=False).tobytes()
+        + norm.astype(_NORM, copy=False).tobytes()
+    )
 
 
-def copy_postings(db: psycopg.Connection[Any], rows: Sequence[tuple[str, int, str, int, int, int]]) -> None:
+def decode(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(passage ids, frequencies, fieldnorm ids) of a block, as views of its bytes."""
+    n = len(data) // POSTING_BYTES
+    return (
+        np.frombuffer(data, _ID, n),
+        np.frombuffer(data, _TF, n, _ID.itemsize * n),
+        np.frombuffer(data, _NORM, n, (_ID.itemsize + _TF.itemsize) * n),
+    )
+
+
+class Postings:
+    """A write's postings, gathered passage by passage, then written as blocks (`write`)."""
+
+    def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        self._index: dict[Key, int] = {}
+        self._keys, self._passages, self._tf, self._norm = array("q"), array("q"), array("q"), array("q")
+        self.passages = self.body_tokens = self.cjk_tokens = 0
+
+    def add(self, passage: int, terms: PassageTerms) -> None:
+        index = self._index
+        for field, counts, length in ((BODY, terms.body, terms.body_length), (CJK, terms.cjk, terms.cjk_length)):
+            if counts:
+                self._keys.extend([index.setdefault((field, term), len(index)) for term in counts])
+                self._tf.extend(counts.values())
+                self._passages.extend([passage] * len(counts))
+                self._norm.extend([fieldnorm_id(length)] * len(counts))
+        self.passages += 1
+        self.body_tokens += terms.body_length
+        self.cjk_tokens += terms.cjk_length
+
+    def write(self, db: psycopg.Connection[Any], user_id: str, first_write: bool) -> None:
+        """Into the user's blocks (each term's last block extended while it has room, then new
+        ones), and into the user's counts; then empty. `first_write`: the user holds no block."""
+        if not self.passages:
+            return
+        names = list(self._index)
+        keys, passages, tf, norm = (
+            np.frombuffer(a, dtype=np.int64) for a in (self._keys, self._passages, self._tf, self._norm)
+        )
+        last = {} if first_write else _last_blocks(db, user_id, names)
+        if last:
+            held = [decode(data) for _, data in last.values()]
+            counts = [len(ids) for ids, _, _ in held]
+            which = np.array([self._index[key] for key in last], dtype=np.int64)
+            keys = np.concatenate([np.repeat(which, counts), keys])
+            passages, tf, norm = (
+                np.concatenate([*(h[i] for h in held), mine]) for i, mine in enumerate((passages, tf, norm))
+            )
+        order = np.lexsort((passages, keys))
+        rows = _blocks(names, keys[order], passages[order], np.minimum(tf[order], TF_MAX), norm[order])
+        _delete_blocks(db, user_id, [(field, term, low) for (field, term), (low, _) in last.items()])
+        _copy_blocks(db, user_id, rows)
+        _count(db, user_id, self.passages, self.body_tokens, self.cjk_tokens)
+        self._clear()
+
+
+Block = tuple[int, str, int, int, int, bytes]  # field, term, low, high, postings, data
+
+
+def _blocks(
+    names: Sequence[Key], keys: np.ndarray, passages: np.ndarray, tf: np.ndarray, norm: np.ndarray
+) -> list[Block]:
+    """Blocks of at most BLOCK postings of postings sorted by key (an index into `names`), then passage."""
+    if not len(keys):
+        return []
+    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+    ends = np.concatenate([starts[1:], [len(keys)]])
+    pieces = (ends - starts + BLOCK - 1) // BLOCK  # blocks per term
+    term = np.repeat(np.arange(len(starts)), pieces)
+    first = starts[term] + (np.arange(len(term)) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * BLOCK
+    last = np.minimum(first + BLOCK, ends[term])
+    ids, tfs, norms = passages.astype(_ID).tobytes(), tf.astype(_TF).tobytes(), norm.astype(_NORM).tobytes()
+    a, b = _ID.itemsize, _TF.itemsize
+    rows = []
+    for key, start, end, low, high in zip(
+        keys[first].tolist(),
+        first.tolist(),
+        last.tolist(),
+        passages[first].tolist(),
+        passages[last - 1].tolist(),
+        strict=True,
+    ):
+        field, word = names[key]
+        data = ids[a * start : a * end] + tfs[b * start : b * end] + norms[start:end]
+        rows.append((field, word, low, high, end - start, data))
+    return rows
+
+
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # binary COPY: signature, no flags, no extension
+_FIELD = {field: struct.pack(">ih", 2, field) for field in (BODY, CJK)}
+_BLOCK_TAIL = struct.Struct(">iqiqiii")  # low, high, postings (each with its length), the data's length
+
+
+def _copy_blocks(db: psycopg.Connection[Any], user_id: str, blocks: Sequence[Block]) -> None:
+    """The blocks into library_postings through one binary COPY, its rows packed here (psycopg's
+    write_row took 14 us a row)."""
+    if not blocks:
+        return
+    user = user_id.encode()
+    head = struct.pack(">hi", 7, len(user)) + user
     with (
         db.cursor() as cursor,
-        cursor.copy(f"COPY library_postings ({POSTING_COLUMNS}) FROM STDIN (FORMAT BINARY)") as copy,
+        cursor.copy(
+            "COPY library_postings (user_id, field, term, low, high, postings, data) FROM STDIN (FORMAT BINARY)"
+        ) as copy,
     ):
-        copy.set_types(POSTING_TYPES)
-        for row in rows:
-            copy.write_row(row)
+        parts = [_COPY_SIGNATURE]
+        size = 0
+        for field, term, low, high, count, data in blocks:
+            word = term.encode()
+            parts += [head, _FIELD[field], len(word).to_bytes(4, "big"), word]
+            parts += [_BLOCK_TAIL.pack(8, low, 8, high, 4, count, len(data)), data]
+            size += len(data) + len(word) + 60
+            if size > 8 << 20:
+                copy.write(b"".join(parts))
+                parts, size = [], 0
+        parts.append(b"\xff\xff")
+        copy.write(b"".join(parts))
 
 
-def add_counts(db: psycopg.Connection[Any], user_id: str, terms: Sequence[PassageTerms], sign: int) -> None:
-    """Add (sign 1) or take away (-1) these passages in the user's counts: passages, tokens, and
-    each term's document frequency (a term left at none is deleted)."""
-    if not terms:
-        return
-    db.execute(
-        "UPDATE library_users SET passages = passages + %s, body_tokens = body_tokens + %s,"
-        " cjk_tokens = cjk_tokens + %s WHERE user_id = %s",
-        (
-            sign * len(terms),
-            sign * sum(t.body_length for t in terms),
-            sign * sum(t.cjk_length for t in terms),
-            user_id,
-        ),
-    )
-    frequencies: Counter[tuple[int, str]] = Counter()
-    for t in terms:
-        frequencies.update((BODY, term) for term in t.body)
-        frequencies.update((CJK, term) for term in t.cjk)
-    add_frequencies(db, user_id, frequencies, sign)
-
-
-def add_frequencies(
-    db: psycopg.Connection[Any], user_id: str, frequencies: Counter[tuple[int, str]], sign: int
-) -> None:
-    if not frequencies:
-        return
-    fields, words = [f for f, _ in frequencies], [w for _, w in frequencies]
-    counts = [sign * n for n in frequencies.values()]
-    gone = db.execute(
-        "WITH changed AS (INSERT INTO library_tokens AS t (user_id, field, term, passages)"
-        " SELECT %s, f, w, n FROM unnest(%s::int2[], %s::text[], %s::int8[]) AS c(f, w, n)"
-        " ON CONFLICT (user_id, field, term) DO UPDATE SET passages = t.passages + excluded.passages"
-        " RETURNING t.field, t.term, t.passages) SELECT field, term FROM changed WHERE passages <= 0",
-        (user_id, fields, words, counts),
-    ).fetchall()
-    if gone:
+def _delete_blocks(db: psycopg.Connection[Any], user_id: str, blocks: Sequence[tuple[int, str, int]]) -> None:
+    """Delete these blocks, (field, term, low) each."""
+    if blocks:
         db.execute(
-            "DELETE FROM library_tokens WHERE user_id = %s AND (field, term) IN"
-            " (SELECT * FROM unnest(%s::int2[], %s::text[]))",
-            (user_id, [_at(r, 0, "field") for r in gone], [_at(r, 1, "term") for r in gone]),
+            "DELETE FROM library_postings WHERE user_id = %s AND (field, term, low) IN"
+            " (SELECT * FROM unnest(%s::int2[], %s::text[], %s::int8[]))",
+            (user_id, [b[0] for b in blocks], [b[1] for b in blocks], [b[2] for b in blocks]),
         )
 
 
-def _at(row: Any, index: int, name: str) -> Any:
-    return row[name] if isinstance(row, dict) else row[index]
+def _last_blocks(db: psycopg.Connection[Any], user_id: str, keys: Sequence[Key]) -> dict[Key, tuple[int, bytes]]:
+    """The last block (low, data) of each of these terms that has room for more."""
+    with db.cursor(binary=True, row_factory=tuple_row) as cursor:
+        rows = cursor.execute(
+            "SELECT q.field, q.term, b.low, b.data FROM unnest(%s::int2[], %s::text[]) AS q(field, term)"
+            " CROSS JOIN LATERAL (SELECT low, postings, data FROM library_postings WHERE user_id = %s"
+            " AND field = q.field AND term = q.term ORDER BY low DESC LIMIT 1) b WHERE b.postings < %s",
+            ([k[0] for k in keys], [k[1] for k in keys], user_id, BLOCK),
+        ).fetchall()
+    return {(field, term): (low, bytes(data)) for field, term, low, data in rows}
 
 
-def query_terms(query: str) -> list[tuple[int, str]]:
+def remove(db: psycopg.Connection[Any], user_id: str, gone: Sequence[tuple[int, PassageTerms]]) -> int:
+    """Cut these passages' postings (passage id, its terms as made now) out of the blocks holding
+    them, and take them out of the user's counts; how many postings were cut."""
+    if not gone:
+        return 0
+    ids = np.array(sorted(passage for passage, _ in gone), dtype=np.int64)
+    keys = sorted({key for _, terms in gone for key in terms.terms()})
+    with db.cursor(binary=True, row_factory=tuple_row) as cursor:
+        blocks = cursor.execute(
+            "SELECT field, term, low, data FROM library_postings WHERE user_id = %s AND (field, term) IN"
+            " (SELECT * FROM unnest(%s::int2[], %s::text[])) AND low <= %s AND high >= %s",
+            (user_id, [k[0] for k in keys], [k[1] for k in keys], int(ids[-1]), int(ids[0])),
+        ).fetchall()
+    cut = _cut(db, user_id, blocks, ids)
+    made = [terms for _, terms in gone]
+    _count(db, user_id, -len(made), -sum(t.body_length for t in made), -sum(t.cjk_length for t in made))
+    return cut
+
+
+def remove_by_scan(db: psycopg.Connection[Any], user_id: str, ids: Sequence[int]) -> int:
+    """Cut every posting of these passages out of the user's blocks whatever its term (a scan of
+    the user's blocks in their id range: for postings made by another analyzer than today's)."""
+    wanted = np.array(sorted(ids), dtype=np.int64)
+    if not len(wanted):
+        return 0
+    with db.cursor(binary=True, row_factory=tuple_row) as cursor:
+        blocks = cursor.execute(
+            "SELECT field, term, low, data FROM library_postings WHERE user_id = %s AND low <= %s AND high >= %s",
+            (user_id, int(wanted[-1]), int(wanted[0])),
+        ).fetchall()
+    return _cut(db, user_id, blocks, wanted)
+
+
+def _cut(
+    db: psycopg.Connection[Any], user_id: str, blocks: Iterable[tuple[int, str, int, bytes]], ids: np.ndarray
+) -> int:
+    """Cut the postings of passages `ids` out of these blocks (field, term, low, data): each block
+    that held one is written again without them, or deleted when none is left; how many were cut."""
+    cut, deleted, rows = 0, [], []
+    for field, term, low, data in blocks:
+        passages, tf, norm = decode(bytes(data))
+        keep = ~np.isin(passages, ids, assume_unique=True)
+        if keep.all():
+            continue
+        cut += int(len(keep) - keep.sum())
+        deleted.append((field, term, low))
+        if keep.any():
+            kept = passages[keep]
+            rows.append((field, term, int(kept[0]), int(kept[-1]), len(kept), encode(kept, tf[keep], norm[keep])))
+    _delete_blocks(db, user_id, deleted)
+    _copy_blocks(db, user_id, rows)
+    return cut
+
+
+def _count(db: psycopg.Connection[Any], user_id: str, passages: int, body_tokens: int, cjk_tokens: int) -> None:
+    """Add these passages and tokens (or take them away: negative) to the user's counts."""
+    db.execute(
+        "UPDATE library_users SET passages = passages + %s, body_tokens = body_tokens + %s,"
+        " cjk_tokens = cjk_tokens + %s WHERE user_id = %s",
+        (passages, body_tokens, cjk_tokens, user_id),
+    )
+
+
+def query_terms(query: str) -> list[Key]:
     """(field, term) of a query, each once, as fulltext.FullTextIndex.search makes them."""
     asked = [(BODY, t) for t in dict.fromkeys(english_analyzer().analyze(query))]
     return asked + [(CJK, g) for g in dict.fromkeys(cjk_bigrams(query))]
 
 
-@dataclass
-class _Term:
-    field: int
-    term: str
-    df: int
-    idf: float
+class Narrow(Protocol):
+    """Which passages a search's kind and filters allow."""
 
-    @property
-    def bound(self) -> float:
-        """The most this term adds to any passage's score."""
-        return self.idf * (K1 + 1)
+    def among(self, db: psycopg.Connection[Any], ids: np.ndarray) -> np.ndarray:
+        """Those of `ids` allowed (an int64 array)."""
+        ...
+
+    def every(self, db: psycopg.Connection[Any], at_most: int) -> np.ndarray | None:
+        """Every allowed passage of the user, when there are at most `at_most` (else None)."""
+        ...
 
 
 def search(
@@ -193,112 +361,86 @@ def search(
     asked = query_terms(query)
     if not asked or limit <= 0:
         return []
-    user = db.execute(
-        "SELECT passages, body_tokens, cjk_tokens FROM library_users WHERE user_id = %s", (user_id,)
-    ).fetchone()
-    if user is None or not _at(user, 0, "passages"):
-        return []
-    total = int(_at(user, 0, "passages"))
-    average = {BODY: _at(user, 1, "body_tokens") / total, CJK: _at(user, 2, "cjk_tokens") / total}
-    found = db.execute(
-        "SELECT field, term, passages FROM library_tokens WHERE user_id = %s AND (field, term) IN"
-        " (SELECT * FROM unnest(%s::int2[], %s::text[]))",
-        (user_id, [f for f, _ in asked], [t for _, t in asked]),
-    ).fetchall()
-    terms = []
-    for row in found:
-        df = int(_at(row, 2, "passages"))
-        idf = math.log(1 + (total - df + 0.5) / (df + 0.5))
-        terms.append(_Term(int(_at(row, 0, "field")), str(_at(row, 1, "term")), df, idf))
-    if not terms:
-        return []
-    terms.sort(key=lambda t: (t.df, t.field, t.term))  # rarest first
-    essential, covered = 0, 0
-    while essential < len(terms) and (essential == 0 or covered + terms[essential].df <= CANDIDATES):
-        covered += terms[essential].df
-        essential += 1
-    while True:
-        ranked, threshold = _round(db, user_id, narrow, limit, terms, essential, average)
-        rest = sum(t.bound for t in terms[essential:])
-        if essential == len(terms) or (len(ranked) >= limit and rest < threshold):
-            return ranked
-        budget = max(covered, CANDIDATES) * 4  # the next round reads about four times as many
-        if len(ranked) >= limit and covered + terms[essential].df > READ_AT_MOST:
-            return ranked
-        essential += 1
-        covered = sum(t.df for t in terms[:essential])
-        while essential < len(terms) and covered + terms[essential].df <= budget:
-            covered += terms[essential].df
-            essential += 1
-
-
-def _round(
-    db: psycopg.Connection[Any],
-    user_id: str,
-    narrow: Narrow | None,
-    limit: int,
-    terms: list[_Term],
-    essential: int,
-    average: dict[int, float],
-) -> tuple[list[tuple[int, float]], float]:
-    """The top `limit` of the passages holding one of terms[:essential], scored by every term;
-    and the lowest score among them (0 when fewer)."""
-    postings = _postings(db, user_id, terms[:essential], average, None)
-    candidates = np.unique(postings[0]) if len(postings[0]) else postings[0]
-    if len(candidates) and narrow is not None:
-        candidates = narrow(db, candidates)
-    if not len(candidates):
-        return [], 0.0
-    if essential < len(terms):
-        more = _postings(db, user_id, terms[essential:], average, candidates)
-        postings = tuple(np.concatenate([a, b]) for a, b in zip(postings, more, strict=True))  # type: ignore[assignment]
-    passages, tf, norm, weight, avg = postings
-    k = K1 * (1 - B + B * norm / avg)
-    contribution = weight * tf / (tf + k)
-    keep = np.isin(passages, candidates)
-    ids, inverse = np.unique(passages[keep], return_inverse=True)
-    scores = np.bincount(inverse, weights=contribution[keep], minlength=len(ids))
-    order = np.lexsort((ids, -scores))[:limit]
-    ranked = [(int(ids[i]), float(scores[i])) for i in order]
-    threshold = ranked[-1][1] if len(ranked) >= limit else 0.0
-    return ranked, threshold
-
-
-_Postings = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-
-
-def _postings(
-    db: psycopg.Connection[Any],
-    user_id: str,
-    terms: Sequence[_Term],
-    average: dict[int, float],
-    among: np.ndarray | None,
-) -> _Postings:
-    """(passage, tf, norm, the term's idf * (k1 + 1), the field's average length) of every posting
-    of `terms`, or of those among the passages `among`, as arrays."""
-    if not terms:
-        empty = np.zeros(0)
-        return np.zeros(0, dtype=np.int64), empty, empty, empty, empty
-    within = "" if among is None else " AND passage = ANY(%s::int8[])"
-    values: list[Any] = [user_id, [t.field for t in terms], [t.term for t in terms]]
-    if among is not None:
-        values.append(among.tolist())
     with db.cursor(binary=True, row_factory=tuple_row) as cursor:
+        user = cursor.execute(
+            "SELECT passages, body_tokens, cjk_tokens FROM library_users WHERE user_id = %s", (user_id,)
+        ).fetchone()
+        if user is None or not user[0]:
+            return []
         rows = cursor.execute(
-            "SELECT field, term, array_agg(passage), array_agg(tf), array_agg(norm) FROM library_postings"
-            " WHERE user_id = %s AND (field, term) IN (SELECT * FROM unnest(%s::int2[], %s::text[]))"
-            f"{within} GROUP BY field, term",
-            values,
+            "SELECT field, term, data FROM library_postings WHERE user_id = %s AND (field, term) IN"
+            " (SELECT * FROM unnest(%s::int2[], %s::text[]))",
+            (user_id, [f for f, _ in asked], [t for _, t in asked]),
         ).fetchall()
-    idf = {(t.field, t.term): t.idf * (K1 + 1) for t in terms}
-    parts: list[list[np.ndarray]] = [[], [], [], [], []]
-    for field, term, passages, tf, norm in rows:
-        n = len(passages)
-        parts[0].append(np.asarray(passages, dtype=np.int64))
-        parts[1].append(np.asarray(tf, dtype=np.float64))
-        parts[2].append(np.asarray(norm, dtype=np.float64))
-        parts[3].append(np.full(n, idf[(field, term)]))
-        parts[4].append(np.full(n, average[field]))
     if not rows:
-        return _postings(db, user_id, [], average, None)
-    return tuple(np.concatenate(p) for p in parts)  # type: ignore[return-value]
+        return []
+    ids, scores = _scores(rows, int(user[0]), {BODY: int(user[1]), CJK: int(user[2])})
+    if narrow is None:
+        return [(int(ids[i]), float(scores[i])) for i in _best(ids, scores, limit)]
+    return _narrowed(db, narrow, ids, scores, limit)
+
+
+def _scores(
+    rows: Sequence[tuple[int, str, bytes]], total: int, tokens: dict[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(passage ids, their BM25 scores) of every passage holding one of the terms whose blocks are `rows`."""
+    blocks: defaultdict[Key, list[bytes]] = defaultdict(list)
+    for field, term, data in rows:
+        blocks[(field, term)].append(data)
+    # what a fieldnorm id makes of k1 * (1 - b + b * length / average), per field
+    lengths = {field: K1 * (1 - B + B * FIELDNORMS / (count / total)) for field, count in tokens.items() if count > 0}
+    passages: list[np.ndarray] = []
+    contributions: list[np.ndarray] = []
+    for (field, _), held in blocks.items():
+        frequency = sum(len(data) for data in held) // POSTING_BYTES  # the term's document frequency
+        weight = math.log(1 + (total - frequency + 0.5) / (frequency + 0.5)) * (K1 + 1)
+        for data in held:
+            ids, tf, norm = decode(data)
+            f = tf.astype(np.float64)
+            passages.append(ids)
+            contributions.append(weight * f / (f + lengths[field][norm]))
+    every = np.concatenate(passages)
+    scored = np.concatenate(contributions)
+    low = int(every.min())
+    span = int(every.max()) - low + 1
+    if span <= 4 * len(every) + 100_000:  # the user's ids are dense enough to count by offset
+        sums = np.bincount(every - low, weights=scored, minlength=span)
+        held_ids = np.flatnonzero(sums > 0)
+        return held_ids + low, sums[held_ids]
+    unique, inverse = np.unique(every, return_inverse=True)
+    return unique, np.bincount(inverse, weights=scored, minlength=len(unique))
+
+
+def _best(ids: np.ndarray, scores: np.ndarray, m: int) -> np.ndarray:
+    """Indexes of the best `m` by score, then id, in that order."""
+    if len(scores) > m:
+        kth = np.partition(scores, len(scores) - m)[len(scores) - m]  # the m-th highest
+        above = np.flatnonzero(scores > kth)
+        tied = np.flatnonzero(scores == kth)
+        tied = tied[np.argsort(ids[tied], kind="stable")][: m - len(above)]
+        pick = np.concatenate([above, tied])
+    else:
+        pick = np.arange(len(scores))
+    return pick[np.lexsort((ids[pick], -scores[pick]))]
+
+
+def _narrowed(
+    db: psycopg.Connection[Any], narrow: Narrow, ids: np.ndarray, scores: np.ndarray, limit: int
+) -> list[tuple[int, float]]:
+    """The best `limit` the filters allow: the best passages checked in rounds (the first 4 x limit,
+    then all allowed at once when few, else rounds 8 times larger)."""
+    checked, size = 0, 4 * limit
+    kept: list[int] = []
+    while checked < len(ids) and len(kept) < limit:
+        order = _best(ids, scores, size)[checked:]
+        allowed = narrow.among(db, ids[order])
+        kept.extend(int(i) for i in order[np.isin(ids[order], allowed)])
+        checked += len(order)
+        if len(kept) < limit and checked < len(ids) and checked == 4 * limit:
+            every = narrow.every(db, ALLOWED_AT_MOST)
+            if every is not None:
+                mask = np.isin(ids, every)
+                ids, scores = ids[mask], scores[mask]
+                return [(int(ids[i]), float(scores[i])) for i in _best(ids, scores, limit)]
+        size *= 8
+    return [(int(ids[i]), float(scores[i])) for i in kept[:limit]]

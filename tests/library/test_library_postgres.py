@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
+import numpy as np
 import psycopg
 import pytest
 import websockets
@@ -24,6 +25,7 @@ from fedresearch.core.settings import Settings
 from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.library.postgres import POOL_WAIT_S, PostgresStore, StoredDocument, StoredPassage
+from fedresearch.library.postgres_bm25 import BLOCK, PassageTerms, decode, fieldnorm_id
 from fedresearch.library.search import SearchFilters
 from fedresearch.library.store import LibraryDatabaseError, LibraryUnavailable
 from fedresearch.web.app import create_app
@@ -79,23 +81,35 @@ def test_bad_settings_stop_the_cli_with_their_names_and_never_their_values(monke
     assert "hunter2" not in said and "Traceback" not in said
 
 
-_RECOUNTED_TERMS = "SELECT field, term, count(*) FROM library_postings WHERE user_id = %s GROUP BY 1, 2"
-_RECOUNTED_USER = (
-    "SELECT (SELECT count(*) FROM library_passages WHERE user_id = %(user)s),"
-    " (SELECT COALESCE(sum(tf), 0) FROM library_postings WHERE user_id = %(user)s AND field = 0),"
-    " (SELECT COALESCE(sum(tf), 0) FROM library_postings WHERE user_id = %(user)s AND field = 1)"
-)
+Posting = tuple[int, str, int, int, int]  # field, term, passage, frequency, fieldnorm id
 
 
-def _counts(url: str, user: str) -> tuple[set[tuple[int, str, int]], set[tuple[int, str, int]], tuple, tuple]:
-    """(kept term counts, recounted term counts, kept user totals, recounted user totals)."""
+def _counts(url: str, user: str) -> tuple[list[Posting], set[Posting], tuple, tuple]:
+    """(the postings the user's blocks hold, those the user's passages make today, the user's kept
+    totals, the totals recounted from the passages); every block checked on the way."""
     with psycopg.connect(url) as db:
-        kept = set(db.execute("SELECT field, term, passages FROM library_tokens WHERE user_id = %s", (user,)))
-        recounted = set(db.execute(_RECOUNTED_TERMS, (user,)))
+        kept: list[Posting] = []
+        for field, term, low, high, count, data in db.execute(
+            "SELECT field, term, low, high, postings, data FROM library_postings WHERE user_id = %s", (user,)
+        ):
+            ids, tf, norm = decode(bytes(data))
+            assert 0 < len(ids) == count <= BLOCK and (ids[0], ids[-1]) == (low, high) and all(np.diff(ids) > 0)
+            kept += [(field, term, int(i), int(f), int(n)) for i, f, n in zip(ids, tf, norm, strict=True)]
+        made: set[Posting] = set()
+        recounted = [0, 0, 0]
+        for passage, heading, text, title in db.execute(
+            "SELECT p.id, p.heading, p.text, d.title FROM library_passages p JOIN library_documents d"
+            " ON d.user_id = p.user_id AND d.id = p.document_id WHERE p.user_id = %s",
+            (user,),
+        ):
+            terms = PassageTerms.of(title, heading, text)
+            for field, counts, length in ((0, terms.body, terms.body_length), (1, terms.cjk, terms.cjk_length)):
+                made |= {(field, term, passage, tf, fieldnorm_id(length)) for term, tf in counts.items()}
+            recounted = [recounted[0] + 1, recounted[1] + terms.body_length, recounted[2] + terms.cjk_length]
         totals = db.execute(
             "SELECT passages, body_tokens, cjk_tokens FROM library_users WHERE user_id = %s", (user,)
         ).fetchone()
-        return kept, recounted, totals, db.execute(_RECOUNTED_USER, {"user": user}).fetchone()
+        return kept, made, totals or (0, 0, 0), tuple(recounted)
 
 
 def _document(source: str, text: str) -> StoredDocument:
@@ -104,26 +118,52 @@ def _document(source: str, text: str) -> StoredDocument:
     )
 
 
-def test_document_frequencies_stay_exact_through_ingest_replace_and_delete(postgres_url):
+def test_postings_stay_exact_through_ingest_replace_and_delete(postgres_url):
     library = Library(postgres_url)
     store = library.store
     assert isinstance(store, PostgresStore)
     ingest(library, "alice", [EXAMPLES])
     ingest(library, "bob", [EXAMPLES])
-    kept, recounted, totals, recounted_totals = _counts(postgres_url, "alice")
-    assert kept == recounted and totals == recounted_totals and totals[0] > 0
-    assert any(field == 1 for field, _, _ in kept)  # the example library holds Chinese notes
+    kept, made, totals, recounted = _counts(postgres_url, "alice")
+    assert sorted(kept) == sorted(made) and totals == recounted and totals[0] > 0
+    assert any(field == 1 for field, *_ in kept)  # the example library holds Chinese notes
     # replaced (a new text), a source twice in one call (the last one stays), then deleted
     assert store.write("alice", [_document("x.md", "fusion of rankings"), _document("y.md", "rankings")]) == (2, 0)
     assert store.write("alice", [_document("x.md", "rankings merged"), _document("x.md", "fused lists 融合")]) == (0, 2)
-    kept, recounted, totals, recounted_totals = _counts(postgres_url, "alice")
-    assert kept == recounted and totals == recounted_totals
-    assert (0, "fusion", 1) not in kept  # "fusion of rankings" was replaced
+    kept, made, totals, recounted = _counts(postgres_url, "alice")
+    assert sorted(kept) == sorted(made) and totals == recounted
     for document in library.list_documents("alice"):
         assert store.delete("alice", document.id)
     kept, _, totals, _ = _counts(postgres_url, "alice")
-    assert kept == set() and totals == (0, 0, 0)  # no lexeme is left at zero
-    assert _counts(postgres_url, "bob")[0] == _counts(postgres_url, "bob")[1]  # bob's untouched
+    assert kept == [] and totals == (0, 0, 0)  # no block is left empty
+    kept, made, _, _ = _counts(postgres_url, "bob")
+    assert sorted(kept) == sorted(made)  # bob's untouched
+    library.close()
+
+
+def test_blocks_fill_up_split_and_shrink_as_passages_come_and_go(postgres_url):
+    """A common term's postings past BLOCK go to a new block; small writes extend the last one;
+    a replace in the middle and deletes cut postings out of the blocks that hold them."""
+    library = Library(postgres_url)
+    store = library.store
+    assert isinstance(store, PostgresStore)
+    first = [_document(f"a{i}.md", f"common word{i} {'rare ' * (i % 3)}") for i in range(BLOCK + 300)]
+    store.write("alice", first)
+    for i in range(5):  # small writes, each appending to the last block
+        store.write("alice", [_document(f"b{i}.md", f"common other{i}")])
+    store.write("alice", [_document("a7.md", "replaced common text")])  # a passage cut from the first block
+    kept, made, totals, recounted = _counts(postgres_url, "alice")
+    assert sorted(kept) == sorted(made) and totals == recounted
+    with psycopg.connect(postgres_url) as db:
+        blocks = db.execute(
+            "SELECT postings FROM library_postings WHERE user_id = 'alice' AND term = 'common' ORDER BY low"
+        ).fetchall()
+    assert [b[0] for b in blocks] == [BLOCK - 1, 300 + 5 + 1]
+    assert library.search("alice", "replaced", None, 1, "bm25")[0].text == "replaced common text"
+    for document in library.list_documents("alice")[::2]:
+        store.delete("alice", document.id)
+    kept, made, totals, recounted = _counts(postgres_url, "alice")
+    assert sorted(kept) == sorted(made) and totals == recounted and totals[0] == (BLOCK + 305) // 2
     library.close()
 
 
@@ -133,15 +173,15 @@ def test_a_version_2_library_gets_its_postings_when_upgraded(postgres_url):
     before = library.search("alice", "reciprocal rank fusion", None, 5, mode="bm25")
     library.close()
     with psycopg.connect(postgres_url, autocommit=True) as db:  # the tables as version 2 left them
-        db.execute("DROP TABLE library_postings, library_tokens")
+        db.execute("DROP TABLE library_postings")
         db.execute("ALTER TABLE library_users DROP COLUMN body_tokens, DROP COLUMN cjk_tokens")
         db.execute("ALTER TABLE library_users ADD COLUMN english_lexemes bigint, ADD COLUMN cjk_lexemes bigint")
         db.execute("ALTER TABLE library_passages DROP COLUMN terms, ADD COLUMN english tsvector")
         db.execute("CREATE TABLE library_terms (user_id text)")
         db.execute("UPDATE library_schema SET version = 2")
     library = Library(postgres_url)
-    kept, recounted, totals, recounted_totals = _counts(postgres_url, "alice")
-    assert kept == recounted and kept and totals == recounted_totals and totals[0] > 0
+    kept, made, totals, recounted = _counts(postgres_url, "alice")
+    assert sorted(kept) == sorted(made) and kept and totals == recounted and totals[0] > 0
     after = library.search("alice", "reciprocal rank fusion", None, 5, mode="bm25")
     assert [(p.chunk_id, p.score) for p in after] == [(p.chunk_id, p.score) for p in before] and after
     library.close()
