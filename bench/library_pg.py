@@ -31,6 +31,7 @@ every store) is done before timing and excluded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -254,7 +255,10 @@ def sizes(folder: Path, url: str) -> None:
     print("indexes:", ", ".join(f"{name} {size / mb:.0f} MB" for name, size in indexes))
     server = psutil.Process(pid[0]).parent()
     processes = [server, *server.children()]
-    pss = sum(process.memory_full_info().pss for process in processes)
+    pss = 0
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):  # a backend that ended meanwhile
+            pss += process.memory_full_info().pss
     rss = psutil.Process().memory_info().rss
     print(
         f"memory: PostgreSQL's {len(processes)} processes {pss / mb:.0f} MB PSS (shared_buffers {buffers[0]});"

@@ -144,15 +144,22 @@ class Postings:
         self._clear()
 
     def _clear(self) -> None:
-        self._index: dict[Key, int] = {}
+        self._names: list[Key] = []  # each key's (field, term), by its number
+        self._numbers: dict[int, dict[str, int]] = {BODY: {}, CJK: {}}  # and back, by field
         self._keys, self._passages, self._tf, self._norm = array("q"), array("q"), array("q"), array("q")
         self.passages = self.body_tokens = self.cjk_tokens = 0
 
     def add(self, passage: int, terms: PassageTerms) -> None:
-        index = self._index
         for field, counts, length in ((BODY, terms.body, terms.body_length), (CJK, terms.cjk, terms.cjk_length)):
             if counts:
-                self._keys.extend([index.setdefault((field, term), len(index)) for term in counts])
+                numbers = self._numbers[field]
+                keys: list[int | None] = list(map(numbers.get, counts))
+                if None in keys:  # terms new to this write
+                    for i, term in enumerate(counts):
+                        if keys[i] is None:
+                            keys[i] = numbers[term] = len(self._names)
+                            self._names.append((field, term))
+                self._keys.extend(keys)  # type: ignore[arg-type]  # None no more
                 self._tf.extend(counts.values())
                 self._passages.extend([passage] * len(counts))
                 self._norm.extend([fieldnorm_id(length)] * len(counts))
@@ -165,7 +172,7 @@ class Postings:
         ones), and into the user's counts; then empty. `first_write`: the user holds no block."""
         if not self.passages:
             return
-        names = list(self._index)
+        names = self._names
         keys, passages, tf, norm = (
             np.frombuffer(a, dtype=np.int64) for a in (self._keys, self._passages, self._tf, self._norm)
         )
@@ -173,7 +180,7 @@ class Postings:
         if last:
             held = [decode(data) for _, data in last.values()]
             counts = [len(ids) for ids, _, _ in held]
-            which = np.array([self._index[key] for key in last], dtype=np.int64)
+            which = np.array([self._numbers[field][term] for field, term in last], dtype=np.int64)
             keys = np.concatenate([np.repeat(which, counts), keys])
             passages, tf, norm = (
                 np.concatenate([*(h[i] for h in held), mine]) for i, mine in enumerate((passages, tf, norm))

@@ -569,3 +569,37 @@ def test_a_lost_prepared_statement_says_which_setting_fixes_it(postgres_url):
     ingest(library, "alice", [EXAMPLES])  # the connection it happened on serves on
     assert library.search("alice", "reciprocal rank fusion", None, 3)
     library.close()
+
+
+def test_metadata_written_through_binary_copy_reads_back_and_filters(postgres_url):
+    """Authors, tags and extra go into COPY as jsonb and text[] in binary made by hand: they read
+    back as written (non-ASCII and empty included) and the author and tag filters match them."""
+    library = Library(postgres_url)
+    store = library.store
+    assert isinstance(store, PostgresStore)
+    text = "metadata survives the copy"
+    document = StoredDocument(
+        "biblio", "m.bib", "h", "Über 検索", ["Zhang Wěi", "O'Brien, Ann"], 2020, "10.1/x", None,
+        ["検索", "Retrieval"], {"venue": "SIGIR", "pages": [1, 2]}, [StoredPassage("", 3, 0, text, None)],
+        added_at="2026-01-02T03:04:05",
+    )  # fmt: skip
+    bare = StoredDocument(
+        "note", "n.md", "h", "bare", [], None, None, None, [], {}, [StoredPassage("", None, 0, text, None)]
+    )
+    assert store.write("alice", [document, bare]) == (2, 0)
+    found = library.search(
+        "alice", "metadata copy", None, 5, "bm25", SearchFilters(authors=("zhang wěi",), tags=("検索",))
+    )
+    assert [p.title for p in found] == ["Über 検索"]
+    row = store.passages("alice", [found[0].chunk_id])[found[0].chunk_id]
+    assert json.loads(row["authors"]) == ["Zhang Wěi", "O'Brien, Ann"] and json.loads(row["tags"]) == [
+        "検索",
+        "Retrieval",
+    ]
+    assert json.loads(row["extra"]) == {"venue": "SIGIR", "pages": [1, 2]} and row["page"] == 3
+    listed = {d.title: d.added_at for d in library.list_documents("alice")}
+    assert listed["Über 検索"].startswith("2026-01-02T03:04:05") and set(listed) == {"Über 検索", "bare"}
+    assert [
+        p.title for p in library.search("alice", "metadata", None, 5, "bm25", SearchFilters(tags=("retrieval",)))
+    ] == ["Über 検索"]
+    library.close()
