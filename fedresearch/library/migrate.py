@@ -46,11 +46,13 @@ def migrate(
     records: Records,
     target: PostgresStore,
     on_document: Callable[[int], None] | None = None,
-    on_index: Callable[[int], None] | None = None,
+    on_index: Callable[[int, int], None] | None = None,
 ) -> MigrationSummary:
     """Copy every user's documents from the embedded store of record into PostgreSQL, in one
-    transaction; `on_index` is told the passages before the vector index is built over them."""
+    transaction; `on_index` is told the passages of the users past `target.hnsw_from` before their
+    HNSW indexes are built."""
     summary = MigrationSummary()
+    held: dict[str, int] = {}
     with target.bulk() as load:
         for user_id in records.user_ids():
             summary.users += 1
@@ -60,6 +62,8 @@ def migrate(
             summary.unchanged += len(documents) - len(missing)
             if on_document is not None:
                 on_document(len(documents) - len(missing))
+            counted = records.db().execute("SELECT COUNT(*) FROM chunks WHERE user_id = ?", (user_id,)).fetchone()
+            held[user_id] = int(counted[0])
             for batch in _batches(records, user_id, missing):
                 added, replaced = load.write(user_id, batch)
                 summary.copied += added + replaced
@@ -68,8 +72,9 @@ def migrate(
                 summary.vectors += sum(p.vector is not None for document in batch for p in document.passages)
                 if on_document is not None:
                     on_document(len(batch))
-        if load.rebuild and on_index is not None:
-            on_index(load.passages)
+        large = [n for n in held.values() if n > target.hnsw_from]
+        if large and on_index is not None:
+            on_index(len(large), sum(large))
     return summary
 
 
@@ -134,9 +139,11 @@ def migrate_command(settings: Settings, url: str) -> int:
     try:
         with tqdm(total=total, unit="doc", desc="migrating", file=sys.stderr) as bar:
 
-            def indexing(passages: int) -> None:
+            def indexing(users: int, passages: int) -> None:
                 bar.close()
-                print(f"building the vector index over {passages} passages", file=sys.stderr, flush=True)
+                print(
+                    f"building the vector indexes of {users} users ({passages} passages)", file=sys.stderr, flush=True
+                )
 
             summary = migrate(records, target, bar.update, indexing)
     except (ValueError, psycopg.Error) as error:

@@ -9,6 +9,7 @@ BM25 as tantivy ranks them. Vectors: an exact scan of the user's rows, or, for u
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -24,6 +25,7 @@ from typing import Any, Self
 import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -39,14 +41,12 @@ DIMS = 384  # the vector column's width: the library's encoder (all-MiniLM-L6-v2
 # 2: library_terms (document frequencies kept at ingest); 3: BM25 from posting blocks
 # (library_postings; the tsvectors, their GIN indexes and library_terms gone)
 SCHEMA_VERSION = 3
-# Users with more passages than this search the HNSW index; below it an exact scan of their rows
-# is as fast and exact (bench/library_pg.py measures both; docs/benchmarks.md).
+# Users with more passages than this get an HNSW index of their own (a partial index) and search
+# it; below it an exact scan of their rows is as fast and exact (bench/library_pg.py measures both;
+# docs/benchmarks.md). One index shared by every user was walked mostly through other users' rows:
+# a user of 100k among 1.1M rows got recall@10 0.840 in 97 ms at ef_search 1000.
 HNSW_FROM = 20_000
-# pgvector's largest (EF_SEARCH_MAX): the index is shared by every user, a user's rows a share of
-# it; at 230k rows recall@10 was 0.80 / 0.905 / 0.965 at 200 / 400 / 1000 for a user holding 13%
-# of them (0.88 / 0.957 / 0.988 at 87%) for 10 / 15 / 30 ms, and at 1.1M 0.673 / 0.797 / 0.887
-# (91%); a hybrid search runs it beside BM25, which takes longer (docs/benchmarks.md)
-HNSW_EF_SEARCH = EF_SEARCH_MAX = 1000
+HNSW_EF_SEARCH = EF_SEARCH_MAX = 1000  # pgvector's largest
 POOL_SIZE = 8
 # Every call holds one of the library's threads while it waits for a connection: a wait is
 # bounded, and while the server is unreachable a call fails at once (Reachability).
@@ -73,18 +73,14 @@ TCP_DEFAULTS = {
 }
 _SCHEMA_LOCK = 7_215_420_091  # pg_advisory_lock key: one process creates or upgrades the schema
 
-HNSW_INDEX = (
-    "CREATE INDEX IF NOT EXISTS library_passages_hnsw ON library_passages USING hnsw (embedding vector_cosine_ops)"
-)
-# A bulk load builds it once at its end with at most this much maintenance_work_mem (the server's
-# own setting when larger): 1M rows need about 2.5 GB to build in memory, several times faster.
+# A user's HNSW index is built with at most this much maintenance_work_mem (the server's own setting
+# when larger): 1M rows need about 2.5 GB to build in memory, several times faster.
 HNSW_BUILD_MEMORY_MB = 4096
 # A bulk load gathers a user's postings over this many passages before writing them as blocks (a
 # write rewrites the last block of every term it holds: 2,000 passages rewrote 18,000 blocks)
 BULK_POSTINGS = 20_000
 
-DDL = (
-    """
+DDL = """
 CREATE TABLE IF NOT EXISTS library_documents (
     user_id text NOT NULL,
     id bigserial,
@@ -121,9 +117,8 @@ CREATE TABLE IF NOT EXISTS library_passages (
 -- vectors inline (the toaster moves text out instead): an exact scan read 3-5x faster (README)
 ALTER TABLE library_passages ALTER COLUMN embedding SET STORAGE PLAIN;
 CREATE INDEX IF NOT EXISTS library_passages_by_document ON library_passages (user_id, document_id);
-"""
-    + HNSW_INDEX
-    + """;
+-- vectors: an HNSW index per user past HNSW_FROM passages (PostgresStore.index_vectors)
+DROP INDEX IF EXISTS library_passages_hnsw;
 CREATE TABLE IF NOT EXISTS library_users (
     user_id text PRIMARY KEY,
     passages bigint NOT NULL DEFAULT 0,
@@ -145,7 +140,6 @@ CREATE TABLE IF NOT EXISTS library_postings (
 );
 ALTER TABLE library_postings ALTER COLUMN data SET STORAGE EXTERNAL;
 """
-)
 
 # Versions 1 and 2 searched tsvectors: they go, and the postings are made once from the passages.
 _UPGRADE_TO_3 = """
@@ -231,6 +225,8 @@ def create_schema(url: str) -> None:
             db.execute(DDL)
             if version is not None:
                 _index_all(db)
+                for user_id in _large_users(db, HNSW_FROM):
+                    _index_vectors(db, user_id)
             db.execute("DELETE FROM library_schema")
             db.execute("INSERT INTO library_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
 
@@ -401,6 +397,7 @@ class PostgresStore:
         # as `statement_timeout` takes it
         self._read_timeout = None if read_timeout_s is None else f"{max(1, round(read_timeout_s * 1000))}ms"
         create_schema(url)
+        self._url = url
         self.reachability = Reachability(url)
         self._pool: ConnectionPool[Any] = ConnectionPool(
             url,
@@ -547,32 +544,59 @@ class PostgresStore:
         """Store documents in one transaction, replacing the user's earlier versions; (added, replaced).
 
         A source given twice in one call is stored once, as its last version (the earlier counts as
-        replaced, as if it had been written by a call of its own)."""
+        replaced, as if it had been written by a call of its own). A user who passes `hnsw_from`
+        passages gets an HNSW index of their own once it is committed (index_vectors)."""
         if not documents:
             return 0, 0
         with self._db(bounded=False) as db:
             load = BulkLoad(db)
             counts = load.write(user_id, documents)
             load.finish()
+            large = self.passage_count(db, user_id) > self.hnsw_from
+        if large:
+            self.index_vectors(user_id)
         return counts
 
     @contextmanager
     def bulk(self) -> Iterator[BulkLoad]:
         """One transaction for many writes (`library migrate`; bench/library_pg.py): BulkLoad.write
         as `write`, each user's postings gathered over BULK_POSTINGS passages. Into a library that
-        holds no passage yet, the HNSW index is dropped first and built once at the end, in the
-        same transaction (at 100k rows it takes 527 vectors/s added, 2,900/s built). Killed or
-        failed, nothing of it stays; the commit makes all of it visible at once."""
+        holds no passage yet, the users past `hnsw_from` get their HNSW index at the end, in the same
+        transaction (built once: at 100k rows a shared index took 527 vectors/s added one by one,
+        2,900/s built); into one that does, after the commit (index_vectors), as other users' writes
+        would wait for a build in the transaction. Killed or failed, nothing of it stays (an index
+        being built after the commit is made again by the next write or bulk load of its user)."""
         with self._db(bounded=False) as db:
             empty = db.execute("SELECT NOT EXISTS (SELECT 1 FROM library_passages) AS empty").fetchone()
             load = BulkLoad(db, gather=BULK_POSTINGS)
-            load.rebuild = bool(empty and empty["empty"])
-            if load.rebuild:
-                db.execute("DROP INDEX IF EXISTS library_passages_hnsw")
+            load.empty = bool(empty and empty["empty"])
             yield load
             load.finish()
-            if load.rebuild:
-                _build_hnsw(db)
+            large = [user for user in load.users if self.passage_count(db, user) > self.hnsw_from]
+            if load.empty:
+                for user_id in large:
+                    _index_vectors(db, user_id)
+        if not load.empty:
+            for user_id in large:
+                self.index_vectors(user_id)
+
+    def index_vectors(self, user_id: str) -> None:
+        """The user's HNSW index, made (CONCURRENTLY: searches and other writes go on) unless it is
+        there and valid; one left invalid by an interrupted build is dropped and made again."""
+        name = _vector_index(user_id)
+        with self._db(bounded=False) as db:
+            row = db.execute(
+                "SELECT i.indisvalid AS valid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE i.indrelid = 'library_passages'::regclass AND c.relname = %s",
+                (name,),
+            ).fetchone()
+        if row is not None and row["valid"]:
+            return
+        with psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as db:
+            if row is not None:
+                log.warning("a user's HNSW index was left unfinished by an interrupted build: made again")
+                db.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
+            _index_vectors(db, user_id, concurrently=True)
 
     def set_vectors(self, user_id: str, vectors: Sequence[tuple[bytes | None, int]]) -> None:
         with self._db(bounded=False) as db, db.cursor() as cursor:
@@ -650,22 +674,36 @@ class PostgresStore:
     def dense(
         self, user_id: str, query_vector: np.ndarray, kind: str | None, filters: SearchFilters, limit: int
     ) -> Ranking:
-        """Cosine ranking: exact over the user's rows, or through HNSW for users past `hnsw_from` passages."""
+        """Cosine ranking: exact over the user's rows, or, for users past `hnsw_from` passages,
+        through their HNSW index with iterative scans (filters applied as it goes); should it come
+        back short of `limit` (a filter few rows pass, more rows skipped than pgvector's
+        hnsw.max_scan_tuples, or no index yet), exact after all."""
         scope, values = _scope(filters)
         arguments = {"user": user_id, "kind": kind, "query": query_vector, "limit": limit, **values}
         with self._db() as db:
-            approximate = self.passage_count(db, user_id) > self.hnsw_from
-            if approximate:
+            held = self.passage_count(db, user_id)
+            rows: list[dict[str, Any]] = []
+            if held > self.hnsw_from:
                 db.execute(f"SET LOCAL hnsw.ef_search = {min(max(self.ef_search, limit), EF_SEARCH_MAX)}")
                 db.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-            # `+ 0` hides the distance from the planner, which then scans the user's rows exactly
-            order = "p.embedding <=> %(query)s" if approximate else "(p.embedding <=> %(query)s) + 0"
-            sql = (
-                f"SELECT id, 1 - distance AS cosine FROM (SELECT p.id, {order} AS distance"
-                f" FROM library_passages p{_join(filters)} WHERE p.user_id = %(user)s AND p.embedding IS NOT NULL"
-                f"{_kind(kind)}{scope} ORDER BY {order} LIMIT %(limit)s) found ORDER BY distance, id"
-            )
-            return [(row["id"], float(row["cosine"])) for row in db.execute(sql, arguments).fetchall()]
+                # the user id written out, so the planner matches the user's partial index
+                user = sql.Literal(user_id).as_string(db).replace("%", "%%")
+                rows = db.execute(
+                    self._nearest("p.embedding <=> %(query)s", user, kind, filters, scope), arguments
+                ).fetchall()
+            if len(rows) < min(limit, held):
+                # `+ 0` hides the distance from the planner, which then scans the user's rows exactly
+                exact = self._nearest("(p.embedding <=> %(query)s) + 0", "%(user)s", kind, filters, scope)
+                rows = db.execute(exact, arguments).fetchall()
+            return [(row["id"], float(row["cosine"])) for row in rows]
+
+    @staticmethod
+    def _nearest(order: str, user: str, kind: str | None, filters: SearchFilters, scope: str) -> str:
+        return (
+            f"SELECT id, 1 - distance AS cosine FROM (SELECT p.id, {order} AS distance"
+            f" FROM library_passages p{_join(filters)} WHERE p.user_id = {user} AND p.embedding IS NOT NULL"
+            f"{_kind(kind)}{scope} ORDER BY {order} LIMIT %(limit)s) found ORDER BY distance, id"
+        )
 
     @staticmethod
     def passage_count(db: psycopg.Connection[dict[str, Any]], user_id: str) -> int:
@@ -699,7 +737,7 @@ class BulkLoad:
         self._gather = gather
         self._postings: dict[str, postgres_bm25.Postings] = {}
         self.passages = 0  # written so far
-        self.rebuild = False  # the HNSW index is built at the end
+        self.empty = False  # the library held no passage when it began: the users' indexes are built in it
 
     def write(self, user_id: str, documents: Sequence[StoredDocument]) -> tuple[int, int]:
         """As PostgresStore.write: (added, replaced)."""
@@ -728,6 +766,11 @@ class BulkLoad:
             self._flush(user_id)
         return len(latest) - len(earlier), len(earlier) + len(documents) - len(latest)
 
+    @property
+    def users(self) -> list[str]:
+        """The users written to."""
+        return list(self._postings)
+
     def finish(self) -> None:
         for user_id in self._postings:
             self._flush(user_id)
@@ -740,20 +783,43 @@ class BulkLoad:
             postings.write(self._db, user_id, first_write=row is None or row[0] == 0)  # no passage: no block
 
 
-def _build_hnsw(db: psycopg.Connection[Any]) -> None:
-    """The HNSW index, built over every row: in memory when maintenance_work_mem holds the graph
-    (about 2.5 KB a row), sized here up to HNSW_BUILD_MEMORY_MB unless the server allows more."""
+def _vector_index(user_id: str) -> str:
+    """The name of the user's HNSW index (a digest: any user id, within PostgreSQL's 63 bytes)."""
+    return "library_hnsw_" + hashlib.sha256(user_id.encode()).hexdigest()[:32]
+
+
+def _index_vectors(db: psycopg.Connection[Any], user_id: str, concurrently: bool = False) -> None:
+    """The user's HNSW index (a partial index of their rows), built in memory when
+    maintenance_work_mem holds the graph (about 2.5 KB a row): sized here up to HNSW_BUILD_MEMORY_MB
+    unless the server allows more."""
     with db.cursor(row_factory=tuple_row) as cursor:
         row = cursor.execute(
-            "SELECT count(*), current_setting('maintenance_work_mem') FROM library_passages WHERE embedding IS NOT NULL"
+            "SELECT count(*), current_setting('maintenance_work_mem') FROM library_passages"
+            " WHERE user_id = %s AND embedding IS NOT NULL",
+            (user_id,),
         ).fetchone()
         assert row is not None
-        wanted = min(HNSW_BUILD_MEMORY_MB, 64 + int(row[0]) * 2_500 // 2**20)
+        wanted = f"{min(HNSW_BUILD_MEMORY_MB, 64 + int(row[0]) * 2_500 // 2**20)}MB"
         cursor.execute(
-            "SELECT set_config('maintenance_work_mem', %s, true) WHERE pg_size_bytes(%s) < pg_size_bytes(%s)",
-            (f"{wanted}MB", row[1], f"{wanted}MB"),
+            "SELECT set_config('maintenance_work_mem', %s, %s) WHERE pg_size_bytes(%s) < pg_size_bytes(%s)",
+            (wanted, not concurrently, row[1], wanted),  # local to the transaction, or the session's
         )
-        cursor.execute(HNSW_INDEX)
+        cursor.execute(
+            sql.SQL(
+                "CREATE INDEX {how} IF NOT EXISTS {name} ON library_passages USING hnsw (embedding vector_cosine_ops)"
+                " WHERE user_id = {user}"
+            ).format(
+                how=sql.SQL("CONCURRENTLY" if concurrently else ""),
+                name=sql.Identifier(_vector_index(user_id)),
+                user=sql.Literal(user_id),
+            )
+        )
+
+
+def _large_users(db: psycopg.Connection[Any], passages: int) -> list[str]:
+    with db.cursor(row_factory=tuple_row) as cursor:
+        rows = cursor.execute("SELECT user_id FROM library_users WHERE passages > %s", (passages,)).fetchall()
+    return [row[0] for row in rows]
 
 
 def _lock_user(db: psycopg.Connection[Any], user_id: str) -> int:

@@ -111,8 +111,8 @@ def test_sigkill_mid_ingest_then_rerun(tmp_path, encoder, library_location):
 
 
 def test_sigkill_mid_copy_of_a_migration_leaves_nothing_then_rerun(tmp_path, postgres_url):
-    """`library migrate` is one transaction of binary COPYs (the vector index dropped and built
-    again in it): killed while a COPY streams, the target holds nothing of it, its index included."""
+    """`library migrate` is one transaction of binary COPYs: killed while a COPY streams, the
+    target holds nothing of it."""
     import numpy as np
     import psycopg
 
@@ -161,13 +161,11 @@ def test_sigkill_mid_copy_of_a_migration_leaves_nothing_then_rerun(tmp_path, pos
         time.sleep(0.05)
     for table in ("library_documents", "library_passages", "library_postings", "library_users"):
         assert count(f"SELECT count(*) FROM {table}") == 0, table
-    assert count("SELECT count(*) FROM pg_indexes WHERE indexname = 'library_passages_hnsw'") == 1
 
     rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
-    assert f"{MIGRATED} documents copied" in rerun.stdout and "building the vector index" in rerun.stderr
+    assert f"{MIGRATED} documents copied" in rerun.stdout
     assert count("SELECT count(*) FROM library_passages WHERE embedding IS NOT NULL") == MIGRATED
-    assert count("SELECT count(*) FROM pg_indexes WHERE indexname = 'library_passages_hnsw'") == 1
     library = Library(postgres_url)
     for number in (0, MIGRATED // 2, MIGRATED - 1):
         found = library.search("u", f"specimen zq{number}x", None, 1, "bm25")

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import aiohttp
 import numpy as np
@@ -45,21 +45,72 @@ def test_the_schema_is_made_once_and_a_newer_one_is_refused(postgres_url):
         Library(postgres_url)
 
 
+def _index_scans(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as db:
+        rows = db.execute(
+            "SELECT s.indexrelname, s.idx_scan FROM pg_stat_user_indexes s"
+            " JOIN pg_index i ON i.indexrelid = s.indexrelid"
+            " WHERE s.indexrelname LIKE 'library_hnsw_%' AND i.indisvalid"
+        ).fetchall()
+    return dict(rows)
+
+
 def test_the_hnsw_path_finds_what_the_exact_scan_finds_and_keeps_filters(postgres_url, encoder):
     library = Library(postgres_url, encoder=encoder)
-    ingest(library, "alice", [EXAMPLES])
-    ingest(library, "bob", [EXAMPLES])  # another user's rows share the index; they must not leak
+    ingest(library, "bob", [EXAMPLES])  # another user's rows: in no index of alice's
     store = library.store
     assert isinstance(store, PostgresStore)
+    store.hnsw_from = 5  # every user is "large": the write gives each an HNSW index of their own
+    ingest(library, "alice", [EXAMPLES])
+    assert len(_index_scans(postgres_url)) == 1  # alice's; bob's comes with his next write
+    store.write("bob", [_document("b.md", "bob's note")])
+    indexes = _index_scans(postgres_url)
+    assert len(indexes) == 2
     query = "merging the ordered outputs of several search systems into one list"
+    store.hnsw_from = 10**9
     exact = library.search("alice", query, None, 10, mode="dense")
-    store.hnsw_from = 0  # every user is "large": the HNSW index answers
-    approximate = library.search("alice", query, None, 10, mode="dense")
+    # a table this small is scanned rather than searched through an index, unless the planner may not
+    indexed = Library(f"{postgres_url}{quote(' -c enable_seqscan=off -c enable_sort=off')}", encoder=encoder)
+    indexed.store.hnsw_from = 5  # type: ignore[attr-defined]
+    approximate = indexed.search("alice", query, None, 10, mode="dense")
     assert [p.chunk_id for p in approximate] == [p.chunk_id for p in exact]
+    deadline = time.monotonic() + 10  # a backend's statistics reach the others within a second or so
+    while sum(_index_scans(postgres_url).values()) == sum(indexes.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sum(_index_scans(postgres_url).values()) == sum(indexes.values()) + 1  # alice's index answered
+    indexed.close()
+    store.hnsw_from = 5
     years = library.search("alice", "retrieval", "biblio", 20, "dense", SearchFilters(year_min=2019, year_max=2020))
     assert years and all(2019 <= p.year <= 2020 for p in years)
     owned = {d.id for d in library.list_documents("alice")}
     assert {p.document_id for p in library.search("alice", query, None, 100, mode="dense")} <= owned
+    library.close()
+
+
+def test_a_filter_that_starves_the_hnsw_scan_is_answered_exactly(postgres_url):
+    """pgvector's iterative scan gives up after hnsw.max_scan_tuples rows (here 1) past its first
+    ef_search (here 10), so a filter 1% of the rows pass came back with 7 of 10: the search then
+    scans the user's rows exactly, and finds the top 10 all the same."""
+    rng = np.random.default_rng(1)
+    vectors = rng.normal(size=(2000, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    documents = [
+        StoredDocument("note", f"s{i}", "h", f"t{i}", [], 2020 if i % 100 == 0 else 2000, None, None, [], {},
+                       [StoredPassage("", None, 0, f"text {i}", vectors[i].tobytes())])
+        for i in range(2000)
+    ]  # fmt: skip
+    store = PostgresStore(postgres_url, dims=None)
+    store.hnsw_from = 5
+    store.write("alice", documents)
+    options = " -c hnsw.max_scan_tuples=1 -c enable_seqscan=off -c enable_sort=off"  # the index, not a scan
+    starved = PostgresStore(f"{postgres_url}{quote(options)}", dims=None)
+    starved.hnsw_from, starved.ef_search = 5, 10
+    query, filters = rng.normal(size=384).astype(np.float32), SearchFilters(year_min=2020)
+    store.hnsw_from = 10**9
+    exact = store.dense("alice", query, None, filters, 10)
+    assert len(exact) == 10 and starved.dense("alice", query, None, filters, 10) == exact
+    starved.close()
+    store.close()
 
 
 def test_a_library_url_must_be_postgresql(tmp_path):
@@ -603,3 +654,30 @@ def test_metadata_written_through_binary_copy_reads_back_and_filters(postgres_ur
         p.title for p in library.search("alice", "metadata", None, 5, "bm25", SearchFilters(tags=("retrieval",)))
     ] == ["Über 検索"]
     library.close()
+
+
+def test_a_bulk_load_builds_the_indexes_of_large_users_at_its_end(postgres_url):
+    """Into an empty library the HNSW indexes of users past hnsw_from are built in the bulk load's
+    transaction; into one that holds passages, after its commit (CONCURRENTLY)."""
+    store = PostgresStore(postgres_url, dims=None)
+    store.hnsw_from = 50
+    vector = np.ones(384, dtype=np.float32).tobytes()
+
+    def documents(prefix: str, count: int) -> list[StoredDocument]:
+        return [
+            StoredDocument("note", f"{prefix}{i}", "h", f"{prefix}{i}", [], None, None, None, [], {},
+                           [StoredPassage("", None, 0, f"passage {prefix} {i}", vector)])
+            for i in range(count)
+        ]  # fmt: skip
+
+    with store.bulk() as load:
+        assert load.empty
+        load.write("alice", documents("a", 60))
+        load.write("bob", documents("b", 10))
+        assert _index_scans(postgres_url) == {}  # nothing before its end
+    assert len(_index_scans(postgres_url)) == 1
+    with store.bulk() as load:
+        assert not load.empty
+        load.write("bob", documents("c", 60))
+    assert len(_index_scans(postgres_url)) == 2
+    store.close()
