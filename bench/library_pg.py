@@ -118,14 +118,17 @@ def load(
     return took
 
 
-def batch(words: list[str], p: np.ndarray, anchors: np.ndarray, size: int, start: int) -> list[Prepared]:
-    """Documents `start` to `start` + 2,000 of the user of `size` passages, each one passage with its vector."""
+def batch(
+    words: list[str], p: np.ndarray, anchors: np.ndarray, size: int, start: int, name: str = ""
+) -> list[Prepared]:
+    """Documents `start` to `start` + 2,000 of the user of `size` passages, each one passage with its
+    vector (sources u<size>-<number>, or <name>-<number>)."""
     count = min(2000, size - start)
     texts = passages(words, p, count, seed=size + start)
     vectors = clustered(anchors, count, seed=size * 7 + start)
     prepared = []
     for i, (text, vector) in enumerate(zip(texts, vectors, strict=True)):
-        document = Document("biblio", f"u{size}-{start + i}", "", [Section(text)])
+        document = Document("biblio", f"{name or f'u{size}'}-{start + i}", "", [Section(text)])
         prepared.append(Prepared(document, chunk_sections(document.sections), [vector.tobytes()]))
     return prepared
 
@@ -358,7 +361,7 @@ def report(
             approximate.store.ef_search = ef  # type: ignore[attr-defined]
             p50, _ = timed(approximate, user, queries, "dense")
             sweep.append(f"{ef}: {recall(exact, approximate, user, vectors):.3f} in {p50:.1f} ms")
-        approximate.store.ef_search = postgres.HNSW_EF_SEARCH  # type: ignore[attr-defined]
+        approximate.store.ef_search = None  # type: ignore[attr-defined]  # the product's, by the user's passages
         print(f"{size:>9}  HNSW recall@10 and dense p50 by hnsw.ef_search: {'; '.join(sweep)}")
         share, same = agreement(stores["embedded"], exact, user, queries)
         print(f"{size:>9}  BM25 top 10 against the embedded store's: {share:.3f} of it found, {same:.2f} identical")
