@@ -225,13 +225,10 @@ def stop_postgres(folder: Path) -> None:
 def write_path(library: Library, users: list[int], words: list[str], p: np.ndarray, anchors: np.ndarray) -> None:
     """WRITTEN_AFTER passages through PostgresStore.write, 2,000 a transaction: for a new user (no
     HNSW index), then for the largest (their index kept up to date row by row)."""
-    for user, size, what in (
-        ("written", WRITTEN_AFTER + 7, "a new user"),
-        (f"user{max(users)}", 7, "the largest user"),
-    ):
+    for user, what in (("written", "a new user"), (f"user{max(users)}", "the largest user")):
         started = time.perf_counter()
         for start in range(0, WRITTEN_AFTER, 2000):
-            library.store.store(user, batch(words, p, anchors, size, start))
+            library.store.store(user, batch(words, p, anchors, WRITTEN_AFTER, start, name="written"))
         seconds = time.perf_counter() - started
         rate = WRITTEN_AFTER / seconds
         print(f"write path, {what}: {WRITTEN_AFTER} passages in {seconds:.1f} s ({rate:.0f} passages/s)")

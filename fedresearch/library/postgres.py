@@ -771,7 +771,7 @@ class BulkLoad:
         postings = self._postings[user_id]
         self.passages += _insert(db, user_id, list(latest.values()), postings)
         if postings.passages >= self._gather:
-            self._flush(user_id)
+            self._flush(user_id, final=False)
         return len(latest) - len(earlier), len(earlier) + len(documents) - len(latest)
 
     @property
@@ -783,12 +783,13 @@ class BulkLoad:
         for user_id in self._postings:
             self._flush(user_id)
 
-    def _flush(self, user_id: str) -> None:
-        postings = self._postings[user_id]
-        if postings.passages:
-            with self._db.cursor(row_factory=tuple_row) as cursor:
-                row = cursor.execute("SELECT passages FROM library_users WHERE user_id = %s", (user_id,)).fetchone()
-            postings.write(self._db, user_id, first_write=row is None or row[0] == 0)  # no passage: no block
+    def _flush(self, user_id: str, final: bool = True) -> None:
+        """The user's gathered postings into blocks: all of them (`final`), or all but each term's
+        postings past its last full block (postgres_bm25.Postings.write)."""
+        with self._db.cursor(row_factory=tuple_row) as cursor:
+            row = cursor.execute("SELECT passages FROM library_users WHERE user_id = %s", (user_id,)).fetchone()
+        first = row is None or row[0] == 0  # no passage: no block
+        self._postings[user_id].write(self._db, user_id, first_write=first, final=final)
 
 
 def _vector_index(user_id: str) -> str:
@@ -956,12 +957,7 @@ def _moment(iso: str) -> datetime:
 def _index_all(db: psycopg.Connection[Any]) -> None:
     """Postings and counts of every stored passage, made once when an older schema is upgraded."""
     log.warning("making the library's BM25 postings from its passages (schema %d)", SCHEMA_VERSION)
-    gathered: dict[str, postgres_bm25.Postings] = {}
-    written: set[str] = set()
-
-    def write(user_id: str) -> None:
-        gathered.pop(user_id).write(db, user_id, first_write=user_id not in written)
-        written.add(user_id)
+    gathered: dict[str, postgres_bm25.Postings] = {}  # the table is new: no user holds a block
 
     with db.cursor(name="library_upgrade", row_factory=tuple_row) as passages:
         passages.execute(
@@ -980,10 +976,11 @@ def _index_all(db: psycopg.Connection[Any]) -> None:
                     " WHERE user_id = %s AND library_passages.id = c.id",
                     ([i for i, _ in counts], [n for _, n in counts], user_id),
                 )
-            for user_id in [u for u, postings in gathered.items() if postings.passages >= BULK_POSTINGS]:
-                write(user_id)
-    for user_id in list(gathered):
-        write(user_id)
+            for user_id, postings in gathered.items():
+                if postings.passages >= BULK_POSTINGS:
+                    postings.write(db, user_id, first_write=True, final=False)
+    for user_id, postings in gathered.items():
+        postings.write(db, user_id, first_write=True)
 
 
 _VECTOR_HEAD = struct.pack(">hh", DIMS, 0)  # pgvector's binary form: dimensions, unused, then float32s

@@ -681,3 +681,30 @@ def test_a_bulk_load_builds_the_indexes_of_large_users_at_its_end(postgres_url):
         load.write("bob", documents("c", 60))
     assert len(_index_scans(postgres_url)) == 2
     store.close()
+
+
+def test_a_bulk_load_writes_full_blocks_and_its_tails_at_the_end(postgres_url, monkeypatch):
+    """A bulk load writes each term's full blocks as it gathers, keeps what is past them for the
+    next write (no block written twice in its transaction), and writes the rest at its end; a
+    replace in the middle writes all first. The blocks hold exactly the passages' postings."""
+    from fedresearch.library import postgres, postgres_bm25
+
+    monkeypatch.setattr(postgres_bm25, "BLOCK", 8)
+    monkeypatch.setattr(postgres, "BULK_POSTINGS", 30)
+    store = PostgresStore(postgres_url, dims=None)
+    store.write("bob", [_document("held.md", "common held")])  # bob holds a block with room
+    with store.bulk() as load:
+        for start in range(0, 200, 10):
+            for user in ("alice", "bob"):
+                load.write(user, [_document(f"{start + i}.md", f"common word{(start + i) % 13}") for i in range(10)])
+            if start == 100:
+                load.write("alice", [_document("5.md", "common replaced")])
+    for user in ("alice", "bob"):
+        kept, made, totals, recounted = _counts(postgres_url, user)
+        assert sorted(kept) == sorted(made) and totals == recounted
+    with psycopg.connect(postgres_url) as db:
+        sizes = [row[0] for row in db.execute(
+            "SELECT postings FROM library_postings WHERE user_id = 'alice' AND term = 'common' ORDER BY low"
+        )]  # fmt: skip
+    assert sum(sizes) == 200 and max(sizes) == 8 and sizes.count(8) >= len(sizes) - 2
+    store.close()
