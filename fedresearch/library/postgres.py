@@ -2,50 +2,55 @@
 
 Every table is keyed by (user_id, id) and every foreign key carries user_id, so the tables shard by
 user on Citus unchanged (docs/operations.md, "Citus"), and every statement names the user.
-Full text: an 'english' tsvector (stemmed, stopwords out) and a 'simple' tsvector of the CJK bigrams
-the embedded index uses too, each in a GIN index led by user_id (btree_gin), so matching starts
-inside one user's slice. Vectors: an exact scan of the user's rows, or, for users with more than
+Full text: a postings table of the terms the embedded index makes (postgres_bm25.py), ranked by
+BM25 as tantivy ranks them. Vectors: an exact scan of the user's rows, or, for users with more than
 `hnsw_from` passages, pgvector's HNSW index (cosine) with iterative scans so filters keep recall.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import math
 import re
+import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Self
 
 import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from fedresearch.core.text import cjk_bigrams, tokens
+from fedresearch.library import postgres_bm25
 from fedresearch.library.records import DocumentInfo, Prepared
-from fedresearch.library.search import Row, SearchFilters, indexed_texts
+from fedresearch.library.search import Row, SearchFilters
 from fedresearch.library.store import LibraryDatabaseError, LibraryUnavailable, Ranking
 
 log = logging.getLogger("fedresearch")
 
 DIMS = 384  # the vector column's width: the library's encoder (all-MiniLM-L6-v2)
-SCHEMA_VERSION = 2  # 2: library_terms (document frequencies kept at ingest)
-# Users with more passages than this search the HNSW index; below it an exact scan of their rows
-# is as fast and exact (bench/library_pg.py measures both; docs/benchmarks.md).
+# 2: library_terms (document frequencies kept at ingest); 3: BM25 from posting blocks
+# (library_postings; the tsvectors, their GIN indexes and library_terms gone)
+SCHEMA_VERSION = 3
+# Users with more passages than this get an HNSW index of their own (a partial index) and search
+# it; below it an exact scan of their rows is as fast and exact (bench/library_pg.py measures both;
+# docs/benchmarks.md). One index shared by every user was walked mostly through other users' rows:
+# a user of 100k among 1.1M rows got recall@10 0.840 in 97 ms at ef_search 1000.
 HNSW_FROM = 20_000
-# pgvector's largest (EF_SEARCH_MAX): the index is shared by every user, a user's rows a share of
-# it; at 230k rows recall@10 was 0.80 / 0.905 / 0.965 at 200 / 400 / 1000 for a user holding 13%
-# of them (0.88 / 0.957 / 0.988 at 87%) for 10 / 15 / 30 ms, and at 1.1M 0.673 / 0.797 / 0.887
-# (91%); a hybrid search runs it beside BM25, which takes longer (docs/benchmarks.md)
-HNSW_EF_SEARCH = EF_SEARCH_MAX = 1000
-CANDIDATES = 3_000  # BM25 scores the passages of the query's rarest terms, about this many
+EF_SEARCH_MAX = 1000  # pgvector's largest
+# hnsw.ef_search by the user's passages (up to, ef_search), past the last EF_SEARCH_MAX: in a user's
+# own graph of 100k rows 400 found 0.986-0.991 of the exact top 10 in 5.5 ms, 1000 0.996 in 11 ms;
+# a larger graph is harder to search (at 1M: 0.797 at 400, 0.887 at 1000; docs/benchmarks.md)
+HNSW_EF_SEARCH = ((100_000, 400),)
 POOL_SIZE = 8
 # Every call holds one of the library's threads while it waits for a connection: a wait is
 # bounded, and while the server is unreachable a call fails at once (Reachability).
@@ -71,6 +76,13 @@ TCP_DEFAULTS = {
     "tcp_user_timeout": "20000",  # ms a sent packet may go unacknowledged
 }
 _SCHEMA_LOCK = 7_215_420_091  # pg_advisory_lock key: one process creates or upgrades the schema
+
+# A user's HNSW index is built with at most this much maintenance_work_mem (the server's own setting
+# when larger): 1M rows need about 2.5 GB to build in memory, several times faster.
+HNSW_BUILD_MEMORY_MB = 4096
+# A bulk load gathers a user's postings over this many passages before writing them as blocks (a
+# write rewrites the last block of every term it holds: 2,000 passages rewrote 18,000 blocks)
+BULK_POSTINGS = 20_000
 
 DDL = """
 CREATE TABLE IF NOT EXISTS library_documents (
@@ -102,46 +114,47 @@ CREATE TABLE IF NOT EXISTS library_passages (
     position integer NOT NULL,
     text text NOT NULL,
     embedding vector(384),
-    english tsvector NOT NULL,
-    cjk tsvector NOT NULL,
+    terms integer NOT NULL DEFAULT 0,  -- its postings in library_postings
     PRIMARY KEY (user_id, id),
     FOREIGN KEY (user_id, document_id) REFERENCES library_documents (user_id, id) ON DELETE CASCADE
 );
 -- vectors inline (the toaster moves text out instead): an exact scan read 3-5x faster (README)
 ALTER TABLE library_passages ALTER COLUMN embedding SET STORAGE PLAIN;
 CREATE INDEX IF NOT EXISTS library_passages_by_document ON library_passages (user_id, document_id);
-CREATE INDEX IF NOT EXISTS library_passages_english ON library_passages USING gin (user_id, english);
-CREATE INDEX IF NOT EXISTS library_passages_cjk ON library_passages USING gin (user_id, cjk);
-CREATE INDEX IF NOT EXISTS library_passages_hnsw ON library_passages USING hnsw (embedding vector_cosine_ops);
+-- vectors: an HNSW index per user past HNSW_FROM passages (PostgresStore.index_vectors)
+DROP INDEX IF EXISTS library_passages_hnsw;
 CREATE TABLE IF NOT EXISTS library_users (
     user_id text PRIMARY KEY,
     passages bigint NOT NULL DEFAULT 0,
-    english_lexemes bigint NOT NULL DEFAULT 0,
-    cjk_lexemes bigint NOT NULL DEFAULT 0
+    body_tokens bigint NOT NULL DEFAULT 0,
+    cjk_tokens bigint NOT NULL DEFAULT 0
 );
--- how many of the user's passages hold each lexeme: BM25's document frequencies, kept by every write
-CREATE TABLE IF NOT EXISTS library_terms (
+-- BM25 (postgres_bm25.py): each term's postings (field 0 the English body, 1 CJK bigrams) in blocks
+-- of at most postgres_bm25.BLOCK, from passage id `low` to `high`: the ids, frequencies and lengths
+-- packed in `data`, stored out of line uncompressed (read whole at every search of the term)
+CREATE TABLE IF NOT EXISTS library_postings (
     user_id text NOT NULL,
-    field text NOT NULL,
-    lexeme text NOT NULL,
-    passages bigint NOT NULL,
-    PRIMARY KEY (user_id, field, lexeme)
+    field smallint NOT NULL,
+    term text NOT NULL,
+    low bigint NOT NULL,
+    high bigint NOT NULL,
+    postings integer NOT NULL,
+    data bytea NOT NULL,
+    PRIMARY KEY (user_id, field, term, low)
 );
+ALTER TABLE library_postings ALTER COLUMN data SET STORAGE EXTERNAL;
 """
 
-# each passage p's lexemes, one row (field, lexeme) per lexeme of either tsvector
-_LEXEMES = (
-    " CROSS JOIN LATERAL (SELECT 'english' AS field, unnest(tsvector_to_array(p.english)) AS lexeme"
-    " UNION ALL SELECT 'cjk', unnest(tsvector_to_array(p.cjk))) f"
-)
-# Version 1 had no library_terms: its counts are made once, from the passages, when it is upgraded.
-_UPGRADE_FROM_1 = (
-    "INSERT INTO library_terms (user_id, field, lexeme, passages)"
-    f" SELECT p.user_id, f.field, f.lexeme, count(*) FROM library_passages p{_LEXEMES}"
-    " GROUP BY p.user_id, f.field, f.lexeme"
-)
-
-_TEXT_COLUMNS = {"english": "english", "cjk": "simple"}  # tsvector column: its text search configuration
+# Versions 1 and 2 searched tsvectors: they go, and the postings are made once from the passages.
+_UPGRADE_TO_3 = """
+DROP TABLE IF EXISTS library_terms;
+ALTER TABLE library_passages DROP COLUMN IF EXISTS english, DROP COLUMN IF EXISTS cjk;
+ALTER TABLE library_users DROP COLUMN IF EXISTS english_lexemes, DROP COLUMN IF EXISTS cjk_lexemes;
+ALTER TABLE library_users ADD COLUMN IF NOT EXISTS body_tokens bigint NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS cjk_tokens bigint NOT NULL DEFAULT 0;
+ALTER TABLE library_passages ADD COLUMN IF NOT EXISTS terms integer NOT NULL DEFAULT 0;
+UPDATE library_users SET passages = 0;
+"""
 
 PASSAGE_COLUMNS = (
     "p.id, p.heading, p.page, p.position, p.text, p.kind, p.embedding AS vector, d.id AS document_id,"
@@ -211,15 +224,19 @@ def create_schema(url: str) -> None:
                 f"the library's tables are at version {version}, newer than this fedresearch ({SCHEMA_VERSION})"
             )
         if version != SCHEMA_VERSION:
+            if version is not None:
+                db.execute(_UPGRADE_TO_3)
             db.execute(DDL)
-            if version == 1:
-                db.execute(_UPGRADE_FROM_1)
+            if version is not None:
+                _index_all(db)
+                for user_id in _large_users(db, HNSW_FROM):
+                    _index_vectors(db, user_id)
             db.execute("DELETE FROM library_schema")
             db.execute("INSERT INTO library_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
 
 
 def _require_extensions(db: psycopg.Connection[Any]) -> None:
-    for name in ("vector", "btree_gin"):
+    for name in ("vector",):
         try:
             db.execute(f"CREATE EXTENSION IF NOT EXISTS {name}")
         except psycopg.Error as error:
@@ -378,12 +395,13 @@ class PostgresStore:
                 f"the PostgreSQL library holds {DIMS}-dimensional vectors, the encoder makes {dims}"
             )
         self.hnsw_from = hnsw_from
-        self.ef_search = HNSW_EF_SEARCH
+        self.ef_search: int | None = None  # None: by the user's passages (HNSW_EF_SEARCH)
         self.read_timeout_s = read_timeout_s
         self.transaction_pooling = transaction_pooling
         # as `statement_timeout` takes it
         self._read_timeout = None if read_timeout_s is None else f"{max(1, round(read_timeout_s * 1000))}ms"
         create_schema(url)
+        self._url = url
         self.reachability = Reachability(url)
         self._pool: ConnectionPool[Any] = ConnectionPool(
             url,
@@ -420,13 +438,14 @@ class PostgresStore:
         return self.reachability.away
 
     @contextmanager
-    def _db(self, bounded: bool = True) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    def _db(self, bounded: bool = True, snapshot: bool = False) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """One transaction: committed when the block ends, rolled back when it raises; `bounded`:
         its statements are cancelled after `read_timeout_s` (reads), or keep the operator's own
         `statement_timeout` (writes: none unless the server, role or database sets one).
 
         Raises LibraryUnavailable when the server cannot be reached, its connection was lost, or it
-        cancelled a read that ran too long."""
+        cancelled a read that ran too long. `snapshot`: a read-only transaction whose statements
+        all see the database as its first did (repeatable read)."""
         self.reachability.check()
         try:
             db = self._working_connection()
@@ -438,6 +457,8 @@ class PostgresStore:
             ) from None
         try:
             with db:
+                if snapshot:  # before any other statement of the transaction
+                    db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 if self._read_timeout is not None and self.transaction_pooling and bounded:
                     # one round trip more a read: there is no session of ours to set it on once
                     db.execute("SELECT set_config('statement_timeout', %s, true)", (self._read_timeout,))
@@ -527,24 +548,59 @@ class PostgresStore:
         """Store documents in one transaction, replacing the user's earlier versions; (added, replaced).
 
         A source given twice in one call is stored once, as its last version (the earlier counts as
-        replaced, as if it had been written by a call of its own)."""
+        replaced, as if it had been written by a call of its own). A user who passes `hnsw_from`
+        passages gets an HNSW index of their own once it is committed (index_vectors)."""
         if not documents:
             return 0, 0
-        latest = {document.source: document for document in documents}
         with self._db(bounded=False) as db:
-            _lock_user(db, user_id)
-            earlier = [
-                row["id"]
-                for row in db.execute(
-                    "SELECT id FROM library_documents WHERE user_id = %s AND source = ANY(%s)",
-                    (user_id, list(latest)),
-                ).fetchall()
-            ]
-            if earlier:
-                _count(db, user_id, earlier, -1)
-                db.execute("DELETE FROM library_documents WHERE user_id = %s AND id = ANY(%s)", (user_id, earlier))
-            _count(db, user_id, [_insert(db, user_id, document) for document in latest.values()], 1)
-        return len(latest) - len(earlier), len(earlier) + len(documents) - len(latest)
+            load = BulkLoad(db)
+            counts = load.write(user_id, documents)
+            load.finish()
+            large = self.passage_count(db, user_id) > self.hnsw_from
+        if large:
+            self.index_vectors(user_id)
+        return counts
+
+    @contextmanager
+    def bulk(self) -> Iterator[BulkLoad]:
+        """One transaction for many writes (`library migrate`; bench/library_pg.py): BulkLoad.write
+        as `write`, each user's postings gathered over BULK_POSTINGS passages. Into a library that
+        holds no passage yet, the users past `hnsw_from` get their HNSW index at the end, in the same
+        transaction (built once: at 100k rows a shared index took 527 vectors/s added one by one,
+        2,900/s built); into one that does, after the commit (index_vectors), as other users' writes
+        would wait for a build in the transaction. Killed or failed, nothing of it stays (an index
+        being built after the commit is made again by the next write or bulk load of its user)."""
+        with self._db(bounded=False) as db:
+            empty = db.execute("SELECT NOT EXISTS (SELECT 1 FROM library_passages) AS empty").fetchone()
+            load = BulkLoad(db, gather=BULK_POSTINGS)
+            load.empty = bool(empty and empty["empty"])
+            yield load
+            load.finish()
+            large = [user for user in load.users if self.passage_count(db, user) > self.hnsw_from]
+            if load.empty:
+                for user_id in large:
+                    _index_vectors(db, user_id)
+        if not load.empty:
+            for user_id in large:
+                self.index_vectors(user_id)
+
+    def index_vectors(self, user_id: str) -> None:
+        """The user's HNSW index, made (CONCURRENTLY: searches and other writes go on) unless it is
+        there and valid; one left invalid by an interrupted build is dropped and made again."""
+        name = _vector_index(user_id)
+        with self._db(bounded=False) as db:
+            row = db.execute(
+                "SELECT i.indisvalid AS valid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE i.indrelid = 'library_passages'::regclass AND c.relname = %s",
+                (name,),
+            ).fetchone()
+        if row is not None and row["valid"]:
+            return
+        with psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as db:
+            if row is not None:
+                log.warning("a user's HNSW index was left unfinished by an interrupted build: made again")
+                db.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
+            _index_vectors(db, user_id, concurrently=True)
 
     def set_vectors(self, user_id: str, vectors: Sequence[tuple[bytes | None, int]]) -> None:
         with self._db(bounded=False) as db, db.cursor() as cursor:
@@ -556,7 +612,7 @@ class PostgresStore:
     def delete(self, user_id: str, document_id: int) -> bool:
         with self._db(bounded=False) as db:
             _lock_user(db, user_id)
-            _count(db, user_id, [document_id], -1)
+            _forget(db, user_id, [document_id])
             deleted = db.execute(
                 "DELETE FROM library_documents WHERE user_id = %s AND id = %s", (user_id, document_id)
             ).rowcount
@@ -599,8 +655,8 @@ class PostgresStore:
     def passages(self, user_id: str, chunk_ids: Sequence[int]) -> dict[int, Row]:
         if not chunk_ids:
             return {}
-        with self._db() as db:
-            rows = db.execute(
+        with self._db() as db, db.cursor(binary=True) as cursor:  # binary: vectors read 0.7 ms faster a search
+            rows = cursor.execute(
                 f"SELECT {PASSAGE_COLUMNS} FROM library_passages p JOIN library_documents d"
                 " ON d.user_id = p.user_id AND d.id = p.document_id WHERE p.user_id = %s AND p.id = ANY(%s)",
                 (user_id, list(chunk_ids)),
@@ -611,80 +667,13 @@ class PostgresStore:
         return {row["id"]: row for row in rows}
 
     def bm25(self, user_id: str, kind: str | None, query: str, filters: SearchFilters, limit: int) -> Ranking:
-        """Okapi BM25 (k1 1.2, b 0.75) of the user's passages matching any English stem or CJK bigram.
-
-        PostgreSQL's ts_rank has no inverse document frequency and barely counts repeats, so it
-        ranks a passage with "rank" over one with "reciprocal rank"; BM25 is computed here: a
-        lexeme's frequency in a passage is ts_rank_cd of that lexeme alone / 0.1 (one cover per
-        occurrence), the length is the tsvector's lexeme count, and document frequencies among
-        the user's passages are read from library_terms, which every write keeps exact (counting
-        them per query cost most of a search). Only passages holding one of the query's
-        rarer terms are scored (the rarest terms whose passages add up to at most CANDIDATES, and
-        at least the rarest one): scoring every passage that shares one common word with a long
-        question cost seconds at 100k passages (docs/library.md).
-        """
-        # (over 40 lines with its docstring, which says why BM25 is assembled here rather than ts_rank)
-        # \w+ words only (no tsquery operators in them); CJK runs are matched by their bigrams
-        texts = {
-            "english": " | ".join(w for w in dict.fromkeys(tokens(query)) if not cjk_bigrams(w)),
-            "cjk": " | ".join(dict.fromkeys(cjk_bigrams(query))),
-        }
-        if not any(texts.values()):
-            return []
-        with self._db() as db:
-            terms, average = self._term_weights(db, user_id, texts)
-            if not terms:
-                return []  # stopwords only
-            arguments: dict[str, Any] = {"user": user_id, "kind": kind, "limit": limit}
-            frequencies, score = [], []
-            for number, (column, literal, idf, _) in enumerate(terms):
-                arguments[f"q{number}"], arguments[f"w{number}"] = literal, idf
-                frequencies.append(f"10 * ts_rank_cd(v.{column}, %(q{number})s::tsquery, 0) AS tf{number}")
-                score.append(f"%(w{number})s * t.tf{number} * 2.2 / (t.tf{number} + t.k_{column})")
-            lengths = [f"1.2 * (0.25 + 0.75 * length(v.{c}) / {average[c]!r}) AS k_{c}" for c in _TEXT_COLUMNS]
-            matches = []
-            for column, literals in _rarest(terms).items():
-                arguments[f"match_{column}"] = " | ".join(literals)
-                matches.append(f"p.{column} @@ %(match_{column})s::tsquery")
-            if not matches:
-                return []  # no term of the query occurs in the user's passages
-            scope, values = _scope(filters)
-            sql = (
-                f"SELECT p.id, {' + '.join(score)} AS score FROM library_passages p{_join(filters)}"
-                # each tsvector decompressed once per row, not once per term (OFFSET 0 keeps it so)
-                " CROSS JOIN LATERAL (SELECT p.english || ''::tsvector AS english, p.cjk || ''::tsvector AS cjk"
-                " OFFSET 0) v"
-                f" CROSS JOIN LATERAL (SELECT {', '.join(frequencies + lengths)} OFFSET 0) t"
-                f" WHERE p.user_id = %(user)s AND ({' OR '.join(matches)}){_kind(kind)}{scope}"
-                " ORDER BY score DESC, p.id LIMIT %(limit)s"
-            )
-            return [(row["id"], float(row["score"])) for row in db.execute(sql, {**arguments, **values}).fetchall()]
-
-    def _term_weights(
-        self, db: psycopg.Connection[dict[str, Any]], user_id: str, texts: dict[str, str]
-    ) -> tuple[list[tuple[str, str, float, int]], dict[str, float]]:
-        """(column, lexeme as a tsquery literal, idf, df) of each query lexeme, idf = ln(1 + (N - df + 0.5) /
-        (df + 0.5)) among the user's passages; and each column's average passage length in lexemes."""
-        found = db.execute(
-            "SELECT passages, english_lexemes, cjk_lexemes FROM library_users WHERE user_id = %s", (user_id,)
-        ).fetchone()
-        if found is None or not found["passages"]:
-            return [], {}
-        total = found["passages"]
-        average = {column: max(found[f"{column}_lexemes"] / total, 1.0) for column in _TEXT_COLUMNS}
-        asked = [
-            f"SELECT '{column}' AS field, quote_literal(q.lexeme) AS literal, COALESCE(t.passages, 0) AS df"
-            f" FROM unnest(tsvector_to_array(to_tsvector('{config}', replace(%s, ' | ', ' ')))) AS q(lexeme)"
-            f" LEFT JOIN library_terms t ON t.user_id = %s AND t.field = '{column}' AND t.lexeme = q.lexeme"
-            for column, config in _TEXT_COLUMNS.items()
-            if texts[column]
-        ]
-        values = [value for column in _TEXT_COLUMNS if texts[column] for value in (texts[column], user_id)]
-        rows = db.execute(" UNION ALL ".join(asked), values).fetchall()
-        terms = [
-            (r["field"], r["literal"], math.log(1 + (total - r["df"] + 0.5) / (r["df"] + 0.5)), r["df"]) for r in rows
-        ]
-        return terms, average
+        """Okapi BM25 as the embedded store's tantivy index ranks (postgres_bm25.py): the same
+        terms, lengths and formula, the user's passages as the collection."""
+        narrow = None if kind is None and not _filtered(filters) else _Narrow(user_id, kind, filters)
+        # one snapshot for its several statements: read committed gave each its own, and a document
+        # replaced between them was found by one and gone for the next
+        with self._db(snapshot=True) as db:
+            return postgres_bm25.search(db, user_id, query, narrow, limit)
 
     def document_passages(self, user_id: str, document_id: int) -> list[Row]:
         with self._db() as db:
@@ -696,37 +685,62 @@ class PostgresStore:
         return list(rows)
 
     def term_counts(self, user_id: str, words: Sequence[str]) -> dict[str, int]:
-        """The user's passages holding each English word, from library_terms (its `english` lexeme)."""
-        if not words:
-            return {}
+        """The user's passages holding each English word (stemmed as the body is), from the postings'
+        block counts: BM25's own document frequencies."""
+        stems: dict[str, str] = {}
+        analyze = postgres_bm25.english_analyzer().analyze
+        for word in words:
+            terms = analyze(word)
+            if len(terms) == 1:
+                stems[word] = terms[0]
+        if not stems:
+            return dict.fromkeys(words, 0)
         with self._db() as db:
             rows = db.execute(
-                "SELECT w.word, COALESCE(t.passages, 0) AS passages FROM unnest(%s::text[]) AS w(word)"
-                " LEFT JOIN library_terms t ON t.user_id = %s AND t.field = 'english'"
-                " AND t.lexeme = (tsvector_to_array(to_tsvector('english', w.word)))[1]",
-                (list(words), user_id),
+                "SELECT term, sum(postings) AS passages FROM library_postings"
+                " WHERE user_id = %s AND field = %s AND term = ANY(%s) GROUP BY term",
+                (user_id, postgres_bm25.BODY, list(set(stems.values()))),
             ).fetchall()
-        return {row["word"]: row["passages"] for row in rows}
+        found = {row["term"]: int(row["passages"]) for row in rows}
+        return {word: found.get(stems[word], 0) if word in stems else 0 for word in words}
 
     def dense(
         self, user_id: str, query_vector: np.ndarray, kind: str | None, filters: SearchFilters, limit: int
     ) -> Ranking:
-        """Cosine ranking: exact over the user's rows, or through HNSW for users past `hnsw_from` passages."""
+        """Cosine ranking: exact over the user's rows, or, for users past `hnsw_from` passages,
+        through their HNSW index with iterative scans (filters applied as it goes); should it come
+        back short of `limit` (a filter few rows pass, more rows skipped than pgvector's
+        hnsw.max_scan_tuples, or no index yet), exact after all."""
         scope, values = _scope(filters)
         arguments = {"user": user_id, "kind": kind, "query": query_vector, "limit": limit, **values}
         with self._db() as db:
-            approximate = self.passage_count(db, user_id) > self.hnsw_from
-            if approximate:
-                db.execute(f"SET LOCAL hnsw.ef_search = {min(max(self.ef_search, limit), EF_SEARCH_MAX)}")
-                db.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-            # `+ 0` hides the distance from the planner, which then scans the user's rows exactly
-            order = "p.embedding <=> %(query)s" if approximate else "(p.embedding <=> %(query)s) + 0"
-            sql = (
-                f"SELECT id, 1 - distance AS cosine FROM (SELECT p.id, {order} AS distance"
-                f" FROM library_passages p{_join(filters)} WHERE p.user_id = %(user)s AND p.embedding IS NOT NULL"
-                f"{_kind(kind)}{scope} ORDER BY {order} LIMIT %(limit)s) found ORDER BY distance, id"
-            )
-            return [(row["id"], float(row["cosine"])) for row in db.execute(sql, arguments).fetchall()]
+            held = self.passage_count(db, user_id)
+            rows: list[dict[str, Any]] = []
+            if held > self.hnsw_from:
+                ef = self.ef_search or next((ef for most, ef in HNSW_EF_SEARCH if held <= most), EF_SEARCH_MAX)
+                db.execute(
+                    "SELECT set_config('hnsw.ef_search', %s, true),"
+                    " set_config('hnsw.iterative_scan', 'relaxed_order', true)",
+                    (str(min(max(ef, limit), EF_SEARCH_MAX)),),
+                )
+                # the user id written out, so the planner matches the user's partial index
+                user = sql.Literal(user_id).as_string(db).replace("%", "%%")
+                rows = db.execute(
+                    self._nearest("p.embedding <=> %(query)b", user, kind, filters, scope), arguments
+                ).fetchall()
+            if len(rows) < min(limit, held):
+                # `+ 0` hides the distance from the planner, which then scans the user's rows exactly
+                exact = self._nearest("(p.embedding <=> %(query)b) + 0", "%(user)s", kind, filters, scope)
+                rows = db.execute(exact, arguments).fetchall()
+            return [(row["id"], float(row["cosine"])) for row in rows]
+
+    @staticmethod
+    def _nearest(order: str, user: str, kind: str | None, filters: SearchFilters, scope: str) -> str:
+        return (
+            f"SELECT id, 1 - distance AS cosine FROM (SELECT p.id, {order} AS distance"
+            f" FROM library_passages p{_join(filters)} WHERE p.user_id = {user} AND p.embedding IS NOT NULL"
+            f"{_kind(kind)}{scope} ORDER BY {order} LIMIT %(limit)s) found ORDER BY distance, id"
+        )
 
     @staticmethod
     def passage_count(db: psycopg.Connection[dict[str, Any]], user_id: str) -> int:
@@ -750,109 +764,306 @@ class PostgresStore:
         )
 
 
-def _lock_user(db: psycopg.Connection[Any], user_id: str) -> None:
-    """Writers of one user take turns (as SQLite's one writer does); other users' writers never wait."""
+class BulkLoad:
+    """Writes in one transaction (`PostgresStore.write`, `PostgresStore.bulk`): documents and
+    passages go in through COPY as they come; each user's postings are gathered and written as
+    blocks once `gather` passages are held, before a replace, and at `finish`."""
+
+    def __init__(self, db: psycopg.Connection[Any], gather: int = 0) -> None:
+        self._db = db
+        self._gather = gather
+        self._postings: dict[str, postgres_bm25.Postings] = {}
+        self.passages = 0  # written so far
+        self.empty = False  # the library held no passage when it began: the users' indexes are built in it
+
+    def write(self, user_id: str, documents: Sequence[StoredDocument]) -> tuple[int, int]:
+        """As PostgresStore.write: (added, replaced)."""
+        if not documents:
+            return 0, 0
+        db = self._db
+        latest = {document.source: document for document in documents}
+        if user_id not in self._postings:
+            _lock_user(db, user_id)
+            self._postings[user_id] = postgres_bm25.Postings()
+        with db.cursor(row_factory=tuple_row) as cursor:
+            earlier = [
+                int(row[0])
+                for row in cursor.execute(
+                    "SELECT id FROM library_documents WHERE user_id = %s AND source = ANY(%s)",
+                    (user_id, list(latest)),
+                ).fetchall()
+            ]
+        if earlier:
+            self._flush(user_id)  # what was gathered goes into the blocks that _forget cuts from
+            _forget(db, user_id, earlier)
+            db.execute("DELETE FROM library_documents WHERE user_id = %s AND id = ANY(%s)", (user_id, earlier))
+        postings = self._postings[user_id]
+        self.passages += _insert(db, user_id, list(latest.values()), postings)
+        if postings.passages >= self._gather:
+            self._flush(user_id, final=False)
+        return len(latest) - len(earlier), len(earlier) + len(documents) - len(latest)
+
+    @property
+    def users(self) -> list[str]:
+        """The users written to."""
+        return list(self._postings)
+
+    def finish(self) -> None:
+        for user_id in self._postings:
+            self._flush(user_id)
+
+    def _flush(self, user_id: str, final: bool = True) -> None:
+        """The user's gathered postings into blocks: all of them (`final`), or all but each term's
+        postings past its last full block (postgres_bm25.Postings.write)."""
+        with self._db.cursor(row_factory=tuple_row) as cursor:
+            row = cursor.execute("SELECT passages FROM library_users WHERE user_id = %s", (user_id,)).fetchone()
+        first = row is None or row[0] == 0  # no passage: no block
+        self._postings[user_id].write(self._db, user_id, first_write=first, final=final)
+
+
+def _vector_index(user_id: str) -> str:
+    """The name of the user's HNSW index (a digest: any user id, within PostgreSQL's 63 bytes)."""
+    return "library_hnsw_" + hashlib.sha256(user_id.encode()).hexdigest()[:32]
+
+
+def _index_vectors(db: psycopg.Connection[Any], user_id: str, concurrently: bool = False) -> None:
+    """The user's HNSW index (a partial index of their rows), built in memory when
+    maintenance_work_mem holds the graph (about 2.5 KB a row): sized here up to HNSW_BUILD_MEMORY_MB
+    unless the server allows more."""
+    with db.cursor(row_factory=tuple_row) as cursor:
+        row = cursor.execute(
+            "SELECT count(*), current_setting('maintenance_work_mem') FROM library_passages"
+            " WHERE user_id = %s AND embedding IS NOT NULL",
+            (user_id,),
+        ).fetchone()
+        assert row is not None
+        wanted = f"{min(HNSW_BUILD_MEMORY_MB, 64 + int(row[0]) * 2_500 // 2**20)}MB"
+        cursor.execute(
+            "SELECT set_config('maintenance_work_mem', %s, %s) WHERE pg_size_bytes(%s) < pg_size_bytes(%s)",
+            (wanted, not concurrently, row[1], wanted),  # local to the transaction, or the session's
+        )
+        cursor.execute(
+            sql.SQL(
+                "CREATE INDEX {how} IF NOT EXISTS {name} ON library_passages USING hnsw (embedding vector_cosine_ops)"
+                " WHERE user_id = {user}"
+            ).format(
+                how=sql.SQL("CONCURRENTLY" if concurrently else ""),
+                name=sql.Identifier(_vector_index(user_id)),
+                user=sql.Literal(user_id),
+            )
+        )
+
+
+def _large_users(db: psycopg.Connection[Any], passages: int) -> list[str]:
+    with db.cursor(row_factory=tuple_row) as cursor:
+        rows = cursor.execute("SELECT user_id FROM library_users WHERE passages > %s", (passages,)).fetchall()
+    return [row[0] for row in rows]
+
+
+def _lock_user(db: psycopg.Connection[Any], user_id: str) -> int:
+    """Writers of one user take turns (as SQLite's one writer does); other users' writers never wait.
+    The user's passages."""
     db.execute("INSERT INTO library_users (user_id) VALUES (%s) ON CONFLICT (user_id) DO NOTHING", (user_id,))
-    db.execute("SELECT 1 FROM library_users WHERE user_id = %s FOR UPDATE", (user_id,))
+    with db.cursor(row_factory=tuple_row) as cursor:
+        row = cursor.execute("SELECT passages FROM library_users WHERE user_id = %s FOR UPDATE", (user_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
-def _count(db: psycopg.Connection[dict[str, Any]], user_id: str, document_ids: list[int], sign: int) -> None:
-    """Add (sign 1) or take away (-1) these documents' passages in the user's counts: passages and
-    lexemes (vector search's switch, BM25's lengths) and each lexeme's document frequency; called
-    after they are written and before they are deleted, so no write ever rescans the user's rows."""
+def _forget(db: psycopg.Connection[Any], user_id: str, document_ids: list[int]) -> None:
+    """Take these documents' passages out of BM25 (their postings and the user's counts), before
+    they are deleted. Their terms are made again from their text; should fewer postings be found
+    than were written (another analyzer since), the user's blocks in their id range are scanned
+    instead, so none is left behind."""
     if not document_ids:
         return
-    of_them = "FROM library_passages p WHERE p.user_id = %(user)s AND p.document_id = ANY(%(ids)s)"
-    arguments = {"user": user_id, "ids": document_ids, "sign": sign}
-    db.execute(
-        "UPDATE library_users u SET passages = u.passages + %(sign)s * c.passages,"
-        " english_lexemes = u.english_lexemes + %(sign)s * c.english, cjk_lexemes = u.cjk_lexemes + %(sign)s * c.cjk"
-        " FROM (SELECT count(*) AS passages, COALESCE(sum(length(p.english)), 0) AS english,"
-        f" COALESCE(sum(length(p.cjk)), 0) AS cjk {of_them}) c WHERE u.user_id = %(user)s",
-        arguments,
-    )
-    gone = db.execute(
-        "WITH changed AS (INSERT INTO library_terms AS t (user_id, field, lexeme, passages)"
-        # p.user_id rather than the parameter: Citus then runs the statement inside the user's shard
-        f" SELECT p.user_id, f.field, f.lexeme, %(sign)s * count(*) FROM library_passages p{_LEXEMES}"
-        " WHERE p.user_id = %(user)s AND p.document_id = ANY(%(ids)s) GROUP BY p.user_id, f.field, f.lexeme"
-        " ON CONFLICT (user_id, field, lexeme) DO UPDATE SET passages = t.passages + excluded.passages"
-        " RETURNING t.field, t.lexeme, t.passages) SELECT field, lexeme FROM changed WHERE passages <= 0",
-        arguments,
-    ).fetchall()
-    if gone:
-        db.execute(
-            "DELETE FROM library_terms WHERE user_id = %s AND (field, lexeme) IN"
-            " (SELECT * FROM unnest(%s::text[], %s::text[]))",
-            (user_id, [row["field"] for row in gone], [row["lexeme"] for row in gone]),
-        )
+    with db.cursor(row_factory=tuple_row) as cursor:
+        rows = cursor.execute(
+            "SELECT p.id, p.heading, p.text, p.terms, d.title FROM library_passages p JOIN library_documents d"
+            " ON d.user_id = p.user_id AND d.id = p.document_id WHERE p.user_id = %s AND p.document_id = ANY(%s)",
+            (user_id, document_ids),
+        ).fetchall()
+    if not rows:
+        return
+    gone = [(passage, postgres_bm25.PassageTerms.of(title, heading, text)) for passage, heading, text, _, title in rows]
+    if postgres_bm25.remove(db, user_id, gone) != sum(row[3] for row in rows):
+        log.warning("the library's postings of %d passages were made by another analyzer: removed by a scan", len(rows))
+        postgres_bm25.remove_by_scan(db, user_id, [row[0] for row in rows])
 
 
-def _insert(db: psycopg.Connection[Any], user_id: str, document: StoredDocument) -> int:
-    row = db.execute(
-        "INSERT INTO library_documents (user_id, kind, source, content_hash, title, authors, author_keys, year,"
-        " doi, url, tags, tag_keys, extra, added_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-        " COALESCE(%s::timestamptz, now())) RETURNING id",
-        (
-            user_id,
-            document.kind,
-            document.source,
-            document.content_hash,
-            document.title,
-            json.dumps(document.authors, ensure_ascii=False),
-            [author.lower() for author in document.authors],
-            document.year,
-            document.doi,
-            document.url,
-            json.dumps(document.tags, ensure_ascii=False),
-            [tag.lower() for tag in document.tags],
-            json.dumps(document.extra, ensure_ascii=False),
-            document.added_at,
-        ),
-    ).fetchone()
-    assert row is not None
-    _insert_passages(db, user_id, row["id"], document)
-    return int(row["id"])
+_DOCUMENT_COPY = (
+    "COPY library_documents (user_id, id, kind, source, content_hash, title, authors, author_keys, year, doi, url,"
+    " tags, tag_keys, extra, added_at) FROM STDIN (FORMAT BINARY)"
+)
+# jsonb, text[] and vector values go as their binary forms made here (typed bytea for psycopg: the
+# server reads each by its column's type): psycopg's own dumpers took a third of a bulk load's time
+_DOCUMENT_TYPES = [
+    "text", "int8", "text", "text", "text", "text", "bytea", "bytea", "int4", "text", "text", "bytea", "bytea",
+    "bytea", "timestamptz",
+]  # fmt: skip
+_PASSAGE_COPY = (
+    "COPY library_passages (user_id, id, document_id, kind, heading, page, position, text, embedding, terms)"
+    " FROM STDIN (FORMAT BINARY)"
+)
+_PASSAGE_TYPES = ["text", "int8", "int8", "text", "text", "int4", "int4", "text", "bytea", "int4"]
 
 
-def _insert_passages(db: psycopg.Connection[Any], user_id: str, document_id: int, document: StoredDocument) -> None:
-    with db.cursor() as cursor:
-        cursor.executemany(
-            "INSERT INTO library_passages (user_id, document_id, kind, heading, page, position, text, embedding,"
-            " english, cjk) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
-            " to_tsvector('english', %s), to_tsvector('simple', %s))",
-            [
-                (
-                    user_id,
-                    document_id,
-                    document.kind,
-                    p.heading,
-                    p.page,
-                    p.position,
-                    p.text,
-                    _vector(p.vector),
-                    *indexed_texts(document.title, p.heading, p.text),
+def _insert(
+    db: psycopg.Connection[Any], user_id: str, documents: Sequence[StoredDocument], postings: postgres_bm25.Postings
+) -> int:
+    """The documents and their passages (with their vectors), each through one COPY (binary); their
+    postings gathered into `postings`. How many passages."""
+    with db.cursor(row_factory=tuple_row) as cursor:
+        row = cursor.execute("SELECT now()").fetchone()
+        assert row is not None
+        now: datetime = row[0]
+        document_ids = _next_ids(cursor, "library_documents", len(documents))
+        with cursor.copy(_DOCUMENT_COPY) as copy:
+            copy.set_types(_DOCUMENT_TYPES)
+            for document_id, d in zip(document_ids, documents, strict=True):
+                copy.write_row(
+                    (
+                        user_id,
+                        document_id,
+                        d.kind,
+                        d.source,
+                        d.content_hash,
+                        d.title,
+                        _jsonb(d.authors),
+                        _text_array([author.lower() for author in d.authors]),
+                        d.year,
+                        d.doi,
+                        d.url,
+                        _jsonb(d.tags),
+                        _text_array([tag.lower() for tag in d.tags]),
+                        _jsonb(d.extra),
+                        now if d.added_at is None else _moment(d.added_at),
+                    )
                 )
-                for p in document.passages
-            ],
+        passages = [(d_id, d, p) for d_id, d in zip(document_ids, documents, strict=True) for p in d.passages]
+        if not passages:
+            return 0
+        terms = [postgres_bm25.PassageTerms.of(d.title, p.heading, p.text) for _, d, p in passages]
+        ids = _next_ids(cursor, "library_passages", len(passages))
+        with cursor.copy(_PASSAGE_COPY) as copy:
+            copy.set_types(_PASSAGE_TYPES)
+            for passage_id, (document_id, d, p), t in zip(ids, passages, terms, strict=True):
+                copy.write_row(
+                    (
+                        user_id,
+                        passage_id,
+                        document_id,
+                        d.kind,
+                        p.heading,
+                        p.page,
+                        p.position,
+                        p.text,
+                        None
+                        if p.vector is None
+                        else _VECTOR_HEAD + np.frombuffer(p.vector, "<f4").astype(">f4").tobytes(),
+                        t.count,
+                    )
+                )
+    for passage_id, t in zip(ids, terms, strict=True):
+        postings.add(passage_id, t)
+    return len(passages)
+
+
+def _next_ids(cursor: psycopg.Cursor[Any], table: str, count: int) -> list[int]:
+    """`count` ids from the table's sequence, in order, for rows written through COPY."""
+    rows = cursor.execute(
+        "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", (table, count)
+    ).fetchall()
+    return [int(row[0]) for row in rows]
+
+
+def _moment(iso: str) -> datetime:
+    """An ISO 8601 time (a naive one taken as UTC)."""
+    moment = datetime.fromisoformat(iso)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _index_all(db: psycopg.Connection[Any]) -> None:
+    """Postings and counts of every stored passage, made once when an older schema is upgraded."""
+    log.warning("making the library's BM25 postings from its passages (schema %d)", SCHEMA_VERSION)
+    gathered: dict[str, postgres_bm25.Postings] = {}  # the table is new: no user holds a block
+
+    with db.cursor(name="library_upgrade", row_factory=tuple_row) as passages:
+        passages.execute(
+            "SELECT p.user_id, p.id, p.heading, p.text, d.title FROM library_passages p JOIN library_documents d"
+            " ON d.user_id = p.user_id AND d.id = p.document_id ORDER BY p.user_id, p.id"
         )
+        while batch := passages.fetchmany(2000):
+            counted: dict[str, list[tuple[int, int]]] = {}
+            for user_id, passage_id, heading, text, title in batch:
+                terms = postgres_bm25.PassageTerms.of(title, heading, text)
+                gathered.setdefault(user_id, postgres_bm25.Postings()).add(passage_id, terms)
+                counted.setdefault(user_id, []).append((passage_id, terms.count))
+            for user_id, counts in counted.items():
+                db.execute(
+                    "UPDATE library_passages SET terms = c.n FROM unnest(%s::int8[], %s::int4[]) AS c(id, n)"
+                    " WHERE user_id = %s AND library_passages.id = c.id",
+                    ([i for i, _ in counts], [n for _, n in counts], user_id),
+                )
+            for user_id, postings in gathered.items():
+                if postings.passages >= BULK_POSTINGS:
+                    postings.write(db, user_id, first_write=True, final=False)
+    for user_id, postings in gathered.items():
+        postings.write(db, user_id, first_write=True)
+
+
+_VECTOR_HEAD = struct.pack(">hh", DIMS, 0)  # pgvector's binary form: dimensions, unused, then float32s
+
+
+def _jsonb(value: Any) -> bytes:
+    """jsonb's binary form: its version (1), then the JSON text."""
+    return b"\x01" + json.dumps(value, ensure_ascii=False).encode()
+
+
+def _text_array(values: Sequence[str]) -> bytes:
+    """A text[]'s binary form: dimensions, no nulls, text's type oid (25), [length, lower bound], items."""
+    if not values:
+        return struct.pack(">iii", 0, 0, 25)
+    items = [struct.pack(">iiiii", 1, 0, 25, len(values), 1)]
+    for value in values:
+        encoded = value.encode()
+        items += [len(encoded).to_bytes(4, "big"), encoded]
+    return b"".join(items)
 
 
 def _vector(blob: bytes | None) -> np.ndarray | None:
     return None if blob is None else np.frombuffer(blob, dtype=np.float32)
 
 
-def _rarest(terms: list[tuple[str, str, float, int]]) -> dict[str, list[str]]:
-    """The tsquery literals, per column, of the rarest terms whose passages add up to at most
-    CANDIDATES (at least the rarest term): the passages worth scoring."""
-    chosen: dict[str, list[str]] = {}
-    covered = 0
-    for column, literal, _, df in sorted((t for t in terms if t[3] > 0), key=lambda t: t[3]):
-        if chosen and covered + df > CANDIDATES:
-            break
-        chosen.setdefault(column, []).append(literal)
-        covered += df
-    return chosen
+def _filtered(filters: SearchFilters) -> bool:
+    return bool(
+        filters.year_min is not None
+        or filters.year_max is not None
+        or filters.authors
+        or filters.tags
+        or filters.document_ids
+    )
+
+
+class _Narrow:
+    """Which passages the search's kind and filters allow (postgres_bm25.Narrow)."""
+
+    def __init__(self, user_id: str, kind: str | None, filters: SearchFilters) -> None:
+        scope, values = _scope(filters)
+        self._values = {"user": user_id, "kind": kind, **values}
+        self._where = f"FROM library_passages p{_join(filters)} WHERE p.user_id = %(user)s{_kind(kind)}{scope}"
+
+    def among(self, db: psycopg.Connection[Any], ids: np.ndarray) -> np.ndarray:
+        return self._ids(db, f"SELECT p.id {self._where} AND p.id = ANY(%(ids)s)", ids=ids.tolist())
+
+    def every(self, db: psycopg.Connection[Any], at_most: int) -> np.ndarray | None:
+        found = self._ids(db, f"SELECT p.id {self._where} LIMIT %(limit)s", limit=at_most + 1)
+        return found if len(found) <= at_most else None
+
+    def _ids(self, db: psycopg.Connection[Any], sql: str, **values: Any) -> np.ndarray:
+        with db.cursor(row_factory=tuple_row) as cursor:
+            rows = cursor.execute(sql, {**self._values, **values}).fetchall()
+        return np.array([r[0] for r in rows], dtype=np.int64)
 
 
 def _kind(kind: str | None) -> str:

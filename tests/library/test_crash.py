@@ -16,6 +16,7 @@ from fedresearch.library.facade import Library
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = 240
+MIGRATED = 6_000  # documents of one passage: a migration of about a second
 
 
 # what the test counts, in each store's tables
@@ -107,3 +108,66 @@ def test_sigkill_mid_ingest_then_rerun(tmp_path, encoder, library_location):
         for mode, depth in (("bm25", 1), ("dense", FILES)):
             found = library.search("u", f"specimen zx{number:03}q", None, depth, mode)
             assert any(f"zx{number:03}q" in item.text for item in found), (number, mode)
+
+
+def test_sigkill_mid_copy_of_a_migration_leaves_nothing_then_rerun(tmp_path, postgres_url):
+    """`library migrate` is one transaction of binary COPYs: killed while a COPY streams, the
+    target holds nothing of it."""
+    import numpy as np
+    import psycopg
+
+    from fedresearch.library.chunking import chunk_sections
+    from fedresearch.library.formats import Document, Section
+    from fedresearch.library.records import Prepared
+
+    data = tmp_path / "data"
+    embedded = Library(data / "library")
+    vectors = np.random.default_rng(7).normal(size=(MIGRATED, 384)).astype(np.float32)
+    for start in range(0, MIGRATED, 2000):
+        documents = [
+            Document("biblio", f"d{i}", f"Paper {i}", [Section(f"specimen zq{i}x grew in tank {i % 7} " * 8)])
+            for i in range(start, min(start + 2000, MIGRATED))
+        ]
+        embedded.store.store(
+            "u",
+            [Prepared(d, chunk_sections(d.sections), [vectors[i].tobytes()]) for i, d in enumerate(documents, start)],
+        )
+    embedded.close()
+    Library(postgres_url).close()  # the tables, as a server would have made them
+    env = {**os.environ, "FEDRESEARCH_DATA_DIR": str(data)}
+    command = [sys.executable, "-m", "fedresearch", "library", "migrate", "--to", postgres_url]
+
+    def count(sql: str) -> int:
+        with psycopg.connect(postgres_url) as db:
+            row = db.execute(sql).fetchone()
+            assert row is not None
+            return int(row[0])
+
+    migration = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    copied = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and migration.poll() is None:
+        copied = count("SELECT COALESCE(max(tuples_processed), 0) FROM pg_stat_progress_copy")
+        if copied > 0:
+            break
+        time.sleep(0.01)
+    migration.send_signal(signal.SIGKILL)
+    migration.wait()
+    assert copied > 0, "the kill did not land mid-COPY"
+    deadline = time.monotonic() + 30  # the server ends the killed client's transaction
+    while (
+        count("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY library_%'") and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    for table in ("library_documents", "library_passages", "library_postings", "library_users"):
+        assert count(f"SELECT count(*) FROM {table}") == 0, table
+
+    rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"{MIGRATED} documents copied" in rerun.stdout
+    assert count("SELECT count(*) FROM library_passages WHERE embedding IS NOT NULL") == MIGRATED
+    library = Library(postgres_url)
+    for number in (0, MIGRATED // 2, MIGRATED - 1):
+        found = library.search("u", f"specimen zq{number}x", None, 1, "bm25")
+        assert found and f"zq{number}x" in found[0].text
+    library.close()

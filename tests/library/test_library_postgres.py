@@ -11,9 +11,10 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import aiohttp
+import numpy as np
 import psycopg
 import pytest
 import websockets
@@ -24,6 +25,7 @@ from fedresearch.core.settings import Settings
 from fedresearch.library.facade import Library
 from fedresearch.library.ingest import ingest
 from fedresearch.library.postgres import POOL_WAIT_S, PostgresStore, StoredDocument, StoredPassage
+from fedresearch.library.postgres_bm25 import BLOCK, PassageTerms, decode, fieldnorm_id
 from fedresearch.library.search import SearchFilters
 from fedresearch.library.store import LibraryDatabaseError, LibraryUnavailable
 from fedresearch.web.app import create_app
@@ -43,21 +45,72 @@ def test_the_schema_is_made_once_and_a_newer_one_is_refused(postgres_url):
         Library(postgres_url)
 
 
+def _index_scans(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as db:
+        rows = db.execute(
+            "SELECT s.indexrelname, s.idx_scan FROM pg_stat_user_indexes s"
+            " JOIN pg_index i ON i.indexrelid = s.indexrelid"
+            " WHERE s.indexrelname LIKE 'library_hnsw_%' AND i.indisvalid"
+        ).fetchall()
+    return dict(rows)
+
+
 def test_the_hnsw_path_finds_what_the_exact_scan_finds_and_keeps_filters(postgres_url, encoder):
     library = Library(postgres_url, encoder=encoder)
-    ingest(library, "alice", [EXAMPLES])
-    ingest(library, "bob", [EXAMPLES])  # another user's rows share the index; they must not leak
+    ingest(library, "bob", [EXAMPLES])  # another user's rows: in no index of alice's
     store = library.store
     assert isinstance(store, PostgresStore)
+    store.hnsw_from = 5  # every user is "large": the write gives each an HNSW index of their own
+    ingest(library, "alice", [EXAMPLES])
+    assert len(_index_scans(postgres_url)) == 1  # alice's; bob's comes with his next write
+    store.write("bob", [_document("b.md", "bob's note")])
+    indexes = _index_scans(postgres_url)
+    assert len(indexes) == 2
     query = "merging the ordered outputs of several search systems into one list"
+    store.hnsw_from = 10**9
     exact = library.search("alice", query, None, 10, mode="dense")
-    store.hnsw_from = 0  # every user is "large": the HNSW index answers
-    approximate = library.search("alice", query, None, 10, mode="dense")
+    # a table this small is scanned rather than searched through an index, unless the planner may not
+    indexed = Library(f"{postgres_url}{quote(' -c enable_seqscan=off -c enable_sort=off')}", encoder=encoder)
+    indexed.store.hnsw_from = 5  # type: ignore[attr-defined]
+    approximate = indexed.search("alice", query, None, 10, mode="dense")
     assert [p.chunk_id for p in approximate] == [p.chunk_id for p in exact]
+    deadline = time.monotonic() + 10  # a backend's statistics reach the others within a second or so
+    while sum(_index_scans(postgres_url).values()) == sum(indexes.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sum(_index_scans(postgres_url).values()) == sum(indexes.values()) + 1  # alice's index answered
+    indexed.close()
+    store.hnsw_from = 5
     years = library.search("alice", "retrieval", "biblio", 20, "dense", SearchFilters(year_min=2019, year_max=2020))
     assert years and all(2019 <= p.year <= 2020 for p in years)
     owned = {d.id for d in library.list_documents("alice")}
     assert {p.document_id for p in library.search("alice", query, None, 100, mode="dense")} <= owned
+    library.close()
+
+
+def test_a_filter_that_starves_the_hnsw_scan_is_answered_exactly(postgres_url):
+    """pgvector's iterative scan gives up after hnsw.max_scan_tuples rows (here 1) past its first
+    ef_search (here 10), so a filter 1% of the rows pass came back with 7 of 10: the search then
+    scans the user's rows exactly, and finds the top 10 all the same."""
+    rng = np.random.default_rng(1)
+    vectors = rng.normal(size=(2000, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    documents = [
+        StoredDocument("note", f"s{i}", "h", f"t{i}", [], 2020 if i % 100 == 0 else 2000, None, None, [], {},
+                       [StoredPassage("", None, 0, f"text {i}", vectors[i].tobytes())])
+        for i in range(2000)
+    ]  # fmt: skip
+    store = PostgresStore(postgres_url, dims=None)
+    store.hnsw_from = 5
+    store.write("alice", documents)
+    options = " -c hnsw.max_scan_tuples=1 -c enable_seqscan=off -c enable_sort=off"  # the index, not a scan
+    starved = PostgresStore(f"{postgres_url}{quote(options)}", dims=None)
+    starved.hnsw_from, starved.ef_search = 5, 10
+    query, filters = rng.normal(size=384).astype(np.float32), SearchFilters(year_min=2020)
+    store.hnsw_from = 10**9
+    exact = store.dense("alice", query, None, filters, 10)
+    assert len(exact) == 10 and starved.dense("alice", query, None, filters, 10) == exact
+    starved.close()
+    store.close()
 
 
 def test_a_library_url_must_be_postgresql(tmp_path):
@@ -79,26 +132,35 @@ def test_bad_settings_stop_the_cli_with_their_names_and_never_their_values(monke
     assert "hunter2" not in said and "Traceback" not in said
 
 
-_RECOUNTED_TERMS = (
-    "SELECT f.field, f.lexeme, count(*) AS passages FROM library_passages p CROSS JOIN LATERAL"
-    " (SELECT 'english' AS field, unnest(tsvector_to_array(p.english)) AS lexeme"
-    " UNION ALL SELECT 'cjk', unnest(tsvector_to_array(p.cjk))) f WHERE p.user_id = %s GROUP BY 1, 2"
-)
-_RECOUNTED_USER = (
-    "SELECT count(*), COALESCE(sum(length(english)), 0), COALESCE(sum(length(cjk)), 0)"
-    " FROM library_passages WHERE user_id = %s"
-)
+Posting = tuple[int, str, int, int, int]  # field, term, passage, frequency, fieldnorm id
 
 
-def _counts(url: str, user: str) -> tuple[set[tuple[str, str, int]], set[tuple[str, str, int]], tuple, tuple]:
-    """(kept term counts, recounted term counts, kept user totals, recounted user totals)."""
+def _counts(url: str, user: str) -> tuple[list[Posting], set[Posting], tuple, tuple]:
+    """(the postings the user's blocks hold, those the user's passages make today, the user's kept
+    totals, the totals recounted from the passages); every block checked on the way."""
     with psycopg.connect(url) as db:
-        kept = set(db.execute("SELECT field, lexeme, passages FROM library_terms WHERE user_id = %s", (user,)))
-        recounted = set(db.execute(_RECOUNTED_TERMS, (user,)))
+        kept: list[Posting] = []
+        for field, term, low, high, count, data in db.execute(
+            "SELECT field, term, low, high, postings, data FROM library_postings WHERE user_id = %s", (user,)
+        ):
+            ids, tf, norm = decode(bytes(data))
+            assert 0 < len(ids) == count <= BLOCK and (ids[0], ids[-1]) == (low, high) and all(np.diff(ids) > 0)
+            kept += [(field, term, int(i), int(f), int(n)) for i, f, n in zip(ids, tf, norm, strict=True)]
+        made: set[Posting] = set()
+        recounted = [0, 0, 0]
+        for passage, heading, text, title in db.execute(
+            "SELECT p.id, p.heading, p.text, d.title FROM library_passages p JOIN library_documents d"
+            " ON d.user_id = p.user_id AND d.id = p.document_id WHERE p.user_id = %s",
+            (user,),
+        ):
+            terms = PassageTerms.of(title, heading, text)
+            for field, counts, length in ((0, terms.body, terms.body_length), (1, terms.cjk, terms.cjk_length)):
+                made |= {(field, term, passage, tf, fieldnorm_id(length)) for term, tf in counts.items()}
+            recounted = [recounted[0] + 1, recounted[1] + terms.body_length, recounted[2] + terms.cjk_length]
         totals = db.execute(
-            "SELECT passages, english_lexemes, cjk_lexemes FROM library_users WHERE user_id = %s", (user,)
+            "SELECT passages, body_tokens, cjk_tokens FROM library_users WHERE user_id = %s", (user,)
         ).fetchone()
-        return kept, recounted, totals, db.execute(_RECOUNTED_USER, (user,)).fetchone()
+        return kept, made, totals or (0, 0, 0), tuple(recounted)
 
 
 def _document(source: str, text: str) -> StoredDocument:
@@ -107,42 +169,72 @@ def _document(source: str, text: str) -> StoredDocument:
     )
 
 
-def test_document_frequencies_stay_exact_through_ingest_replace_and_delete(postgres_url):
+def test_postings_stay_exact_through_ingest_replace_and_delete(postgres_url):
     library = Library(postgres_url)
     store = library.store
     assert isinstance(store, PostgresStore)
     ingest(library, "alice", [EXAMPLES])
     ingest(library, "bob", [EXAMPLES])
-    kept, recounted, totals, recounted_totals = _counts(postgres_url, "alice")
-    assert kept == recounted and totals == recounted_totals and totals[0] > 0
-    assert any(field == "cjk" for field, _, _ in kept)  # the example library holds Chinese notes
+    kept, made, totals, recounted = _counts(postgres_url, "alice")
+    assert sorted(kept) == sorted(made) and totals == recounted and totals[0] > 0
+    assert any(field == 1 for field, *_ in kept)  # the example library holds Chinese notes
     # replaced (a new text), a source twice in one call (the last one stays), then deleted
     assert store.write("alice", [_document("x.md", "fusion of rankings"), _document("y.md", "rankings")]) == (2, 0)
     assert store.write("alice", [_document("x.md", "rankings merged"), _document("x.md", "fused lists 融合")]) == (0, 2)
-    kept, recounted, totals, recounted_totals = _counts(postgres_url, "alice")
-    assert kept == recounted and totals == recounted_totals
-    assert ("english", "fusion", 1) not in kept  # "fusion of rankings" was replaced
+    kept, made, totals, recounted = _counts(postgres_url, "alice")
+    assert sorted(kept) == sorted(made) and totals == recounted
     for document in library.list_documents("alice"):
         assert store.delete("alice", document.id)
     kept, _, totals, _ = _counts(postgres_url, "alice")
-    assert kept == set() and totals == (0, 0, 0)  # no lexeme is left at zero
-    assert _counts(postgres_url, "bob")[0] == _counts(postgres_url, "bob")[1]  # bob's untouched
+    assert kept == [] and totals == (0, 0, 0)  # no block is left empty
+    kept, made, _, _ = _counts(postgres_url, "bob")
+    assert sorted(kept) == sorted(made)  # bob's untouched
     library.close()
 
 
-def test_a_version_1_library_gets_its_document_frequencies_when_upgraded(postgres_url):
+def test_blocks_fill_up_split_and_shrink_as_passages_come_and_go(postgres_url):
+    """A common term's postings past BLOCK go to a new block; small writes extend the last one;
+    a replace in the middle and deletes cut postings out of the blocks that hold them."""
+    library = Library(postgres_url)
+    store = library.store
+    assert isinstance(store, PostgresStore)
+    first = [_document(f"a{i}.md", f"common word{i} {'rare ' * (i % 3)}") for i in range(BLOCK + 300)]
+    store.write("alice", first)
+    for i in range(5):  # small writes, each appending to the last block
+        store.write("alice", [_document(f"b{i}.md", f"common other{i}")])
+    store.write("alice", [_document("a7.md", "replaced common text")])  # a passage cut from the first block
+    kept, made, totals, recounted = _counts(postgres_url, "alice")
+    assert sorted(kept) == sorted(made) and totals == recounted
+    with psycopg.connect(postgres_url) as db:
+        blocks = db.execute(
+            "SELECT postings FROM library_postings WHERE user_id = 'alice' AND term = 'common' ORDER BY low"
+        ).fetchall()
+    assert [b[0] for b in blocks] == [BLOCK - 1, 300 + 5 + 1]
+    assert library.search("alice", "replaced", None, 1, "bm25")[0].text == "replaced common text"
+    for document in library.list_documents("alice")[::2]:
+        store.delete("alice", document.id)
+    kept, made, totals, recounted = _counts(postgres_url, "alice")
+    assert sorted(kept) == sorted(made) and totals == recounted and totals[0] == (BLOCK + 305) // 2
+    library.close()
+
+
+def test_a_version_2_library_gets_its_postings_when_upgraded(postgres_url):
     library = Library(postgres_url)
     ingest(library, "alice", [EXAMPLES])
     before = library.search("alice", "reciprocal rank fusion", None, 5, mode="bm25")
     library.close()
-    with psycopg.connect(postgres_url, autocommit=True) as db:
-        db.execute("DROP TABLE library_terms")
-        db.execute("UPDATE library_schema SET version = 1")
+    with psycopg.connect(postgres_url, autocommit=True) as db:  # the tables as version 2 left them
+        db.execute("DROP TABLE library_postings")
+        db.execute("ALTER TABLE library_users DROP COLUMN body_tokens, DROP COLUMN cjk_tokens")
+        db.execute("ALTER TABLE library_users ADD COLUMN english_lexemes bigint, ADD COLUMN cjk_lexemes bigint")
+        db.execute("ALTER TABLE library_passages DROP COLUMN terms, ADD COLUMN english tsvector")
+        db.execute("CREATE TABLE library_terms (user_id text)")
+        db.execute("UPDATE library_schema SET version = 2")
     library = Library(postgres_url)
-    kept, recounted, _, _ = _counts(postgres_url, "alice")
-    assert kept == recounted and kept
+    kept, made, totals, recounted = _counts(postgres_url, "alice")
+    assert sorted(kept) == sorted(made) and kept and totals == recounted and totals[0] > 0
     after = library.search("alice", "reciprocal rank fusion", None, 5, mode="bm25")
-    assert [(p.chunk_id, p.score) for p in after] == [(p.chunk_id, p.score) for p in before]
+    assert [(p.chunk_id, p.score) for p in after] == [(p.chunk_id, p.score) for p in before] and after
     library.close()
 
 
@@ -528,3 +620,91 @@ def test_a_lost_prepared_statement_says_which_setting_fixes_it(postgres_url):
     ingest(library, "alice", [EXAMPLES])  # the connection it happened on serves on
     assert library.search("alice", "reciprocal rank fusion", None, 3)
     library.close()
+
+
+def test_metadata_written_through_binary_copy_reads_back_and_filters(postgres_url):
+    """Authors, tags and extra go into COPY as jsonb and text[] in binary made by hand: they read
+    back as written (non-ASCII and empty included) and the author and tag filters match them."""
+    library = Library(postgres_url)
+    store = library.store
+    assert isinstance(store, PostgresStore)
+    text = "metadata survives the copy"
+    document = StoredDocument(
+        "biblio", "m.bib", "h", "Über 検索", ["Zhang Wěi", "O'Brien, Ann"], 2020, "10.1/x", None,
+        ["検索", "Retrieval"], {"venue": "SIGIR", "pages": [1, 2]}, [StoredPassage("", 3, 0, text, None)],
+        added_at="2026-01-02T03:04:05",
+    )  # fmt: skip
+    bare = StoredDocument(
+        "note", "n.md", "h", "bare", [], None, None, None, [], {}, [StoredPassage("", None, 0, text, None)]
+    )
+    assert store.write("alice", [document, bare]) == (2, 0)
+    found = library.search(
+        "alice", "metadata copy", None, 5, "bm25", SearchFilters(authors=("zhang wěi",), tags=("検索",))
+    )
+    assert [p.title for p in found] == ["Über 検索"]
+    row = store.passages("alice", [found[0].chunk_id])[found[0].chunk_id]
+    assert json.loads(row["authors"]) == ["Zhang Wěi", "O'Brien, Ann"] and json.loads(row["tags"]) == [
+        "検索",
+        "Retrieval",
+    ]
+    assert json.loads(row["extra"]) == {"venue": "SIGIR", "pages": [1, 2]} and row["page"] == 3
+    listed = {d.title: d.added_at for d in library.list_documents("alice")}
+    assert listed["Über 検索"].startswith("2026-01-02T03:04:05") and set(listed) == {"Über 検索", "bare"}
+    assert [
+        p.title for p in library.search("alice", "metadata", None, 5, "bm25", SearchFilters(tags=("retrieval",)))
+    ] == ["Über 検索"]
+    library.close()
+
+
+def test_a_bulk_load_builds_the_indexes_of_large_users_at_its_end(postgres_url):
+    """Into an empty library the HNSW indexes of users past hnsw_from are built in the bulk load's
+    transaction; into one that holds passages, after its commit (CONCURRENTLY)."""
+    store = PostgresStore(postgres_url, dims=None)
+    store.hnsw_from = 50
+    vector = np.ones(384, dtype=np.float32).tobytes()
+
+    def documents(prefix: str, count: int) -> list[StoredDocument]:
+        return [
+            StoredDocument("note", f"{prefix}{i}", "h", f"{prefix}{i}", [], None, None, None, [], {},
+                           [StoredPassage("", None, 0, f"passage {prefix} {i}", vector)])
+            for i in range(count)
+        ]  # fmt: skip
+
+    with store.bulk() as load:
+        assert load.empty
+        load.write("alice", documents("a", 60))
+        load.write("bob", documents("b", 10))
+        assert _index_scans(postgres_url) == {}  # nothing before its end
+    assert len(_index_scans(postgres_url)) == 1
+    with store.bulk() as load:
+        assert not load.empty
+        load.write("bob", documents("c", 60))
+    assert len(_index_scans(postgres_url)) == 2
+    store.close()
+
+
+def test_a_bulk_load_writes_full_blocks_and_its_tails_at_the_end(postgres_url, monkeypatch):
+    """A bulk load writes each term's full blocks as it gathers, keeps what is past them for the
+    next write (no block written twice in its transaction), and writes the rest at its end; a
+    replace in the middle writes all first. The blocks hold exactly the passages' postings."""
+    from fedresearch.library import postgres, postgres_bm25
+
+    monkeypatch.setattr(postgres_bm25, "BLOCK", 8)
+    monkeypatch.setattr(postgres, "BULK_POSTINGS", 30)
+    store = PostgresStore(postgres_url, dims=None)
+    store.write("bob", [_document("held.md", "common held")])  # bob holds a block with room
+    with store.bulk() as load:
+        for start in range(0, 200, 10):
+            for user in ("alice", "bob"):
+                load.write(user, [_document(f"{start + i}.md", f"common word{(start + i) % 13}") for i in range(10)])
+            if start == 100:
+                load.write("alice", [_document("5.md", "common replaced")])
+    for user in ("alice", "bob"):
+        kept, made, totals, recounted = _counts(postgres_url, user)
+        assert sorted(kept) == sorted(made) and totals == recounted
+    with psycopg.connect(postgres_url) as db:
+        sizes = [row[0] for row in db.execute(
+            "SELECT postings FROM library_postings WHERE user_id = 'alice' AND term = 'common' ORDER BY low"
+        )]  # fmt: skip
+    assert sum(sizes) == 200 and max(sizes) == 8 and sizes.count(8) >= len(sizes) - 2
+    store.close()
