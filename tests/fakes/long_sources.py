@@ -72,16 +72,12 @@ def english_results(count: int = 24) -> list[SearchResult]:
                 )
         if n % 4 == 0:
             said.insert(2, f"{DISPUTES[n % len(DISPUTES)]} in trial {n}.")
-        results.append(
-            SearchResult(
-                href=f"https://{name}{n}.example/paper",
-                title=f"{name.title()} study {n}",
-                body=" ".join(said),
-                retriever="tavily",
-                rank=n,
-            )
-        )
+        results.append(_found(n, f"https://{name}{n}.example/paper", f"{name.title()} study {n}", " ".join(said)))
     return results
+
+
+def _found(rank: int, href: str, title: str, body: str) -> SearchResult:
+    return SearchResult(href=href, title=title, body=body, retriever="tavily", rank=rank)
 
 
 def english_sources(count: int = 24) -> list[FusedResult]:
@@ -125,15 +121,7 @@ def chinese_results(count: int = 20) -> list[SearchResult]:
         ]
         if n % 4 == 0:
             said.insert(2, f"然而，第{n}项研究指出，当一种排序明显较弱时融合是否有帮助尚不清楚。")
-        results.append(
-            SearchResult(
-                href=f"https://zh{n}.example/paper",
-                title=f"{name}研究{n}",
-                body="".join(said),
-                retriever="tavily",
-                rank=n,
-            )
-        )
+        results.append(_found(n, f"https://zh{n}.example/paper", f"{name}研究{n}", "".join(said)))
     return results
 
 

@@ -58,6 +58,22 @@ def _within(answer: Answer, max_tokens: int | None) -> Answer:
 
 
 Script = Callable[[dict[str, Any]], Answer]
+
+
+@dataclass
+class Heard:
+    """What a writer under test streamed (`send`) and said of its progress (`emit`)."""
+
+    frames: list[str] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)
+
+    async def send(self, chunk: str) -> None:
+        self.frames.append(chunk)
+
+    async def emit(self, event: Any) -> None:
+        self.events.append(event)
+
+
 ContextError = Literal["openai", "vllm", "llamacpp"]
 
 # a 32k-piece BPE vocabulary (Llama 2's, Mistral's), roughly: a word a piece per 4 letters with the space

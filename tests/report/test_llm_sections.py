@@ -24,6 +24,7 @@ from tests.fakes.openai_chat import (
     Answer,
     ContextError,
     FakeOpenAI,
+    Heard,
     Script,
     faithful,
     is_summing,
@@ -67,18 +68,11 @@ async def write(
     writer is told, LLM_CONTEXT_TOKENS)."""
     fake = await FakeOpenAI(server_context or context_tokens, context_error).start()
     fake.script = [script]
-    frames: list[str] = []
-    events: list[ProgressEvent] = []
-
-    async def send(chunk: str) -> None:
-        frames.append(chunk)
-
-    async def emit(event: ProgressEvent) -> None:
-        events.append(event)
-
+    heard = Heard()
+    frames, events = heard.frames, heard.events
     config = LlmConfig(fake.url, "sk-test", "small-model", timeout_s=5.0, max_retries=0, context_tokens=context_tokens)
     try:
-        composed = await compose(brief, config, emit, send)
+        composed = await compose(brief, config, heard.emit, heard.send)
     finally:
         await fake.stop()
     assert "".join(frames) == composed.markdown and all(frame.endswith("\n") for frame in frames)

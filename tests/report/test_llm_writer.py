@@ -19,7 +19,7 @@ from fedresearch.report.compose import Composed, compose
 from fedresearch.report.llm import LlmConfig, Paragraphs, ThinkFilter
 from fedresearch.report.verify import UNCITED, UNSUPPORTED, Verifier
 from fedresearch.report.writer import Brief, Writing
-from tests.fakes.openai_chat import Answer, FakeOpenAI, Script, faithful, is_summing, number_of
+from tests.fakes.openai_chat import Answer, FakeOpenAI, Heard, Script, faithful, is_summing, number_of
 from tests.report.test_report import check_invariants
 
 QUESTION = "How do hybrid retrieval systems combine lexical and dense rankings?"
@@ -60,16 +60,9 @@ async def write(
     fake: FakeOpenAI, report_type: ReportType = ReportType.research_report
 ) -> tuple[Composed, list[str], list[ProgressEvent]]:
     config = LlmConfig(fake.url, "sk-test-secret", "fake-model", timeout_s=1.0, max_retries=1)
-    frames: list[str] = []
-    events: list[ProgressEvent] = []
-
-    async def send(chunk: str) -> None:
-        frames.append(chunk)
-
-    async def emit(event: ProgressEvent) -> None:
-        events.append(event)
-
-    composed = await compose(Brief(QUESTION, report_type, sources()), config, emit, send)
+    heard = Heard()
+    frames, events = heard.frames, heard.events
+    composed = await compose(Brief(QUESTION, report_type, sources()), config, heard.emit, heard.send)
     assert "".join(frames) == composed.markdown  # what streamed is the report
     assert all(frame.endswith("\n") for frame in frames)  # frames end on paragraph boundaries
     check_invariants(composed.markdown)
