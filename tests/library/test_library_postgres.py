@@ -229,10 +229,15 @@ def test_a_version_2_library_gets_its_postings_when_upgraded(postgres_url):
         db.execute("ALTER TABLE library_users ADD COLUMN english_lexemes bigint, ADD COLUMN cjk_lexemes bigint")
         db.execute("ALTER TABLE library_passages DROP COLUMN terms, ADD COLUMN english tsvector")
         db.execute("CREATE TABLE library_terms (user_id text)")
+        db.execute("CREATE INDEX library_passages_hnsw ON library_passages USING hnsw (embedding vector_cosine_ops)")
         db.execute("UPDATE library_schema SET version = 2")
     library = Library(postgres_url)
     kept, made, totals, recounted = _counts(postgres_url, "alice")
     assert sorted(kept) == sorted(made) and kept and totals == recounted and totals[0] > 0
+    with psycopg.connect(postgres_url) as db:  # the index of every user's rows gone
+        assert db.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'library_passages_hnsw'").fetchone() == (
+            0,
+        )
     after = library.search("alice", "reciprocal rank fusion", None, 5, mode="bm25")
     assert [(p.chunk_id, p.score) for p in after] == [(p.chunk_id, p.score) for p in before] and after
     library.close()
