@@ -2,9 +2,10 @@
 
 Every table is keyed by (user_id, id) and every foreign key carries user_id, so the tables shard by
 user on Citus unchanged (docs/operations.md, "Citus"), and every statement names the user.
-Full text: a postings table of the terms the embedded index makes (postgres_bm25.py), ranked by
+Full text: blocks of postings of the terms the embedded index makes (postgres_bm25.py), ranked by
 BM25 as tantivy ranks them. Vectors: an exact scan of the user's rows, or, for users with more than
-`hnsw_from` passages, pgvector's HNSW index (cosine) with iterative scans so filters keep recall.
+`hnsw_from` passages, an HNSW index (cosine) of their own rows with iterative scans so filters keep
+recall. Every row is written through binary COPY; a bulk load (`bulk`) is one transaction.
 """
 
 from __future__ import annotations

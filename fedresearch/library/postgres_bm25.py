@@ -12,14 +12,15 @@ frequency is the sum of its blocks' counts; library_users holds the user's passa
 A search reads every block of the question's terms in one statement and scores every posting in
 numpy: tantivy's Okapi BM25 (k1 1.2, b 0.75, idf ln(1 + (N - df + 0.5) / (df + 0.5)), the average
 length the user's tokens over passages), exact, over all the user's passages. Reading the postings
-row by row and pruning (MaxScore) cost a long question 30 ms p50 and 0.6 s p99 at 100k passages, a
-cap on the postings read per term (the best first) lost 4 of the top 10 there; the blocks are read
-in 2-4 ms (docs/benchmarks.md).
+row by row and pruning (MaxScore) cost a long question 30 ms p50 and 0.7 s p99 at 100k passages, a
+cap on the postings read per term (the best first) lost 4 of the top 10 there; with blocks BM25
+took 3-6 ms p50 and 9-15 ms p99 there (docs/benchmarks.md).
 
 A write appends its postings to each term's last block while it has room (read, extended, written
-back in the writing transaction), then in new blocks; a removed passage's postings are cut out of
-the blocks that hold them. Passage ids grow with every write of a user (its writers take turns), so
-a term's blocks hold its postings in id order; nothing depends on it but where new ones go.
+back in the writing transaction), then in new blocks (a bulk load writes only full blocks until its
+end); a removed passage's postings are cut out of the blocks that hold them. Passage ids grow with
+every write of a user (its writers take turns), so a term's blocks hold its postings in id order;
+nothing depends on it but where new ones go.
 """
 
 from __future__ import annotations
