@@ -29,6 +29,8 @@ class Behaviour:
     failing_queries: tuple[str, ...] = ()
     # results link to pages under these URLs, a set per query, each page on one of them (benchmarks)
     link_bases: tuple[str, ...] = ()
+    # while set, answers wait (after delay_s) until the test sets it: a task held as long as a test needs
+    held: asyncio.Event | None = None
 
     def link(self, query: str, engine: str, number: int) -> str | None:
         """A result's URL under one of `link_bases` (chosen by the path), or None without them."""
@@ -64,9 +66,17 @@ class FakeUpstream:
         if self.runner is not None:
             await self.runner.cleanup()
 
+    async def asked(self, within_s: float = 60.0) -> None:
+        """Once the fake has had a request; a test whose request never comes fails here, not hangs."""
+        async with asyncio.timeout(within_s):
+            while not self.requests:
+                await asyncio.sleep(0.05)
+
     async def _wait(self) -> None:
         try:
             await asyncio.sleep(self.behaviour.delay_s)
+            if self.behaviour.held is not None:
+                await self.behaviour.held.wait()
         except asyncio.CancelledError:
             self.cancelled += 1
             raise

@@ -99,8 +99,7 @@ async def test_a_task_stopped_at_shutdown_tells_its_client(tmp_path, fakes, grac
     async with serving(tmp_path, fakes, grace_s=grace_s) as (server, port):
         async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
             await ws.send("start " + json.dumps({"task": "slow", "headers": {"retrievers": "tavily"}}))
-            while not fakes["tavily"].requests:
-                await asyncio.sleep(0.05)
+            await fakes["tavily"].asked()
             server.send_signal(stops[0])
             for again in stops[1:]:
                 await asyncio.sleep(1.0)
@@ -147,8 +146,7 @@ async def test_sigterm_lets_running_tasks_finish_and_takes_no_new_ones(tmp_path,
                 await ws.send("ping")
                 assert await ws.recv() == "pong"
             await busy.send("start " + json.dumps({"task": "rank fusion", "headers": {"retrievers": "tavily"}}))
-            while not fakes["tavily"].requests:
-                await asyncio.sleep(0.05)
+            await fakes["tavily"].asked()
             server.send_signal(stops[0])
             stopped = time.monotonic()
             frames, code = await until_closed(idle)
