@@ -780,14 +780,18 @@ class PostgresStore:
         order: str, user: str, kind: str | None, filters: SearchFilters, scope: str, segments: Sequence[int] = ()
     ) -> str:
         """The best `limit` of the user's rows; with `segments`, the best `limit` of each (UNION
-        ALL), merged."""
+        ALL), merged. Materialized, then sorted: the planner would otherwise merge the index scans
+        as if each gave its rows in order, which an iterative scan in relaxed order does not."""
         among = [f" AND p.segment = {int(segment)}" for segment in segments] or [""]
         found = " UNION ALL ".join(
             f"(SELECT p.id, {order} AS distance FROM library_passages p{_join(filters)} WHERE p.user_id = {user}"
             f"{segment} AND p.embedding IS NOT NULL{_kind(kind)}{scope} ORDER BY {order} LIMIT %(limit)s)"
             for segment in among
         )
-        return f"SELECT id, 1 - distance AS cosine FROM ({found}) found ORDER BY distance, id LIMIT %(limit)s"
+        return (
+            f"WITH found AS MATERIALIZED ({found})"
+            " SELECT id, 1 - distance AS cosine FROM found ORDER BY distance, id LIMIT %(limit)s"
+        )
 
     @staticmethod
     def passage_count(db: psycopg.Connection[dict[str, Any]], user_id: str) -> int:
