@@ -953,8 +953,8 @@ def _segment_all(db: psycopg.Connection[Any], segment_rows: int) -> None:
     indexes of version 3 (one of each large user's rows) are dropped."""
     with db.cursor(row_factory=tuple_row) as cursor:
         names = cursor.execute(
-            "SELECT indexname FROM pg_indexes WHERE tablename = 'library_passages'"
-            " AND indexname LIKE 'library\\_hnsw\\_%'"
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE i.indrelid = 'library_passages'::regclass AND c.relname LIKE 'library\\_hnsw\\_%'"
         ).fetchall()
     for (name,) in names:
         db.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
