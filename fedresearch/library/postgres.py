@@ -4,8 +4,10 @@ Every table is keyed by (user_id, id) and every foreign key carries user_id, so 
 user on Citus unchanged (docs/operations.md, "Citus"), and every statement names the user.
 Full text: blocks of postings of the terms the embedded index makes (postgres_bm25.py), ranked by
 BM25 as tantivy ranks them. Vectors: an exact scan of the user's rows, or, for users with more than
-`hnsw_from` passages, an HNSW index (cosine) of their own rows with iterative scans so filters keep
-recall. Every row is written through binary COPY; a bulk load (`bulk`) is one transaction.
+`hnsw_from` passages, HNSW indexes (cosine) of their own rows, one per segment of at most
+`segment_rows` passages (a graph of 1M rows found too few of the exact nearest), all searched in one
+statement, with iterative scans so filters keep recall. Every row is written through binary COPY; a
+bulk load (`bulk`) is one transaction.
 """
 
 from __future__ import annotations
