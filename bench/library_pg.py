@@ -16,7 +16,8 @@ vector search one after the other instead of side by side ("hnsw, seq"), and mea
 recall@10 against the exact top 10. The switch point (postgres.HNSW_FROM) is read off these rows.
 Then 10,000 passages more go through the write path (PostgresStore.write, 2,000 a transaction) for
 a new user and for the largest (whose HNSW indexes are kept up to date row by row, a new segment's
-made once a write opens it), and it prints the disk each store takes and the memory PostgreSQL's processes hold (their PSS).
+made once a write opens it), and it prints the disk each store takes and the memory PostgreSQL's
+processes hold (their PSS).
 
 --ranking ingests each collection (MED and CISI by default) into both stores, one user each, BM25
 only, and compares every query's BM25 top 10 passages and its nDCG@10 (documents) store by store.
