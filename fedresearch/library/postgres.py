@@ -4,8 +4,10 @@ Every table is keyed by (user_id, id) and every foreign key carries user_id, so 
 user on Citus unchanged (docs/operations.md, "Citus"), and every statement names the user.
 Full text: blocks of postings of the terms the embedded index makes (postgres_bm25.py), ranked by
 BM25 as tantivy ranks them. Vectors: an exact scan of the user's rows, or, for users with more than
-`hnsw_from` passages, an HNSW index (cosine) of their own rows with iterative scans so filters keep
-recall. Every row is written through binary COPY; a bulk load (`bulk`) is one transaction.
+`hnsw_from` passages, HNSW indexes (cosine) of their own rows, one per segment of at most
+`segment_rows` passages (a graph of 1M rows found too few of the exact nearest), all searched in one
+statement, with iterative scans so filters keep recall. Every row is written through binary COPY; a
+bulk load (`bulk`) is one transaction.
 """
 
 from __future__ import annotations
@@ -40,18 +42,24 @@ log = logging.getLogger("fedresearch")
 
 DIMS = 384  # the vector column's width: the library's encoder (all-MiniLM-L6-v2)
 # 2: library_terms (document frequencies kept at ingest); 3: BM25 from posting blocks
-# (library_postings; the tsvectors, their GIN indexes and library_terms gone)
-SCHEMA_VERSION = 3
-# Users with more passages than this get an HNSW index of their own (a partial index) and search
-# it; below it an exact scan of their rows is about as fast and exact (bench/library_pg.py measures
-# both; docs/benchmarks.md): at 20k the exact scan took 13.9 ms, the user's index 2.8 ms (recall@10
-# 0.999). One index shared by every user was walked mostly through other users' rows: a user of
-# 100k among 1.1M rows got recall@10 0.840 in 97 ms at ef_search 1000.
+# (library_postings; the tsvectors, their GIN indexes and library_terms gone); 4: vector segments
+# (library_passages.segment, library_users.segments)
+SCHEMA_VERSION = 4
+# Users with more passages than this get an HNSW index of their own rows, one per segment (a partial
+# index) and search them; below it an exact scan of their rows is about as fast and exact
+# (bench/library_pg.py measures both; docs/benchmarks.md): at 20k the exact scan took 13.9 ms, the
+# user's index 2.8 ms (recall@10 0.999). One index shared by every user was walked mostly through
+# other users' rows: a user of 100k among 1.1M rows got recall@10 0.840 in 97 ms at ef_search 1000.
 HNSW_FROM = 10_000
+# A user's passages fall into segments of at most this many (live) passages, each with an HNSW index
+# of its own, all searched in one statement: recall fell with the size of one graph on the bench's
+# vectors (ef_search 1000: 0.994 at 250k rows, 0.960 at 500k, 0.87-0.93 at 1M; docs/benchmarks.md)
+SEGMENT_ROWS = 250_000
 EF_SEARCH_MAX = 1000  # pgvector's largest
-# hnsw.ef_search by the user's passages (up to, ef_search), past the last EF_SEARCH_MAX: in a user's
-# own graph of 100k rows 400 found 0.986-0.991 of the exact top 10 in 5.5 ms, 1000 0.996 in 11 ms;
-# a larger graph is harder to search (at 1M: 0.797 at 400, 0.887 at 1000; docs/benchmarks.md)
+# hnsw.ef_search by the passages of the user's largest segment (up to, ef_search), past the last
+# EF_SEARCH_MAX (one setting for the statement that searches every segment): in a graph of 100k rows
+# 400 found 0.986-0.991 of the exact top 10 in 5.5 ms, 1000 0.996 in 11 ms; of 250k rows 400 found
+# 0.976 in 5.6 ms, 1000 0.994 in 12 ms (docs/benchmarks.md)
 HNSW_EF_SEARCH = ((100_000, 400),)
 POOL_SIZE = 8
 # Every call holds one of the library's threads while it waits for a connection: a wait is
@@ -79,6 +87,10 @@ TCP_DEFAULTS = {
 }
 _SCHEMA_LOCK = 7_215_420_091  # pg_advisory_lock key: one process creates or upgrades the schema
 
+# The HNSW graphs' ef_construction (pgvector's default 64): a user of 1M in segments of 250k got
+# recall@10 0.992 at ef_search 1000 against 0.976 with 64, for index builds of 416 s against 267 s
+# (docs/benchmarks.md)
+HNSW_EF_CONSTRUCTION = 128
 # A user's HNSW index is built with at most this much maintenance_work_mem (the server's own setting
 # when larger): 1M rows need about 2.5 GB to build in memory, several times faster.
 HNSW_BUILD_MEMORY_MB = 4096
@@ -117,19 +129,21 @@ CREATE TABLE IF NOT EXISTS library_passages (
     text text NOT NULL,
     embedding vector(384),
     terms integer NOT NULL DEFAULT 0,  -- its postings in library_postings
+    segment smallint NOT NULL DEFAULT 0,  -- its vector segment (SEGMENT_ROWS): whose HNSW index holds it
     PRIMARY KEY (user_id, id),
     FOREIGN KEY (user_id, document_id) REFERENCES library_documents (user_id, id) ON DELETE CASCADE
 );
 -- vectors inline (the toaster moves text out instead): an exact scan read 3-5x faster (README)
 ALTER TABLE library_passages ALTER COLUMN embedding SET STORAGE PLAIN;
 CREATE INDEX IF NOT EXISTS library_passages_by_document ON library_passages (user_id, document_id);
--- vectors: an HNSW index per user past HNSW_FROM passages (PostgresStore.index_vectors)
+-- vectors: an HNSW index per segment of each user past HNSW_FROM passages (PostgresStore.index_vectors)
 DROP INDEX IF EXISTS library_passages_hnsw;
 CREATE TABLE IF NOT EXISTS library_users (
     user_id text PRIMARY KEY,
     passages bigint NOT NULL DEFAULT 0,
     body_tokens bigint NOT NULL DEFAULT 0,
-    cjk_tokens bigint NOT NULL DEFAULT 0
+    cjk_tokens bigint NOT NULL DEFAULT 0,
+    segments bigint[] NOT NULL DEFAULT '{}'  -- passages in each vector segment (0, 1, ...): the last is filled
 );
 -- BM25 (postgres_bm25.py): each term's postings (field 0 the English body, 1 CJK bigrams) in blocks
 -- of at most postgres_bm25.BLOCK, from passage id `low` to `high`: the ids, frequencies and lengths
@@ -156,6 +170,13 @@ ALTER TABLE library_users ADD COLUMN IF NOT EXISTS body_tokens bigint NOT NULL D
     ADD COLUMN IF NOT EXISTS cjk_tokens bigint NOT NULL DEFAULT 0;
 ALTER TABLE library_passages ADD COLUMN IF NOT EXISTS terms integer NOT NULL DEFAULT 0;
 UPDATE library_users SET passages = 0;
+"""
+
+# Version 3 kept one HNSW index of each large user's rows: its rows are cut into segments (by id, of
+# SEGMENT_ROWS) and each segment of a user past HNSW_FROM gets its index (create_schema).
+_UPGRADE_TO_4 = """
+ALTER TABLE library_passages ADD COLUMN IF NOT EXISTS segment smallint NOT NULL DEFAULT 0;
+ALTER TABLE library_users ADD COLUMN IF NOT EXISTS segments bigint[] NOT NULL DEFAULT '{}';
 """
 
 PASSAGE_COLUMNS = (
@@ -226,13 +247,18 @@ def create_schema(url: str) -> None:
                 f"the library's tables are at version {version}, newer than this fedresearch ({SCHEMA_VERSION})"
             )
         if version != SCHEMA_VERSION:
-            if version is not None:
+            if version is not None and version < 3:
                 db.execute(_UPGRADE_TO_3)
+            if version is not None:
+                db.execute(_UPGRADE_TO_4)
             db.execute(DDL)
             if version is not None:
-                _index_all(db)
+                if version < 3:
+                    _index_all(db)
+                _segment_all(db, SEGMENT_ROWS)
                 for user_id in _large_users(db, HNSW_FROM):
-                    _index_vectors(db, user_id)
+                    for segment in _live(_segments(db, user_id)):
+                        _index_vectors(db, user_id, segment)
             db.execute("DELETE FROM library_schema")
             db.execute("INSERT INTO library_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
 
@@ -397,6 +423,7 @@ class PostgresStore:
                 f"the PostgreSQL library holds {DIMS}-dimensional vectors, the encoder makes {dims}"
             )
         self.hnsw_from = hnsw_from
+        self.segment_rows = SEGMENT_ROWS  # a user's passages a vector segment holds at most
         self.ef_search: int | None = None  # None: by the user's passages (HNSW_EF_SEARCH)
         self.read_timeout_s = read_timeout_s
         self.transaction_pooling = transaction_pooling
@@ -551,58 +578,69 @@ class PostgresStore:
 
         A source given twice in one call is stored once, as its last version (the earlier counts as
         replaced, as if it had been written by a call of its own). A user who passes `hnsw_from`
-        passages gets an HNSW index of their own once it is committed (index_vectors)."""
+        passages gets an HNSW index of each of their segments once it is committed (index_vectors);
+        the index of a segment the replace emptied is dropped."""
         if not documents:
             return 0, 0
         with self._db(bounded=False) as db:
-            load = BulkLoad(db)
+            load = BulkLoad(db, segment_rows=self.segment_rows)
             counts = load.write(user_id, documents)
             load.finish()
             large = self.passage_count(db, user_id) > self.hnsw_from
-        if large:
-            self.index_vectors(user_id)
+        if large or load.emptied:
+            self.index_vectors(user_id, build=large)
         return counts
 
     @contextmanager
     def bulk(self) -> Iterator[BulkLoad]:
         """One transaction for many writes (`library migrate`; bench/library_pg.py): BulkLoad.write
         as `write`, each user's postings gathered over BULK_POSTINGS passages. Into a library that
-        holds no passage yet, the users past `hnsw_from` get their HNSW index at the end, in the same
-        transaction (built once: at 100k rows a shared index took 527 vectors/s added one by one,
-        2,900/s built); into one that does, after the commit (index_vectors), as other users' writes
-        would wait for a build in the transaction. Killed or failed, nothing of it stays (an index
-        being built after the commit is made again by the next write or bulk load of its user)."""
+        holds no passage yet, the users past `hnsw_from` get the HNSW index of each of their segments
+        at the end, in the same transaction (built once: at 100k rows a shared index took 527
+        vectors/s added one by one, 2,900/s built); into one that does, after the commit
+        (index_vectors), as other users' writes would wait for a build in the transaction. Killed
+        or failed, nothing of it stays (an index being built after the commit is made again by the
+        next write or bulk load of its user)."""
         with self._db(bounded=False) as db:
             empty = db.execute("SELECT NOT EXISTS (SELECT 1 FROM library_passages) AS empty").fetchone()
-            load = BulkLoad(db, gather=BULK_POSTINGS)
+            load = BulkLoad(db, gather=BULK_POSTINGS, segment_rows=self.segment_rows)
             load.empty = bool(empty and empty["empty"])
             yield load
             load.finish()
             large = [user for user in load.users if self.passage_count(db, user) > self.hnsw_from]
             if load.empty:
                 for user_id in large:
-                    _index_vectors(db, user_id)
-        if not load.empty:
-            for user_id in large:
-                self.index_vectors(user_id)
+                    for segment in _live(_segments(db, user_id)):
+                        _index_vectors(db, user_id, segment)
+        for user_id in load.users:
+            if (user_id in large and not load.empty) or user_id in load.emptied:
+                self.index_vectors(user_id, build=user_id in large)
 
-    def index_vectors(self, user_id: str) -> None:
-        """The user's HNSW index, made (CONCURRENTLY: searches and other writes go on) unless it is
-        there and valid; one left invalid by an interrupted build is dropped and made again."""
-        name = _vector_index(user_id)
+    def index_vectors(self, user_id: str, build: bool = True) -> None:
+        """The HNSW index of each of the user's segments that holds passages, made (CONCURRENTLY:
+        searches and other writes go on) unless it is there and valid (`build`: else none is made);
+        one left invalid by an interrupted build is dropped and made again, and the index of a
+        segment emptied by deletions is dropped."""
         with self._db(bounded=False) as db:
-            row = db.execute(
-                "SELECT i.indisvalid AS valid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-                " WHERE i.indrelid = 'library_passages'::regclass AND c.relname = %s",
-                (name,),
-            ).fetchone()
-        if row is not None and row["valid"]:
+            live = set(_live(_segments(db, user_id)))
+            rows = db.execute(
+                "SELECT c.relname AS name, i.indisvalid AS valid FROM pg_index i JOIN pg_class c"
+                " ON c.oid = i.indexrelid WHERE i.indrelid = 'library_passages'::regclass AND c.relname LIKE %s",
+                (_vector_index(user_id, None) + "%",),
+            ).fetchall()
+        held = {row["name"]: row["valid"] for row in rows}
+        names = {_vector_index(user_id, segment): segment for segment in live}
+        gone = [name for name, valid in held.items() if name not in names or not valid]
+        wanted = [segment for name, segment in names.items() if not held.get(name)] if build else []
+        if not gone and not wanted:
             return
         with psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as db:
-            if row is not None:
-                log.warning("a user's HNSW index was left unfinished by an interrupted build: made again")
+            for name in gone:
+                if name in names:
+                    log.warning("a user's HNSW index was left unfinished by an interrupted build: made again")
                 db.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
-            _index_vectors(db, user_id, concurrently=True)
+            for segment in sorted(wanted):
+                _index_vectors(db, user_id, segment, concurrently=True)
 
     def set_vectors(self, user_id: str, vectors: Sequence[tuple[bytes | None, int]]) -> None:
         with self._db(bounded=False) as db, db.cursor() as cursor:
@@ -612,12 +650,15 @@ class PostgresStore:
             )
 
     def delete(self, user_id: str, document_id: int) -> bool:
+        """Delete the document; the HNSW index of a segment it empties is dropped after the commit."""
         with self._db(bounded=False) as db:
             _lock_user(db, user_id)
-            _forget(db, user_id, [document_id])
+            emptied = _take(db, user_id, _forget(db, user_id, [document_id]))
             deleted = db.execute(
                 "DELETE FROM library_documents WHERE user_id = %s AND id = %s", (user_id, document_id)
             ).rowcount
+        if emptied:
+            self.index_vectors(user_id, build=False)
         return bool(deleted)
 
     # -- reading ------------------------------------------------------------------------------
@@ -710,25 +751,29 @@ class PostgresStore:
         self, user_id: str, query_vector: np.ndarray, kind: str | None, filters: SearchFilters, limit: int
     ) -> Ranking:
         """Cosine ranking: exact over the user's rows, or, for users past `hnsw_from` passages,
-        through their HNSW index with iterative scans (filters applied as it goes); should it come
+        through the HNSW indexes of their segments, every segment's best `limit` in one statement
+        and merged by distance, with iterative scans (filters applied as they go); should it come
         back short of `limit` (a filter few rows pass, more rows skipped than pgvector's
         hnsw.max_scan_tuples, or no index yet), exact after all."""
         scope, values = _scope(filters)
         arguments = {"user": user_id, "kind": kind, "query": query_vector, "limit": limit, **values}
         with self._db() as db:
-            held = self.passage_count(db, user_id)
+            row = db.execute("SELECT passages, segments FROM library_users WHERE user_id = %s", (user_id,)).fetchone()
+            held, segments = (int(row["passages"]), [int(n) for n in row["segments"]]) if row else (0, [])
             rows: list[dict[str, Any]] = []
-            if held > self.hnsw_from:
-                ef = self.ef_search or next((ef for most, ef in HNSW_EF_SEARCH if held <= most), EF_SEARCH_MAX)
+            if held > self.hnsw_from and any(segments):
+                largest = max(segments)
+                ef = self.ef_search or next((ef for most, ef in HNSW_EF_SEARCH if largest <= most), EF_SEARCH_MAX)
                 db.execute(
                     "SELECT set_config('hnsw.ef_search', %s, true),"
                     " set_config('hnsw.iterative_scan', 'relaxed_order', true)",
                     (str(min(max(ef, limit), EF_SEARCH_MAX)),),
                 )
-                # the user id written out, so the planner matches the user's partial index
+                # the user id and segment written out, so the planner matches each segment's partial index
                 user = sql.Literal(user_id).as_string(db).replace("%", "%%")
                 rows = db.execute(
-                    self._nearest("p.embedding <=> %(query)b", user, kind, filters, scope), arguments
+                    self._nearest("p.embedding <=> %(query)b", user, kind, filters, scope, _live(segments)),
+                    arguments,
                 ).fetchall()
             if len(rows) < min(limit, held):
                 # `+ 0` hides the distance from the planner, which then scans the user's rows exactly
@@ -737,11 +782,21 @@ class PostgresStore:
             return [(row["id"], float(row["cosine"])) for row in rows]
 
     @staticmethod
-    def _nearest(order: str, user: str, kind: str | None, filters: SearchFilters, scope: str) -> str:
+    def _nearest(
+        order: str, user: str, kind: str | None, filters: SearchFilters, scope: str, segments: Sequence[int] = ()
+    ) -> str:
+        """The best `limit` of the user's rows; with `segments`, the best `limit` of each (UNION
+        ALL), merged. Materialized, then sorted: the planner would otherwise merge the index scans
+        as if each gave its rows in order, which an iterative scan in relaxed order does not."""
+        among = [f" AND p.segment = {int(segment)}" for segment in segments] or [""]
+        found = " UNION ALL ".join(
+            f"(SELECT p.id, {order} AS distance FROM library_passages p{_join(filters)} WHERE p.user_id = {user}"
+            f"{segment} AND p.embedding IS NOT NULL{_kind(kind)}{scope} ORDER BY {order} LIMIT %(limit)s)"
+            for segment in among
+        )
         return (
-            f"SELECT id, 1 - distance AS cosine FROM (SELECT p.id, {order} AS distance"
-            f" FROM library_passages p{_join(filters)} WHERE p.user_id = {user} AND p.embedding IS NOT NULL"
-            f"{_kind(kind)}{scope} ORDER BY {order} LIMIT %(limit)s) found ORDER BY distance, id"
+            f"WITH found AS MATERIALIZED ({found})"
+            " SELECT id, 1 - distance AS cosine FROM found ORDER BY distance, id LIMIT %(limit)s"
         )
 
     @staticmethod
@@ -771,12 +826,14 @@ class BulkLoad:
     passages go in through COPY as they come; each user's postings are gathered and written as
     blocks once `gather` passages are held, before a replace, and at `finish`."""
 
-    def __init__(self, db: psycopg.Connection[Any], gather: int = 0) -> None:
+    def __init__(self, db: psycopg.Connection[Any], gather: int = 0, segment_rows: int = SEGMENT_ROWS) -> None:
         self._db = db
         self._gather = gather
+        self._segment_rows = segment_rows
         self._postings: dict[str, postgres_bm25.Postings] = {}
         self.passages = 0  # written so far
         self.empty = False  # the library held no passage when it began: the users' indexes are built in it
+        self.emptied: set[str] = set()  # users a replace left with an empty segment (its index to drop)
 
     def write(self, user_id: str, documents: Sequence[StoredDocument]) -> tuple[int, int]:
         """As PostgresStore.write: (added, replaced)."""
@@ -797,10 +854,13 @@ class BulkLoad:
             ]
         if earlier:
             self._flush(user_id)  # what was gathered goes into the blocks that _forget cuts from
-            _forget(db, user_id, earlier)
+            if _take(db, user_id, _forget(db, user_id, earlier)):
+                self.emptied.add(user_id)
             db.execute("DELETE FROM library_documents WHERE user_id = %s AND id = ANY(%s)", (user_id, earlier))
         postings = self._postings[user_id]
-        self.passages += _insert(db, user_id, list(latest.values()), postings)
+        segments = _segments(db, user_id)
+        self.passages += _insert(db, user_id, list(latest.values()), postings, segments, self._segment_rows)
+        _set_segments(db, user_id, segments)
         if postings.passages >= self._gather:
             self._flush(user_id, final=False)
         return len(latest) - len(earlier), len(earlier) + len(documents) - len(latest)
@@ -823,20 +883,23 @@ class BulkLoad:
         self._postings[user_id].write(self._db, user_id, first_write=first, final=final)
 
 
-def _vector_index(user_id: str) -> str:
-    """The name of the user's HNSW index (a digest: any user id, within PostgreSQL's 63 bytes)."""
-    return "library_hnsw_" + hashlib.sha256(user_id.encode()).hexdigest()[:32]
+def _vector_index(user_id: str, segment: int | None) -> str:
+    """The name of the HNSW index of the user's segment (a digest: any user id, within PostgreSQL's
+    63 bytes); None: the prefix of every segment's (version 3's index of all the user's rows had
+    no suffix)."""
+    prefix = "library_hnsw_" + hashlib.sha256(user_id.encode()).hexdigest()[:32] + "_"
+    return prefix if segment is None else f"{prefix}{segment}"
 
 
-def _index_vectors(db: psycopg.Connection[Any], user_id: str, concurrently: bool = False) -> None:
-    """The user's HNSW index (a partial index of their rows), built in memory when
+def _index_vectors(db: psycopg.Connection[Any], user_id: str, segment: int, concurrently: bool = False) -> None:
+    """The HNSW index of the user's segment (a partial index of its rows), built in memory when
     maintenance_work_mem holds the graph (about 2.5 KB a row): sized here up to HNSW_BUILD_MEMORY_MB
     unless the server allows more."""
     with db.cursor(row_factory=tuple_row) as cursor:
         row = cursor.execute(
             "SELECT count(*), current_setting('maintenance_work_mem') FROM library_passages"
-            " WHERE user_id = %s AND embedding IS NOT NULL",
-            (user_id,),
+            " WHERE user_id = %s AND segment = %s AND embedding IS NOT NULL",
+            (user_id, segment),
         ).fetchone()
         assert row is not None
         wanted = f"{min(HNSW_BUILD_MEMORY_MB, 64 + int(row[0]) * 2_500 // 2**20)}MB"
@@ -847,11 +910,13 @@ def _index_vectors(db: psycopg.Connection[Any], user_id: str, concurrently: bool
         cursor.execute(
             sql.SQL(
                 "CREATE INDEX {how} IF NOT EXISTS {name} ON library_passages USING hnsw (embedding vector_cosine_ops)"
-                " WHERE user_id = {user}"
+                " WITH (ef_construction = {construction}) WHERE user_id = {user} AND segment = {segment}"
             ).format(
                 how=sql.SQL("CONCURRENTLY" if concurrently else ""),
-                name=sql.Identifier(_vector_index(user_id)),
+                name=sql.Identifier(_vector_index(user_id, segment)),
                 user=sql.Literal(user_id),
+                construction=sql.SQL(str(int(HNSW_EF_CONSTRUCTION))),
+                segment=sql.SQL(str(int(segment))),  # as the search writes it, for the planner to match
             )
         )
 
@@ -860,6 +925,58 @@ def _large_users(db: psycopg.Connection[Any], passages: int) -> list[str]:
     with db.cursor(row_factory=tuple_row) as cursor:
         rows = cursor.execute("SELECT user_id FROM library_users WHERE passages > %s", (passages,)).fetchall()
     return [row[0] for row in rows]
+
+
+def _segments(db: psycopg.Connection[Any], user_id: str) -> list[int]:
+    """The user's passages in each of their vector segments."""
+    with db.cursor(row_factory=tuple_row) as cursor:
+        row = cursor.execute("SELECT segments FROM library_users WHERE user_id = %s", (user_id,)).fetchone()
+    return [] if row is None else [int(n) for n in row[0]]
+
+
+def _set_segments(db: psycopg.Connection[Any], user_id: str, segments: list[int]) -> None:
+    db.execute("UPDATE library_users SET segments = %s WHERE user_id = %s", (segments, user_id))
+
+
+def _live(segments: Sequence[int]) -> list[int]:
+    """The segments that hold passages."""
+    return [segment for segment, held in enumerate(segments) if held > 0]
+
+
+def _take(db: psycopg.Connection[Any], user_id: str, gone: dict[int, int]) -> bool:
+    """Take passages about to be deleted (by segment) from the user's segment counts; whether a
+    segment is left empty."""
+    if not gone:
+        return False
+    segments = _segments(db, user_id)
+    for segment, count in gone.items():
+        segments[segment] -= count
+    _set_segments(db, user_id, segments)
+    return any(segments[segment] == 0 for segment in gone)
+
+
+def _segment_all(db: psycopg.Connection[Any], segment_rows: int) -> None:
+    """Cut every user's passages into segments of `segment_rows` (by id) and count them; the HNSW
+    indexes of version 3 (one of each large user's rows) are dropped."""
+    with db.cursor(row_factory=tuple_row) as cursor:
+        names = cursor.execute(
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE i.indrelid = 'library_passages'::regclass AND c.relname LIKE 'library\\_hnsw\\_%'"
+        ).fetchall()
+    for (name,) in names:
+        db.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
+    db.execute(
+        "UPDATE library_passages p SET segment = s.segment FROM (SELECT user_id, id,"
+        " (row_number() OVER (PARTITION BY user_id ORDER BY id) - 1) / %s AS segment FROM library_passages"
+        " WHERE user_id IN (SELECT user_id FROM library_users WHERE passages > %s)) s"
+        " WHERE p.user_id = s.user_id AND p.id = s.id AND s.segment > 0",
+        (segment_rows, segment_rows),
+    )
+    db.execute(
+        "UPDATE library_users u SET segments = coalesce((SELECT array_agg(held ORDER BY segment) FROM"
+        " (SELECT segment, count(*) AS held FROM library_passages p WHERE p.user_id = u.user_id GROUP BY segment)"
+        " counted), '{}')"
+    )
 
 
 def _lock_user(db: psycopg.Connection[Any], user_id: str) -> int:
@@ -872,25 +989,30 @@ def _lock_user(db: psycopg.Connection[Any], user_id: str) -> int:
     return int(row[0])
 
 
-def _forget(db: psycopg.Connection[Any], user_id: str, document_ids: list[int]) -> None:
+def _forget(db: psycopg.Connection[Any], user_id: str, document_ids: list[int]) -> dict[int, int]:
     """Take these documents' passages out of BM25 (their postings and the user's counts), before
-    they are deleted. Their terms are made again from their text; should fewer postings be found
-    than were written (another analyzer since), the user's blocks in their id range are scanned
-    instead, so none is left behind."""
+    they are deleted; their passages in each vector segment. Their terms are made again from their
+    text; should fewer postings be found than were written (another analyzer since), the user's
+    blocks in their id range are scanned instead, so none is left behind."""
     if not document_ids:
-        return
+        return {}
     with db.cursor(row_factory=tuple_row) as cursor:
         rows = cursor.execute(
-            "SELECT p.id, p.heading, p.text, p.terms, d.title FROM library_passages p JOIN library_documents d"
-            " ON d.user_id = p.user_id AND d.id = p.document_id WHERE p.user_id = %s AND p.document_id = ANY(%s)",
+            "SELECT p.id, p.heading, p.text, p.terms, d.title, p.segment FROM library_passages p"
+            " JOIN library_documents d ON d.user_id = p.user_id AND d.id = p.document_id"
+            " WHERE p.user_id = %s AND p.document_id = ANY(%s)",
             (user_id, document_ids),
         ).fetchall()
     if not rows:
-        return
-    gone = [(passage, postgres_bm25.PassageTerms.of(title, heading, text)) for passage, heading, text, _, title in rows]
+        return {}
+    gone = [(row[0], postgres_bm25.PassageTerms.of(row[4], row[1], row[2])) for row in rows]
     if postgres_bm25.remove(db, user_id, gone) != sum(row[3] for row in rows):
         log.warning("the library's postings of %d passages were made by another analyzer: removed by a scan", len(rows))
         postgres_bm25.remove_by_scan(db, user_id, [row[0] for row in rows])
+    segments: dict[int, int] = {}
+    for row in rows:
+        segments[row[5]] = segments.get(row[5], 0) + 1
+    return segments
 
 
 _DOCUMENT_COPY = (
@@ -904,17 +1026,23 @@ _DOCUMENT_TYPES = [
     "bytea", "timestamptz",
 ]  # fmt: skip
 _PASSAGE_COPY = (
-    "COPY library_passages (user_id, id, document_id, kind, heading, page, position, text, embedding, terms)"
-    " FROM STDIN (FORMAT BINARY)"
+    "COPY library_passages (user_id, id, document_id, kind, heading, page, position, text, embedding, terms,"
+    " segment) FROM STDIN (FORMAT BINARY)"
 )
-_PASSAGE_TYPES = ["text", "int8", "int8", "text", "text", "int4", "int4", "text", "bytea", "int4"]
+_PASSAGE_TYPES = ["text", "int8", "int8", "text", "text", "int4", "int4", "text", "bytea", "int4", "int2"]
 
 
 def _insert(
-    db: psycopg.Connection[Any], user_id: str, documents: Sequence[StoredDocument], postings: postgres_bm25.Postings
+    db: psycopg.Connection[Any],
+    user_id: str,
+    documents: Sequence[StoredDocument],
+    postings: postgres_bm25.Postings,
+    segments: list[int],
+    segment_rows: int,
 ) -> int:
     """The documents and their passages (with their vectors), each through one COPY (binary); their
-    postings gathered into `postings`. How many passages."""
+    postings gathered into `postings`; each passage in the user's last vector segment while it
+    holds fewer than `segment_rows`, else in a new one (`segments` counted up). How many passages."""
     with db.cursor(row_factory=tuple_row) as cursor:
         row = cursor.execute("SELECT now()").fetchone()
         assert row is not None
@@ -947,9 +1075,15 @@ def _insert(
             return 0
         terms = [postgres_bm25.PassageTerms.of(d.title, p.heading, p.text) for _, d, p in passages]
         ids = _next_ids(cursor, "library_passages", len(passages))
+        placed = []
+        for _ in passages:
+            if not segments or segments[-1] >= segment_rows:
+                segments.append(0)
+            segments[-1] += 1
+            placed.append(len(segments) - 1)
         with cursor.copy(_PASSAGE_COPY) as copy:
             copy.set_types(_PASSAGE_TYPES)
-            for passage_id, (document_id, d, p), t in zip(ids, passages, terms, strict=True):
+            for passage_id, (document_id, d, p), t, segment in zip(ids, passages, terms, placed, strict=True):
                 copy.write_row(
                     (
                         user_id,
@@ -964,6 +1098,7 @@ def _insert(
                         if p.vector is None
                         else _VECTOR_HEAD + np.frombuffer(p.vector, "<f4").astype(">f4").tobytes(),
                         t.count,
+                        segment,
                     )
                 )
     for passage_id, t in zip(ids, terms, strict=True):

@@ -713,3 +713,165 @@ def test_a_bulk_load_writes_full_blocks_and_its_tails_at_the_end(postgres_url, m
         )]  # fmt: skip
     assert sum(sizes) == 200 and max(sizes) == 8 and sizes.count(8) >= len(sizes) - 2
     store.close()
+
+
+def _vector_documents(prefix: str, vectors: np.ndarray) -> list[StoredDocument]:
+    """One passage a document, with its vector; every third document of 2020, the others of 2000."""
+    return [
+        StoredDocument("note", f"{prefix}{i}", "h", f"{prefix}{i}", [], 2020 if i % 3 == 0 else 2000, None, None, [],
+                       {}, [StoredPassage("", None, 0, f"text {prefix} {i}", vector.tobytes())])
+        for i, vector in enumerate(vectors)
+    ]  # fmt: skip
+
+
+def _unit(rng: np.random.Generator, count: int) -> np.ndarray:
+    vectors = rng.normal(size=(count, 384)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def _segments(url: str, user: str) -> tuple[list[int], list[int], list[int]]:
+    """The user's segment counts as kept, as counted in the table (by segment), and the segments
+    whose HNSW index is there and valid."""
+    from fedresearch.library.postgres import _vector_index
+
+    with psycopg.connect(url) as db:
+        row = db.execute("SELECT segments FROM library_users WHERE user_id = %s", (user,)).fetchone()
+        counted = dict(
+            db.execute(
+                "SELECT segment, count(*) FROM library_passages WHERE user_id = %s GROUP BY segment", (user,)
+            ).fetchall()
+        )
+        names = {
+            name
+            for (name,) in db.execute(
+                "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE i.indrelid = 'library_passages'::regclass AND i.indisvalid"
+            ).fetchall()
+        }
+    kept = list(row[0]) if row else []
+    table = [counted.get(segment, 0) for segment in range(max([len(kept) - 1, *counted]) + 1)] if counted else []
+    indexed = [segment for segment in range(len(kept) + 1) if _vector_index(user, segment) in names]
+    return kept, table, indexed
+
+
+def _by_index(url: str) -> PostgresStore:
+    """A store whose searches go through the HNSW indexes however small the table (no sequential scan)."""
+    store = PostgresStore(f"{url}{quote(' -c enable_seqscan=off -c enable_sort=off')}", dims=None)
+    store.hnsw_from, store.segment_rows = 5, 300
+    return store
+
+
+def test_a_search_across_segments_finds_the_exact_top_k_and_keeps_filters(postgres_url):
+    """A user's passages fill segments of `segment_rows` in turn, written in several writes; each
+    segment has its own HNSW index and one search asks them all: the exact top k, filtered or not."""
+    rng = np.random.default_rng(3)
+    store = PostgresStore(postgres_url, dims=None)
+    store.hnsw_from, store.segment_rows = 5, 300
+    vectors = _unit(rng, 1000)
+    for start in range(0, 1000, 250):
+        store.write("alice", _vector_documents(f"s{start}-", vectors[start : start + 250]))
+    store.write("bob", _vector_documents("b", vectors[:20]))  # another user's rows: in none of alice's
+    assert _segments(postgres_url, "alice") == ([300, 300, 300, 100], [300, 300, 300, 100], [0, 1, 2, 3])
+    indexed = _by_index(postgres_url)
+    exact = PostgresStore(postgres_url, dims=None)
+    exact.hnsw_from = 10**9
+    for query in _unit(rng, 5):
+        for filters in (SearchFilters(), SearchFilters(year_min=2020)):
+            found = indexed.dense("alice", query, None, filters, 20)
+            assert len(found) == 20 and found == exact.dense("alice", query, None, filters, 20)
+    # each of the 10 searches went through every segment's index, in one statement each; bob's not
+    deadline = time.monotonic() + 10  # a backend's statistics reach the others within a second or so
+    while sorted(_index_scans(postgres_url).values()) != [0, 10, 10, 10, 10] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sorted(_index_scans(postgres_url).values()) == [0, 10, 10, 10, 10]
+    for closing in (indexed, exact, store):
+        closing.close()
+
+
+def test_a_bulk_load_fills_segments_and_builds_each_ones_index(postgres_url):
+    rng = np.random.default_rng(4)
+    store = PostgresStore(postgres_url, dims=None)
+    store.hnsw_from, store.segment_rows = 50, 40
+    with store.bulk() as load:
+        assert load.empty
+        load.write("alice", _vector_documents("a", _unit(rng, 60)))
+        load.write("alice", _vector_documents("b", _unit(rng, 30)))
+        load.write("bob", _vector_documents("c", _unit(rng, 30)))  # not past hnsw_from: no index
+    assert _segments(postgres_url, "alice") == ([40, 40, 10], [40, 40, 10], [0, 1, 2])
+    assert _segments(postgres_url, "bob") == ([30], [30], [])
+    with store.bulk() as load:  # into a library that holds passages: built after the commit
+        load.write("bob", _vector_documents("d", _unit(rng, 30)))
+    assert _segments(postgres_url, "bob") == ([40, 20], [40, 20], [0, 1])
+    store.close()
+
+
+def test_a_replace_or_delete_takes_rows_from_their_segments_and_drops_an_emptied_ones_index(postgres_url):
+    rng = np.random.default_rng(5)
+    store = PostgresStore(postgres_url, dims=None)
+    store.hnsw_from, store.segment_rows = 5, 300
+    vectors = _unit(rng, 700)
+    store.write("alice", _vector_documents("a", vectors))
+    assert _segments(postgres_url, "alice") == ([300, 300, 100], [300, 300, 100], [0, 1, 2])
+    # a new version of the first 150 (in segment 0): out of it, into the last segment
+    store.write("alice", _vector_documents("a", _unit(rng, 150)))
+    assert _segments(postgres_url, "alice") == ([150, 300, 250], [150, 300, 250], [0, 1, 2])
+    # deleting the rest of segment 0 empties it: its index goes
+    ids = {d.source: d.id for d in store.documents("alice")}
+    for i in range(150, 300):
+        assert store.delete("alice", ids[f"a{i}"])
+    assert _segments(postgres_url, "alice") == ([0, 300, 250], [0, 300, 250], [1, 2])
+    # replacing all of segment 1 empties it too: the replace's write drops its index, fills the last
+    store.write("alice", _vector_documents("a", _unit(rng, 600))[300:])
+    kept, table, indexed = _segments(postgres_url, "alice")
+    assert kept == table == [0, 0, 300, 250] and indexed == [2, 3]
+    indexed_store, exact = _by_index(postgres_url), PostgresStore(postgres_url, dims=None)
+    exact.hnsw_from = 10**9
+    for query in _unit(rng, 3):
+        for filters in (SearchFilters(), SearchFilters(year_max=2000)):
+            assert indexed_store.dense("alice", query, None, filters, 15) == exact.dense(
+                "alice", query, None, filters, 15
+            )
+    for closing in (indexed_store, exact, store):
+        closing.close()
+
+
+def test_a_version_3_library_is_cut_into_segments_when_upgraded(postgres_url, monkeypatch):
+    """Version 3 kept one HNSW index of each large user's rows: the upgrade cuts the rows into
+    segments by id, drops that index and builds one per segment; a small user's rows are segment 0."""
+    from fedresearch.library import postgres
+
+    rng = np.random.default_rng(6)
+    store = PostgresStore(postgres_url, dims=None)
+    store.hnsw_from = 10**9
+    store.write("alice", _vector_documents("a", _unit(rng, 100)))
+    store.write("bob", _vector_documents("b", _unit(rng, 10)))
+    query = _unit(rng, 1)[0]
+    exact = store.dense("alice", query, None, SearchFilters(), 10)
+    store.close()
+    old_index = "library_hnsw_" + postgres._vector_index("alice", None)[13:-1]
+    with psycopg.connect(postgres_url, autocommit=True) as db:  # the tables as version 3 left them
+        db.execute("ALTER TABLE library_passages DROP COLUMN segment")
+        db.execute("ALTER TABLE library_users DROP COLUMN segments")
+        db.execute(
+            f"CREATE INDEX {old_index} ON library_passages USING hnsw (embedding vector_cosine_ops)"
+            " WHERE user_id = 'alice'"
+        )
+        db.execute("UPDATE library_schema SET version = 3")
+    monkeypatch.setattr(postgres, "SEGMENT_ROWS", 40)
+    monkeypatch.setattr(postgres, "HNSW_FROM", 50)
+    store = PostgresStore(postgres_url, dims=None)
+    store.hnsw_from, store.segment_rows = 50, 40
+    with psycopg.connect(postgres_url) as db:
+        assert db.execute("SELECT version FROM library_schema").fetchone() == (4,)
+        assert db.execute("SELECT count(*) FROM pg_class WHERE relname = %s", (old_index,)).fetchone() == (0,)
+        ids = [row[0] for row in db.execute("SELECT segment FROM library_passages WHERE user_id = 'alice' ORDER BY id")]
+    assert ids == [0] * 40 + [1] * 40 + [2] * 20
+    assert _segments(postgres_url, "alice") == ([40, 40, 20], [40, 40, 20], [0, 1, 2])
+    assert _segments(postgres_url, "bob") == ([10], [10], [])
+    indexed = _by_index(postgres_url)
+    indexed.segment_rows = 40
+    assert indexed.dense("alice", query, None, SearchFilters(), 10) == exact
+    store.write("alice", _vector_documents("c", _unit(rng, 30)))  # the last segment filled, then a new one
+    assert _segments(postgres_url, "alice") == ([40, 40, 40, 10], [40, 40, 40, 10], [0, 1, 2, 3])
+    indexed.close()
+    store.close()
