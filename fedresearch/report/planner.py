@@ -57,6 +57,70 @@ _GENERIC_CHINESE = frozenset({
     "一般", "通常", "常常", "可能", "不能", "无法", "重要", "有效", "很好", "更好",
     "比较",
 })  # fmt: skip
+# words that make no heading and no sub-question: modal, vague, or saying only that something was used or shown
+WEAK_WORDS = frozenset({
+    "may", "might", "can", "could", "would", "should", "will", "must", "also", "thus", "however", "number",
+    "using", "used", "uses", "based", "given", "many", "much", "several", "various", "different", "new",
+    "well", "high", "higher", "low", "lower", "per", "way", "ways", "use", "made", "make", "makes", "found",
+    "shown", "show", "shows", "showed", "two", "three", "one", "first", "second", "least", "less", "more",
+    "most", "other", "others", "same", "such", "total", "whole", "picks", "gives", "give", "get", "gets",
+    "enough", "fast", "slow", "good", "better", "best", "very", "too", "quite", "either", "neither", "beat",
+    "beats",
+})  # fmt: skip
+
+
+def stemmed(phrase: str) -> str:
+    """A phrase with its words' plural "s" off: "dense retrievers" and "dense retriever" are one."""
+    return " ".join(
+        word[:-1] if len(word) > 4 and word.endswith("s") and not word.endswith(("ss", "us", "is")) else word
+        for word in phrase.split()
+    )
+
+
+def whole_phrase(phrase: str, texts: str) -> str:
+    """`phrase` with the word all of its uses in `texts` (lowercase; two uses or more) come after, and
+    then go on with, while there is one: "rank fusion" always after "reciprocal" is "reciprocal rank
+    fusion", "vector space" always followed by "model" is "vector space model"."""
+    if cjk_bigrams(phrase):
+        return phrase
+    for _ in range(2):
+        before = re.findall(rf"(?:\b([a-z]+) )?\b{re.escape(phrase)}\b", texts)
+        if len(before) < 2 or len(set(before)) != 1:  # once is no pattern
+            break
+        word = before[0]
+        if len(word) < 3 or word in STOPWORDS or word in WEAK_WORDS:
+            break
+        phrase = f"{word} {phrase}"  # "rank fusion" always after "reciprocal": "reciprocal rank fusion"
+    for _ in range(2):
+        after = re.findall(rf"\b{re.escape(phrase)}\b(?: ([a-z]+))?", texts)
+        if len(after) < 2 or len(set(after)) != 1:  # once is no pattern: "dense retriever beats"
+            break
+        word = after[0]
+        if len(word) < 3 or word in STOPWORDS or word in WEAK_WORDS or word.endswith(("s", "ed")):
+            break  # in -s or -ed it is more likely the phrase's verb ("ranking raises") than its noun
+        phrase = f"{phrase} {word}"
+    return phrase
+
+
+# words after a noun phrase that show it is no subject followed by its verb
+_NOT_VERB_AFTER = "and|or|of|in|for|with|to|on|are|were|can|may|that|which"
+
+
+def subject_and_verb(phrase: str, texts: str) -> bool:
+    """A phrase that `texts` (lowercase) use as a subject and its verb, not a term: "graph keeps a",
+    "fusion needs normalization"."""
+    if re.search(rf"\b{re.escape(phrase)} (?:a|an|the|no|its|their|each|every|this|that|these)\b", texts):
+        return True
+    first, last = phrase.split(" ", 1)[0], phrase.rsplit(" ", 1)[-1]
+    if first != last and len(first) > 3 and first.endswith("s") and not first.endswith(("ss", "us", "is")):
+        return True  # a plural seldom names a thing before another noun: "rankings find", "systems rerank"
+    return bool(
+        last.endswith("s")
+        and not last.endswith(("ss", "us", "is"))
+        and re.search(rf"\b{re.escape(phrase)} (?!(?:{_NOT_VERB_AFTER})\b)[a-z]{{3,}}", texts)
+    )
+
+
 # a phrase's words: letters only, three or more, none a stopword, within one clause of one sentence
 _CLAUSES = re.compile(r"[.;:!?,()\[\]\"“”/|。；：！？，（）]+")
 
@@ -110,15 +174,26 @@ def sub_questions(
     `avoid`: phrases asked already (a deeper level of deep research asks about something new)."""
     asked = asked_words(question) | {w for p in avoid for w in p.split()}
     texts = [s.body for s in bearing_sources(sources)]
-    phrases = evidence_phrases(texts, asked)
-    chosen: list[str] = []
-    for phrase, uses in sorted(phrases.items(), key=lambda item: (-item[1], item[0])):
-        if uses < 2 or len(chosen) >= count:
+    uses: Counter[str] = Counter()  # by texts, a plural and its singular as one ("dense retriever(s)")
+    shown: dict[str, str] = {}  # each phrase as the texts first write it
+    for text in texts:
+        said = evidence_phrases([text], asked)
+        uses.update({stemmed(p) for p in said})
+        for phrase in said:
+            shown.setdefault(stemmed(phrase), phrase)
+    lowered = " ".join(texts).lower()
+    avoided = {stemmed(p) for p in avoid}
+    keys: list[str] = []
+    for key, used in sorted(uses.items(), key=lambda item: (-item[1], item[0])):
+        if used < 2 or len(keys) >= count:
             break
-        words = set(phrase.split())
-        if any(words & set(c.split()) for c in chosen) or phrase in avoid:
+        words = set(key.split())
+        if words & WEAK_WORDS or any(words & set(k.split()) for k in keys) or key in avoided:
             continue
-        chosen.append(phrase)
+        if subject_and_verb(shown[key], lowered):
+            continue
+        keys.append(key)
+    chosen = [whole_phrase(shown[key], lowered) for key in keys]  # "reciprocal rank" -> "reciprocal rank fusion"
     return [
         SubQuestion(f"{phrase} {question}", forms[i % len(forms)].format(phrase=phrase), phrase)
         for i, phrase in enumerate(chosen)

@@ -93,6 +93,34 @@ def subjectless(sentence: str) -> bool:
     return following in _OBJECT_START or (following.endswith("s") and following.isalpha() and len(following) > 3)
 
 
+# where a sentence's main clause ends: a relative clause or a pause ("A survey … that explains …")
+_MAIN_CLAUSE_END = re.compile(r",|;|:| [–—-] | (?:that|which|who|whose|where|when|to)\b")
+_AUXILIARIES = {
+    "is", "are", "was", "were", "be", "been", "being", "has", "have", "had", "do", "does", "did", "can",
+    "could", "may", "might", "must", "shall", "should", "will", "would",
+}  # fmt: skip
+
+
+def verbless(sentence: str) -> bool:
+    """A sentence that is only a noun phrase, as abstracts and annotations write them: "A long survey
+    of the probabilistic relevance framework that explains where BM25 comes from." Its main clause
+    (before a relative clause or a pause) holds no auxiliary, no word in -ed and no word in -s that
+    could be a verb, so a sentence like "A study of documents shows…" is never taken for one."""
+    words = sentence.split(maxsplit=1)
+    if len(words) < 2 or words[0] not in {"A", "An"}:
+        return False
+    main = _MAIN_CLAUSE_END.split(words[1], maxsplit=1)[0]
+    said = [w.lower() for w in re.findall(r"[A-Za-z]+", main)]
+    if len(said) < 2:
+        return False
+    for word in said:
+        if word in _AUXILIARIES or word.endswith("ed"):
+            return False
+        if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
+            return False
+    return True
+
+
 def users_own(source: FusedResult) -> bool:
     """The user's own note, highlight or file (not a paper in their library)."""
     return source.kind == "library" and str(source.metadata.get("type", "")).lower() in _USERS_OWN
@@ -139,6 +167,15 @@ def attributed(sentence: str, source: FusedResult, note: str) -> str:
     "Your note says: “{text}”"."""
     if users_own(source) and (first_person(sentence) or note_fragment(sentence)):
         return note.format(text=sentence)
+    if verbless(sentence):  # "A long survey of …": "Robertson and Zaragoza (2009) present a long survey of …"
+        if users_own(source):
+            return note.format(text=sentence)
+        said = sentence[:1].lower() + sentence[1:]
+        who = authors_year(source)
+        if who is not None:
+            return f"{who} {'present' if ' and ' in who or 'et al.' in who else 'presents'} {said}"
+        title = " ".join(source.title.split())
+        return f"“{title}” presents {said}" if title and len(title) <= 90 else f"One source presents {said}"
     if not subjectless(sentence):
         return sentence
     who = authors_year(source)
@@ -160,7 +197,10 @@ def attributed(sentence: str, source: FusedResult, note: str) -> str:
 
 # what `attributed` puts before a source's words: "Salton and Buckley (1988) ", "“A title” ",
 # "Your note says: “…”" (any language's words before the quote)
-_BY_WHOM = re.compile(r"^(?:[^\s()“”\"]+ ){1,6}\((?:1[5-9]\d\d|20\d\d)[a-z]?\) |^“[^”]{1,90}” |^One source ")
+# (and "present(s)" that `attributed` put before a sentence that is only a noun phrase)
+_BY_WHOM = re.compile(
+    r"^(?:(?:[^\s()“”\"]+ ){1,6}\((?:1[5-9]\d\d|20\d\d)[a-z]?\) |“[^”]{1,90}” |One source )(?:presents? (?=an? ))?"
+)
 _NOTE_SAYS = re.compile(r"^[^“”]{1,30}[:：]\s*“(.+)”\s*$", re.DOTALL)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from fedresearch.core.identifiers import is_url
@@ -46,7 +47,13 @@ from fedresearch.report.evidence import (
 )
 from fedresearch.report.language import ENGLISH, Labels, is_chinese, joined, labels_for
 from fedresearch.report.markup import inline_text, link_target
-from fedresearch.report.planner import asked_words, evidence_phrases
+from fedresearch.report.planner import (
+    WEAK_WORDS,
+    asked_words,
+    evidence_phrases,
+    stemmed,
+    subject_and_verb,
+)
 from fedresearch.report.sentences import attributed, authors_year, note_fragment, users_own
 from fedresearch.report.types import Layout, form_of
 
@@ -64,15 +71,9 @@ TEMPLATES.globals["reference_entries"] = reference_entries
 REPORT_TEMPLATE = "report.md.j2"
 BLOCKS_TEMPLATE = "_blocks.md.j2"  # sections alone: the report's body, or one section of it
 _MAX_THEMES = 5
+# the average cosine of two themes' sources above which they are one theme (bench/report_quality.py)
+_THEME_LIKENESS = 0.5
 # words that make no heading: modals, quantities and other words any sentence may pair with a term
-_WEAK = {
-    "may", "might", "can", "could", "would", "should", "will", "must", "also", "thus", "however", "number",
-    "using", "used", "uses", "based", "given", "many", "much", "several", "various", "different", "new",
-    "well", "high", "higher", "low", "lower", "per", "way", "ways", "use", "made", "make", "makes", "found",
-    "shown", "show", "shows", "showed", "two", "three", "one", "first", "second", "least", "less", "more",
-    "most", "other", "others", "same", "such", "total", "whole", "picks", "gives", "give", "get", "gets",
-    "enough", "fast", "slow", "good", "better", "best", "very", "too", "quite",
-}  # fmt: skip
 _ANSWER_CLAIMS = 3
 _WORDS_A_CLAIM = 25  # a quoted sentence's words on average (MED, CISI): a length asked becomes claims
 # a sentence that disputes, limits or leaves open (the research report's disagreements and open questions)
@@ -148,10 +149,6 @@ class Block:
     basis: Basis | None = None
 
 
-# words after a noun phrase that show it is no subject followed by its verb
-_NOT_VERB_AFTER = "and|or|of|in|for|with|to|on|are|were|can|may|that|which"
-
-
 def citation_marks(sources: Sequence[FusedResult], citations: Citations) -> tuple[str, list[int]]:
     """Each source's citation, a link to it when it has a URL, and the numbers cited (each once)."""
     marks, numbers = [], []
@@ -168,23 +165,44 @@ def cite(claim: Claim, citations: Citations) -> str:
     return f"{inline_text(claim.text)} {citation_marks(claim.sources, citations)[0]}"
 
 
-def _similar(a: Claim, b: Claim) -> float:
-    if a.vector is not None and b.vector is not None:
-        return float(a.vector @ b.vector)
-    return 2.5 * jaccard(set(terms(a.text)), set(terms(b.text)))  # Jaccard runs lower than cosine
+def _likeness(sources: Sequence[Sequence[Claim]]) -> np.ndarray:
+    """How alike each two sources' claims are: the cosine of their mean sentence vectors, or without
+    vectors 2.5 × the Jaccard of their words (Jaccard runs lower than cosine)."""
+    vectors = [[c.vector for c in claims if c.vector is not None] for claims in sources]
+    if all(len(found) == len(claims) for found, claims in zip(vectors, sources, strict=True)):
+        means = np.array([np.mean(found, axis=0) for found in vectors])
+        means /= np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
+        return np.asarray(means @ means.T)
+    words = [set(terms(" ".join(c.text for c in claims))) for claims in sources]
+    return np.array([[2.5 * jaccard(a, b) for b in words] for a in words])
 
 
-def themes_of(claims: Sequence[Claim], limit: int = _MAX_THEMES, threshold: float = 0.45) -> list[list[Claim]]:
-    """Claims grouped by meaning: each joins the theme whose first claim it is most like, or starts one."""
-    groups: list[list[Claim]] = []
+def themes_of(
+    claims: Sequence[Claim], limit: int = _MAX_THEMES, threshold: float = _THEME_LIKENESS
+) -> list[list[Claim]]:
+    """Claims grouped by meaning, a source's claims always together: sources clustered by average
+    linkage (the two themes whose sources are most alike on average merge, while that average is at
+    least `threshold` or there are more than `limit` themes). Unlike joining each claim to the theme
+    whose first claim it is most like, the grouping does not depend on the order claims come in, and
+    a theme is about what all its sources share, not what its first sentence says. Themes keep the
+    claims' order, and come in the order of their first claim."""
+    by_source: dict[str, list[Claim]] = {}
     for claim in claims:
-        likeness = [_similar(claim, group[0]) for group in groups]
-        best = max(range(len(groups)), key=lambda i: likeness[i], default=None)
-        if best is not None and (likeness[best] >= threshold or len(groups) >= limit):
-            groups[best].append(claim)
-        else:
-            groups.append([claim])
-    return groups
+        by_source.setdefault(claim.source.key, []).append(claim)
+    units = list(by_source.values())
+    if not units:
+        return []
+    likeness = _likeness(units)
+    groups: list[list[int]] = [[i] for i in range(len(units))]
+    while len(groups) > 1:
+        pairs = ((a, b) for a in range(len(groups)) for b in range(a + 1, len(groups)))
+        a, b = max(pairs, key=lambda p: float(likeness[np.ix_(groups[p[0]], groups[p[1]])].mean()))
+        if likeness[np.ix_(groups[a], groups[b])].mean() < threshold and len(groups) <= limit:
+            break
+        groups[a] += groups.pop(b)
+    order = {id(claim): at for at, claim in enumerate(claims)}
+    themes = [sorted((c for i in group for c in units[i]), key=lambda c: order[id(c)]) for group in groups]
+    return sorted(themes, key=lambda theme: order[id(theme[0])])
 
 
 def coverage_lines(outcomes: Sequence[RetrieverOutcome], labels: Labels = ENGLISH) -> list[str]:
@@ -255,9 +273,19 @@ def _says_nothing(chinese: str) -> bool:
     senses = words.senses(chinese)[:1] if words is not None else []
     for reading in (part for sense in senses for part in sense.split(";")):
         english = [word for word in re.findall(r"[a-z]+", reading) if word not in STOPWORDS]
-        if all(word in _WEAK for word in english):
+        if all(word in WEAK_WORDS for word in english):
             return True
     return not senses
+
+
+def _as_written(phrase: str, claims: Sequence[Claim]) -> str:
+    """`phrase` (lowercase) as the claims write it where they capitalize more than its first letter
+    ("RankNet", "MS MARCO"), else as it is."""
+    for claim in claims:
+        found = re.search(rf"\b{re.escape(phrase)}\b", claim.text, re.IGNORECASE)
+        if found and any(letter.isupper() for letter in found.group()[1:]):
+            return found.group()
+    return phrase
 
 
 def _key(text: str) -> str:
@@ -313,45 +341,59 @@ class Draft:
         return [" ".join(self.sentence(c) for c in group) for group in ordered]
 
     def heading(self, claims: Sequence[Claim], question: str) -> str:
-        """A phrase the claims' own sentences share (whole words, never a piece of a source's title),
-        the one most of the report's sources use among those (a term of the field, not a chance
-        pair), in the report's language; else the language's "Further findings"."""
+        """A phrase the theme's sources share (whole words, never a piece of a source's title), in
+        the report's language; else the language's "Further findings".
+
+        Phrases are ranked by how many of the theme's sources state them in the quoted sentences,
+        then by how many of them use them at all, then by how many of the report's sources do (a
+        term of the field, not a chance pair). A theme of several sources is named only by a phrase
+        two of its sources state, or one states and half of them use: never by what one paragraph
+        of four says."""
         asked = asked_words(question)
-        phrases = evidence_phrases([c.text for c in claims], asked)
-        if self.labels.code != "zh":  # an English report's headings are English (Chinese is quoted, not a heading)
-            phrases = Counter({p: n for p, n in phrases.items() if not has_cjk(p)})
+        # an English report's headings are English (Chinese is quoted, not a heading)
+        english = self.labels.code != "zh"
+        by_source: dict[str, list[Claim]] = {}
+        for claim in claims:
+            by_source.setdefault(claim.source.key, []).append(claim)
+        stated: Counter[str] = Counter()  # by sources whose quoted sentences hold the phrase
+        used: Counter[str] = Counter()  # by sources that hold it anywhere
+        shown: dict[str, str] = {}  # each phrase's first form in the sentences
+        for group in by_source.values():
+            said = evidence_phrases([" ".join(c.text for c in group)], asked)
+            for phrase in said:
+                if english and has_cjk(phrase):
+                    continue
+                shown.setdefault(stemmed(phrase), phrase)
+            stated.update({stemmed(p) for p in said})
+            used.update({stemmed(p) for p in evidence_phrases([group[0].source.body, *(c.text for c in group)], asked)})
         if self.common is None:
-            self.common = evidence_phrases([s.body for s in self.brief.every_source], set())
-        common = self.common
-        least = 2 if len(claims) > 1 else 1
-        shared = sorted(phrases.items(), key=lambda item: (-item[1], -common[item[0]], item[0]))
-        # else a term of the field one of the claims uses: the phrase most of the report's sources use
-        field = sorted(phrases.items(), key=lambda item: (-common[item[0]], -item[1], item[0]))
+            self.common = Counter()
+            for source in self.brief.every_source:
+                self.common.update({stemmed(p) for p in evidence_phrases([source.body], set())})
+        sources, common = len(by_source), self.common
         texts = " ".join(c.text.lower() for c in claims)
-        candidates = [(phrase, uses >= least and (uses > 1 or common[phrase] > 1)) for phrase, uses in shared]
-        candidates += [(phrase, common[phrase] >= 2) for phrase, _ in field]
-        for phrase, good in candidates:
-            if not good:
+        ranked = sorted(shown, key=lambda key: (-stated[key], -used[key], -common[key], key))
+        for key in ranked:
+            # one source: a term other sources of the report use too
+            several = stated[key] >= 2 or used[key] >= max(2, (sources + 1) // 2)
+            if not (common[key] >= 2 if sources == 1 else several):
                 continue
-            weak = set(phrase.split()) & _WEAK or any(word.endswith("ly") for word in phrase.split())
-            weak = weak or (has_cjk(phrase) and _says_nothing(phrase))
-            if weak or phrase in self.phrases or any(phrase in title for title in self.titles):
+            phrase = shown[key]
+            if self._named_badly(phrase, texts):
                 continue
-            if re.search(rf"\b{re.escape(phrase)} (?:a|an|the|its|their|each|every|this|that|these)\b", texts):
-                continue  # a subject and its verb ("graph keeps a"), not a term
-            last = phrase.rsplit(" ", 1)[-1]
-            if (
-                last.endswith("s")
-                and not last.endswith(("ss", "us", "is"))
-                and re.search(
-                    rf"\b{re.escape(phrase)} (?!(?:{_NOT_VERB_AFTER})\b)[a-z]{{3,}}",
-                    texts,
-                )
-            ):
-                continue  # "fusion needs normalization": a subject, its verb and its object
             self.phrases.append(phrase)
-            return inline_text(self.labels.about.format(phrase=phrase[0].upper() + phrase[1:]))
+            written = _as_written(phrase, claims)
+            return inline_text(self.labels.about.format(phrase=written[0].upper() + written[1:]))
         return inline_text(self.labels.more_findings)
+
+    def _named_badly(self, phrase: str, texts: str) -> bool:
+        """A phrase that makes no heading: a weak word, a heading already given, a piece of a title,
+        or a subject and its verb rather than a term."""
+        weak = set(phrase.split()) & WEAK_WORDS or any(word.endswith("ly") for word in phrase.split())
+        weak = weak or (has_cjk(phrase) and _says_nothing(phrase))
+        if weak or phrase in self.phrases or any(phrase in title for title in self.titles):
+            return True
+        return subject_and_verb(phrase, texts)
 
     def themes(
         self,
@@ -364,20 +406,10 @@ class Draft:
         """Sections by theme, of evidence drawn from `sources`; `skip` leaves out a theme by its
         heading (before any of it is cited)."""
         blocks: list[Block] = []
-        further = inline_text(self.labels.more_findings)
-        unnamed: list[Claim] = []  # themes no term names: one section after the others, not several
-        for group in themes_of(claims):
-            heading = self.heading(group, question)
-            if skip is not None and skip(heading):
-                continue
-            if heading == further:
-                unnamed.extend(group)
-            else:
-                basis = Basis("findings", f"{self.phrases[-1]} {question}", sources, _quoted(group))
+        for heading, group, focus in _named(self, themes_of(claims), question):
+            if skip is None or not skip(heading):
+                basis = Basis("findings", focus, sources, _quoted(group))
                 blocks.append(Block(heading, level, self.paragraphs(group), basis=basis))
-        if unnamed:
-            basis = Basis("findings", question, sources, _quoted(unnamed))
-            blocks.append(Block(further, level, self.paragraphs(unnamed), basis=basis))
         return blocks
 
     def open_questions(self, question: str, pool: Pool) -> tuple[list[str], list[Evidence]]:
@@ -466,6 +498,20 @@ def _research(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
     context["blocks"] = blocks
 
 
+def _about(pool: Pool, phrase: str) -> Pool:
+    """The pool's passages that say what a sub-question asks about (`phrase`, plural or not): a section
+    on "Condorcet fusion" quotes what bears on Condorcet fusion, not whatever else its search found
+    that bears on the report's question. A sub-question without a phrase (the model's) keeps all."""
+    if not phrase:
+        return pool
+    if has_cjk(phrase):
+        says = [r for r in pool.ranked if phrase in r.evidence.text]
+    else:
+        wanted = re.compile(r"\b" + r"\W+".join(re.escape(w) + r"\w*" for w in stemmed(phrase).split()) + r"\b")
+        says = [r for r in pool.ranked if wanted.search(r.evidence.text.lower())]
+    return Pool(says, len({r.evidence.source.key for r in says}), pool.searched)  # none: no section to pad
+
+
 def _plain(markdown: str) -> str:
     return re.sub(r"\\(.)", r"\1", markdown)
 
@@ -475,7 +521,7 @@ def _parts(draft: Draft, parts: Sequence[Part], level: int, budget: int, child_b
     blocks = []
     for part in parts:
         focus = part.focus or part.title
-        pool = draft.pool(focus, part.sources)
+        pool = _about(draft.pool(focus, part.sources), part.phrase)
         claims = draft.claims(focus, pool, budget, per_source=2)
         paragraphs = draft.paragraphs(claims)  # cited in reading order
         children = _parts(draft, part.children, level + 1, child_budget, max(2, child_budget // 2))
@@ -498,10 +544,20 @@ def _split(draft: Draft, brief: Brief, context: dict[str, Any], deep: bool) -> N
         return
     leading = draft.claims(question, pool, 3)
     lead = " ".join(draft.sentence(c) for c in leading)  # cited before the sections
-    sections = _parts(draft, brief.parts, 2, 12 if deep else 8, 6)
+    sections = _parts(draft, brief.parts, 2, 16 if deep else 12, 6)
     questions = [_plain(block.heading) for block in sections]
+    # what bears on the question that no sub-question's section quoted, by theme after them: the
+    # themes a sub-question asks about already left out
+    asked = {word[:4] for heading in questions for word in re.findall(r"\w+", heading.lower())}
+
+    def covered(heading: str) -> bool:
+        words = re.findall(r"\w+", _plain(heading).lower())
+        return bool(words) and not has_cjk(heading) and all(word[:4] in asked for word in words)
+
+    rest = draft.claims(question, pool, _budget(pool, 24, 12))
+    sections += draft.themes(question, rest, brief.sources, skip=covered)
     cited = len(draft.citations.references)
-    intro = labels.intro_parts.format(parts=len(sections), count=cited, questions=" ".join(questions))
+    intro = labels.intro_parts.format(parts=len(questions), count=cited, questions=" ".join(questions))
     if not sections:
         intro = labels.intro_research.format(count=pool.bearing, searched=pool.searched)
     introduction = Block(
@@ -514,7 +570,7 @@ def _split(draft: Draft, brief: Brief, context: dict[str, Any], deep: bool) -> N
         levels = 1 + _depth(brief.parts)
         context["lead"] = [*context["lead"], labels.deep_levels.format(levels=levels, queries=follow_ups)]
     cited = len(draft.citations.references)
-    closing = [labels.conclusion_parts.format(parts=len(sections), count=cited)] if sections else []
+    closing = [labels.conclusion_parts.format(count=cited)] if sections else []
     last = draft.claims(question, pool, 2)
     if last:
         closing.append(" ".join(draft.sentence(c) for c in last))
@@ -571,11 +627,16 @@ def _named(
     claims_of: Callable[[list[Claim]], list[Claim]] = lambda group: group,
 ) -> list[tuple[str, list[Claim], str]]:
     """Each theme with its heading and what it is about (its phrase and the question); the themes no
-    term names together, last, as one section."""
+    term names together, last, as one section, and with them the themes of one source where others
+    have several (a section is what sources share, not one paper's paragraph under its own name)."""
     further = inline_text(draft.labels.more_findings)
     named: list[tuple[str, list[Claim], str]] = []
     unnamed: list[Claim] = []
+    shared = any(len({c.source.key for c in group}) > 1 for group in groups)
     for group in groups:
+        if shared and len({c.source.key for c in group}) == 1:
+            unnamed.extend(group)
+            continue
         heading = draft.heading(claims_of(group), question)
         if heading == further:
             unnamed.extend(group)

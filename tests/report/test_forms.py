@@ -317,3 +317,90 @@ def test_a_notes_question_is_an_open_question_and_its_fragment_goes_with_it():
     assert markdown.count("Worth measuring") == 1  # not a finding of its own elsewhere
     asked = [s for s in verification.sentences if "rebuilt after many deletions" in s.text or "Worth" in s.text]
     assert asked and all(s.verdict == "supported" for s in asked), [(s.text, s.verdict) for s in asked]
+
+
+def test_a_sentence_that_is_only_a_noun_phrase_is_said_to_be_its_authors_and_still_checked():
+    from fedresearch.report.sentences import attributed, unattributed, verbless
+
+    survey = "A long survey of the probabilistic relevance framework that explains where BM25 comes from."
+    (robertson,) = fuse([result(1, survey, "BM25 and Beyond", authors=["S. Robertson", "H. Zaragoza"], year=2009)])
+    said = attributed(survey, robertson, "{text}")
+    assert said == (
+        "Robertson and Zaragoza (2009) present a long survey of the probabilistic relevance framework that "
+        "explains where BM25 comes from."
+    )
+    assert unattributed(said) == survey[:1].lower() + survey[1:]  # what the verifier checks: the source's words
+    (untitled,) = fuse([result(2, survey, "BM25 and Beyond")])
+    assert attributed(survey, untitled, "{text}").startswith("“BM25 and Beyond” presents a long survey")
+    # a sentence with a verb in its main clause is left as it is
+    for sentence in ("A study of documents shows that stemming helps.", "An index was built per user.", survey[2:]):
+        assert not verbless(sentence)
+
+
+TOPICS = {
+    "fusion": [
+        "Rank fusion in hybrid retrieval adds one over sixty plus the rank of each document in each input ranking.",
+        "Condorcet fusion in hybrid retrieval orders documents by pairwise majority over the input rankings.",
+        "Weighted rank fusion in hybrid retrieval trusts one input ranking more than the other input rankings.",
+    ],
+    "weighting": [
+        "Term weighting in hybrid retrieval lifts rare words above common words by inverse document frequency.",
+        "Length normalization keeps long documents of hybrid retrieval from winning on term weighting alone.",
+        "Term weighting schemes for hybrid retrieval differ in how they damp the frequency of a word in a document.",
+    ],
+    "dense": [
+        "A dense retriever in hybrid retrieval encodes questions and passages as vectors compared by cosine.",
+        "Dense retrievers of hybrid retrieval trained on one collection lose recall on another domain.",
+        "Dense retrievers of hybrid retrieval need a nearest neighbour index over the vectors of every passage.",
+    ],
+}
+
+
+def test_a_theme_is_the_sources_that_share_it_named_by_what_they_share():
+    question = "How does hybrid retrieval rank documents?"
+    found = fuse(
+        [
+            result(10 * n + k + 1, body, f"{topic.title()} paper {k}")
+            for n, (topic, bodies) in enumerate(TOPICS.items())
+            for k, body in enumerate(bodies)
+        ]
+    )
+    markdown, _ = write_report(Brief(question, ReportType.research_report, found))
+    check_invariants(markdown)
+    sections = {block.split("\n", 1)[0]: block for block in body_of(markdown).split("\n## ")[1:] if "[" in block}
+    for topic, bodies in TOPICS.items():
+        holding = {heading for heading, block in sections.items() for body in bodies if body[:40] in block}
+        # both sources of a topic in one section (the answer's sentences aside)
+        assert len(holding - {"Answer"}) <= 1, (topic, holding)
+    named = [h for h in sections if h not in {"Answer", "Further findings", "Disagreements and open questions"}]
+    for heading in named:  # a phrase two of its section's sources state, not one paragraph's words
+        block = sections[heading].lower()
+        words = heading.lower().split()
+        stating = [b for bodies in TOPICS.values() for b in bodies if b[:40].lower() in block]
+        assert sum(all(w.rstrip("s") in b.lower() for w in words) for b in stating) >= 2, heading
+
+
+def test_sub_questions_ask_about_whole_terms_never_a_subject_and_its_verb():
+    from fedresearch.report.planner import sub_questions
+
+    bodies = [
+        "Reciprocal rank fusion merges rankings; judged pools undercount what dense rankings find in a test.",
+        "We tune reciprocal rank fusion on MED; dense rankings find other passages than lexical ones do.",
+        "Reciprocal rank fusion needs no scores, and dense rankings find paraphrases that words miss.",
+    ]
+    found = fuse([result(n + 1, body, f"Study {n + 1}") for n, body in enumerate(bodies)])
+    asked = sub_questions("How are retrieval results merged?", found, count=3)
+    phrases = [q.phrase for q in asked]
+    assert "reciprocal rank fusion" in phrases  # the whole term its uses always write, not "reciprocal rank"
+    assert not any("rankings find" in phrase for phrase in phrases)
+
+
+def test_a_sub_questions_section_quotes_what_says_its_phrase_and_the_rest_follows_by_theme():
+    sources = hnsw_sources(off_topic=False)
+    parts = [Part("What is known about top layers?", sources, focus="top layer HNSW", phrase="top layers")]
+    markdown, _ = write_report(Brief(QUESTION, ReportType.detailed_report, sources, parts=parts))
+    check_invariants(markdown)
+    section = markdown.split("## What is known about top layers?\n", 1)[1].split("\n## ", 1)[0]
+    said = sentences(section)
+    assert said and all("top layer" in s.lower() for s in said), said
+    assert "## Conclusion" in markdown and len(headings(markdown)) > 3  # the rest, after the sub-question
