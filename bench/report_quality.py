@@ -18,6 +18,8 @@ Printed per collection and type, averaged over the questions:
   body's sentences that carry a citation; `repeats`: sentences stated twice or more;
 - `bad heads`: headings that are a cut piece of a source's title, a piece of a word (a fragment of
   a longer word of the evidence, or two CJK characters alone), or not in the question's language;
+- `further`: the share of the body's sentences under "Further findings" (其他发现), what no theme
+  could name;
 - `ms`: wall time of the whole task (retrieval included) on this machine.
 
 Printed side by side for whatever checkout is on PYTHONPATH; run it in two checkouts for before and
@@ -69,6 +71,7 @@ _LABELS = {
 }
 _ANSWER = re.compile(r"^## (?:Answer|回答)\s*\n(.*?)(?=^## |\Z)", re.MULTILINE | re.DOTALL)
 _NUMBER = re.compile(r"\[\[?(\d+)\]")
+_FURTHER = re.compile(r"^## (?:Further findings|其他发现)\s*\n(.*?)(?=^## |\Z)", re.MULTILINE | re.DOTALL)
 _TAIL = re.compile(r"^## (Sources searched|References|检索的来源|参考文献)\s*$", re.MULTILINE)
 
 
@@ -83,6 +86,7 @@ class Row:
     repeats: list[int] = field(default_factory=list)
     bad_heads: list[int] = field(default_factory=list)
     heads: list[int] = field(default_factory=list)
+    further: list[float] = field(default_factory=list)
     ms: list[float] = field(default_factory=list)
     examples: list[str] = field(default_factory=list)
 
@@ -179,6 +183,9 @@ def score(outcome: Any, qrels: dict[str, int], chinese: bool, row: Row, ids: dic
     if sentences:
         groups = sum(len(_MARKS.findall(line)) for line in lines)
         row.cited_share.append(min(1.0, groups / len(sentences)))
+    if sentences:  # what no theme could name: the share of the body's sentences under "Further findings"
+        unnamed = _FURTHER.search(body)
+        row.further.append(len(sentences_of(prose_lines(unnamed.group(1)))) / len(sentences) if unnamed else 0.0)
     counts = Counter(bare(s) for s in sentences)
     row.repeats.append(sum(n - 1 for n in counts.values() if n > 1))
     titles = [s.title for s in outcome.sources]
@@ -307,17 +314,18 @@ def table(name: str, rows: dict[str, Row]) -> list[str]:
     lines = [
         f"{name}",
         f"  {'type':<16} {'cited P':>7} {'search P@k':>10} {'ratio':>5} {'answer P':>8} {'cover@20':>8} {'words':>6}"
-        f" {'cited %':>7} {'repeats':>7} {'bad heads':>11} {'ms':>7}",
+        f" {'cited %':>7} {'repeats':>7} {'bad heads':>11} {'further':>7} {'ms':>7}",
     ]
     for report_type, row in rows.items():
         cited, searched = _mean(row.cited_p), _mean(row.search_p)
         ratio = cited / searched if searched else float("nan")
         heads = f"{sum(row.bad_heads)}/{sum(row.heads)}"
+        ms = statistics.median(row.ms) if row.ms else float("nan")
         lines.append(
             f"  {report_type:<16} {cited:7.2f} {searched:10.2f} {ratio:5.2f} {_mean(row.answer_p):8.2f}"
             f" {_mean(row.cover):8.2f}"
             f" {_mean(row.words):6.0f} {100 * _mean(row.cited_share):6.0f}% {_mean(row.repeats):7.1f}"
-            f" {heads:>11} {statistics.median(row.ms) if row.ms else float('nan'):7.0f}"
+            f" {heads:>11} {100 * _mean(row.further):6.0f}% {ms:7.0f}"
         )
     return lines
 

@@ -102,6 +102,16 @@ def whole_phrase(phrase: str, texts: str) -> str:
     return phrase
 
 
+def says(text: str, phrase: str) -> bool:
+    """Whether `text` says `phrase`, plural or not ("dense retrievers" says "dense retriever")."""
+    if cjk_bigrams(phrase):
+        return phrase in text
+    words = stemmed(phrase.lower()).split()
+    return bool(words) and bool(
+        re.search(r"\b" + r"\W+".join(re.escape(w) + r"\w*" for w in words) + r"\b", text.lower())
+    )
+
+
 # words after a noun phrase that show it is no subject followed by its verb
 _NOT_VERB_AFTER = "and|or|of|in|for|with|to|on|are|were|can|may|that|which"
 

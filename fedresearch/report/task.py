@@ -26,7 +26,7 @@ from fedresearch.report.evidence import RememberedEmbed
 from fedresearch.report.language import Labels, labels_for
 from fedresearch.report.llm import LlmClients, LlmConfig, WriterFailure, failure_reason, llm_config
 from fedresearch.report.pages import PageReader
-from fedresearch.report.planner import SubQuestion, model_follow_ups, model_sub_questions, sub_questions
+from fedresearch.report.planner import SubQuestion, model_follow_ups, model_sub_questions, says, sub_questions
 from fedresearch.report.reading import read_pages, url_sources
 from fedresearch.report.store import record_bytes, report_files
 from fedresearch.report.types import form_of
@@ -224,9 +224,13 @@ class Deeper:
                 about = {"reason": reason, "model": config.model, "parent": parent.title}
                 await self.emit(ProgressEvent(ProgressStep.planner_fallback, message, about))
         form = self.labels.follow_up.replace("{parent}", parent.phrase or parent.title)
-        found = await asyncio.to_thread(
-            sub_questions, parent.focus or parent.title, parent.sources, count, (form,), tuple(self.phrases)
-        )
+        focus, asked = parent.focus or parent.title, tuple(self.phrases)
+        # what the sources that say the parent's term say besides: a follow-up digs into its parent
+        saying = [s for s in parent.sources if not parent.phrase or says(s.body, parent.phrase)]
+        found = await asyncio.to_thread(sub_questions, focus, saying, count, (form,), asked) if saying else []
+        if not found and len(saying) < len(parent.sources):  # else what its search found, not asked as the parent's
+            plain = (self.labels.sub_questions[1],)
+            found = await asyncio.to_thread(sub_questions, focus, parent.sources, count, plain, asked)
         return found, "extractive"
 
     async def _searched(

@@ -51,6 +51,7 @@ from fedresearch.report.planner import (
     WEAK_WORDS,
     asked_words,
     evidence_phrases,
+    says,
     stemmed,
     subject_and_verb,
 )
@@ -504,12 +505,8 @@ def _about(pool: Pool, phrase: str) -> Pool:
     that bears on the report's question. A sub-question without a phrase (the model's) keeps all."""
     if not phrase:
         return pool
-    if has_cjk(phrase):
-        says = [r for r in pool.ranked if phrase in r.evidence.text]
-    else:
-        wanted = re.compile(r"\b" + r"\W+".join(re.escape(w) + r"\w*" for w in stemmed(phrase).split()) + r"\b")
-        says = [r for r in pool.ranked if wanted.search(r.evidence.text.lower())]
-    return Pool(says, len({r.evidence.source.key for r in says}), pool.searched)  # none: no section to pad
+    saying = [r for r in pool.ranked if says(r.evidence.text, phrase)]
+    return Pool(saying, len({r.evidence.source.key for r in saying}), pool.searched)  # none: no section to pad
 
 
 def _plain(markdown: str) -> str:
@@ -568,7 +565,10 @@ def _split(draft: Draft, brief: Brief, context: dict[str, Any], deep: bool) -> N
     if deep:
         follow_ups = _count(brief.parts) - len(brief.parts)
         levels = 1 + _depth(brief.parts)
-        context["lead"] = [*context["lead"], labels.deep_levels.format(levels=levels, queries=follow_ups)]
+        said = labels.deep_levels.format(levels=levels, queries=follow_ups)
+        if labels.code == "en":  # "1 follow-up search", not "1 follow-up searches"
+            said = re.sub(r"\b1 (level|follow-up search)(?:e?s)\b", r"1 \1", said)
+        context["lead"] = [*context["lead"], said]
     cited = len(draft.citations.references)
     closing = [labels.conclusion_parts.format(count=cited)] if sections else []
     last = draft.claims(question, pool, 2)

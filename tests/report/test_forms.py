@@ -395,6 +395,16 @@ def test_sub_questions_ask_about_whole_terms_never_a_subject_and_its_verb():
     assert not any("rankings find" in phrase for phrase in phrases)
 
 
+def test_a_text_says_a_term_in_its_plural_or_singular_as_whole_words():
+    from fedresearch.report.planner import says
+
+    assert says("Dense retrievers trained on MS MARCO fall below BM25.", "dense retriever")
+    assert says("Each input ranking is a voter.", "input rankings")
+    assert not says("A dense index retriever.", "dense retriever")  # not the term: other words between
+    assert not says("The condensed retriever.", "dense retriever")  # not a piece of a word
+    assert says("倒数排名融合把排序合并", "排名融合") and not says("排名和融合", "排名融合")
+
+
 def test_a_sub_questions_section_quotes_what_says_its_phrase_and_the_rest_follows_by_theme():
     sources = hnsw_sources(off_topic=False)
     parts = [Part("What is known about top layers?", sources, focus="top layer HNSW", phrase="top layers")]
