@@ -384,7 +384,9 @@ class Draft:
                 continue
             self.phrases.append(phrase)
             written = _as_written(phrase, claims)
-            return inline_text(self.labels.about.format(phrase=written[0].upper() + written[1:]))
+            if english:  # a heading's first letter; a Chinese heading quotes the term as written (关于“input rankings”)
+                written = written[0].upper() + written[1:]
+            return inline_text(self.labels.about.format(phrase=written))
         return inline_text(self.labels.more_findings)
 
     def _named_badly(self, phrase: str, texts: str) -> bool:
