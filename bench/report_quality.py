@@ -18,8 +18,8 @@ Printed per collection and type, averaged over the questions:
   body's sentences that carry a citation; `repeats`: sentences stated twice or more;
 - `bad heads`: headings that are a cut piece of a source's title, a piece of a word (a fragment of
   a longer word of the evidence, or two CJK characters alone), or not in the question's language;
-- `further`: the share of the body's sentences under "Further findings" (其他发现), what no theme
-  could name;
+- `further`: the share of the body's sentences under "Further findings" or "Findings" (其他发现,
+  主要发现), what no theme could name;
 - `ms`: wall time of the whole task (retrieval included) on this machine.
 
 Printed side by side for whatever checkout is on PYTHONPATH; run it in two checkouts for before and
@@ -71,7 +71,9 @@ _LABELS = {
 }
 _ANSWER = re.compile(r"^## (?:Answer|回答)\s*\n(.*?)(?=^## |\Z)", re.MULTILINE | re.DOTALL)
 _NUMBER = re.compile(r"\[\[?(\d+)\]")
-_FURTHER = re.compile(r"^## (?:Further findings|其他发现)\s*\n(.*?)(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+_FURTHER = re.compile(
+    r"^## (?:Further findings|Findings|其他发现|主要发现)\s*\n(.*?)(?=^## |\Z)", re.MULTILINE | re.DOTALL
+)
 _TAIL = re.compile(r"^## (Sources searched|References|检索的来源|参考文献)\s*$", re.MULTILINE)
 
 

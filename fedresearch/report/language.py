@@ -23,6 +23,7 @@ class Labels:
     conclusion: str
     open_questions: str
     more_findings: str  # a theme's heading when its evidence shares no phrase
+    findings: str  # the same where no theme is named and no section comes before it
     about: str  # a heading from a phrase of the evidence: "{phrase}"
     sub_questions: tuple[str, ...]  # sub-questions about a phrase of the evidence, in turn
     follow_up: str  # a deeper level's follow-up question about a phrase
@@ -65,6 +66,7 @@ ENGLISH = Labels(
     conclusion="Conclusion",
     open_questions="Disagreements and open questions",
     more_findings="Further findings",
+    findings="Findings",
     about="{phrase}",
     sub_questions=(
         "What is known about {phrase}?",
@@ -110,6 +112,7 @@ CHINESE = Labels(
     conclusion="结论",
     open_questions="分歧与未决问题",
     more_findings="其他发现",
+    findings="主要发现",
     about="关于“{phrase}”",
     sub_questions=(
         "关于“{phrase}”，已知什么？",

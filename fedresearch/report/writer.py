@@ -405,11 +405,12 @@ class Draft:
         sources: Sequence[FusedResult],
         level: int = 2,
         skip: Callable[[str], bool] | None = None,
+        following: bool = False,
     ) -> list[Block]:
         """Sections by theme, of evidence drawn from `sources`; `skip` leaves out a theme by its
         heading (before any of it is cited)."""
         blocks: list[Block] = []
-        for heading, group, focus in _named(self, themes_of(claims), question):
+        for heading, group, focus in _named(self, themes_of(claims), question, following=following):
             if skip is None or not skip(heading):
                 basis = Basis("findings", focus, sources, _quoted(group))
                 blocks.append(Block(heading, level, self.paragraphs(group), basis=basis))
@@ -554,7 +555,7 @@ def _split(draft: Draft, brief: Brief, context: dict[str, Any], deep: bool) -> N
         return bool(words) and not has_cjk(heading) and all(word[:4] in asked for word in words)
 
     rest = draft.claims(question, pool, _budget(pool, 24, 12))
-    sections += draft.themes(question, rest, brief.sources, skip=covered)
+    sections += draft.themes(question, rest, brief.sources, skip=covered, following=bool(sections))
     cited = len(draft.citations.references)
     intro = labels.intro_parts.format(parts=len(questions), count=cited, questions=" ".join(questions))
     if not sections:
@@ -627,24 +628,24 @@ def _named(
     groups: Sequence[list[Claim]],
     question: str,
     claims_of: Callable[[list[Claim]], list[Claim]] = lambda group: group,
+    following: bool = False,
 ) -> list[tuple[str, list[Claim], str]]:
     """Each theme with its heading and what it is about (its phrase and the question); the themes no
-    term names together, last, as one section, and with them the themes of one source where others
-    have several (a section is what sources share, not one paper's paragraph under its own name)."""
+    term names together, last, as one section: "Further findings", or "Findings" where no theme is
+    named and no section comes before them (`following`: the sections of sub-questions do)."""
     further = inline_text(draft.labels.more_findings)
     named: list[tuple[str, list[Claim], str]] = []
     unnamed: list[Claim] = []
-    shared = any(len({c.source.key for c in group}) > 1 for group in groups)
     for group in groups:
-        if shared and len({c.source.key for c in group}) == 1:
-            unnamed.extend(group)
-            continue
         heading = draft.heading(claims_of(group), question)
         if heading == further:
             unnamed.extend(group)
         else:
             named.append((heading, group, f"{draft.phrases[-1]} {question}"))
-    return named + ([(further, unnamed, question)] if unnamed else [])
+    if not unnamed:
+        return named
+    alone = not named and not following
+    return [*named, (inline_text(draft.labels.findings) if alone else further, unnamed, question)]
 
 
 def _resources(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
@@ -677,7 +678,8 @@ def _resources(draft: Draft, brief: Brief, context: dict[str, Any]) -> None:
             number = draft.citations.cite(source)
             title = inline_text(display_title(source))
             link = f"[{title}]({link_target(source.href)})" if is_url(source.href) else title
-            said = " ".join(draft.sentence(c) for c in claims)
+            in_order = sorted(claims, key=lambda c: (c.evidence.position, c.position))  # as the source says them
+            said = " ".join(draft.sentence(c) for c in in_order)
             found_by = f"*{labels.found_by}: {inline_text(', '.join(source.retrievers))}.*"
             entry = Block(f"{link} [{number}]", 3, [p for p in (_entry(source), said, found_by) if p])
             entries.append(entry)
