@@ -65,16 +65,18 @@ WEAK_WORDS = frozenset({
     "shown", "show", "shows", "showed", "two", "three", "one", "first", "second", "least", "less", "more",
     "most", "other", "others", "same", "such", "total", "whole", "picks", "gives", "give", "get", "gets",
     "enough", "fast", "slow", "good", "better", "best", "very", "too", "quite", "either", "neither", "beat",
-    "beats",
+    "beats", "every", "another", "certain", "whose", "none", "like", "unlike",
 })  # fmt: skip
+
+
+def _plural(word: str) -> bool:
+    """An English word in a plural -s ("rankings", not "class", "corpus", "analysis")."""
+    return len(word) > 4 and word.endswith("s") and not word.endswith(("ss", "us", "is"))
 
 
 def stemmed(phrase: str) -> str:
     """A phrase with its words' plural "s" off: "dense retrievers" and "dense retriever" are one."""
-    return " ".join(
-        word[:-1] if len(word) > 4 and word.endswith("s") and not word.endswith(("ss", "us", "is")) else word
-        for word in phrase.split()
-    )
+    return " ".join(word[:-1] if _plural(word) else word for word in phrase.split())
 
 
 def whole_phrase(phrase: str, texts: str) -> str:
@@ -122,13 +124,9 @@ def subject_and_verb(phrase: str, texts: str) -> bool:
     if re.search(rf"\b{re.escape(phrase)} (?:a|an|the|no|its|their|each|every|this|that|these)\b", texts):
         return True
     first, last = phrase.split(" ", 1)[0], phrase.rsplit(" ", 1)[-1]
-    if first != last and len(first) > 3 and first.endswith("s") and not first.endswith(("ss", "us", "is")):
+    if first != last and _plural(first):
         return True  # a plural seldom names a thing before another noun: "rankings find", "systems rerank"
-    return bool(
-        last.endswith("s")
-        and not last.endswith(("ss", "us", "is"))
-        and re.search(rf"\b{re.escape(phrase)} (?!(?:{_NOT_VERB_AFTER})\b)[a-z]{{3,}}", texts)
-    )
+    return _plural(last) and bool(re.search(rf"\b{re.escape(phrase)} (?!(?:{_NOT_VERB_AFTER})\b)[a-z]{{3,}}", texts))
 
 
 # a phrase's words: letters only, three or more, none a stopword, within one clause of one sentence

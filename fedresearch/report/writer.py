@@ -557,7 +557,7 @@ def _split(draft: Draft, brief: Brief, context: dict[str, Any], deep: bool) -> N
     rest = draft.claims(question, pool, _budget(pool, 24, 12))
     sections += draft.themes(question, rest, brief.sources, skip=covered, following=bool(sections))
     cited = len(draft.citations.references)
-    intro = labels.intro_parts.format(parts=len(questions), count=cited, questions=" ".join(questions))
+    intro = labels.intro_parts.format(count=cited, questions=" ".join(questions))
     if not sections:
         intro = labels.intro_research.format(count=pool.bearing, searched=pool.searched)
     introduction = Block(
